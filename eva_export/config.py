@@ -1,0 +1,285 @@
+"""Configuration: the YAML file shared by the three nodes and the CLI.
+
+Every section is a frozen dataclass built by ``load_config``; unknown keys are refused so a
+typo does not silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError, UnsafeNameError
+
+FORMATS = ("lerobot_v21", "lerobot_v3", "hdf5", "mcap")
+VECTOR_TYPES = ("JointState", "Float64MultiArray")
+IMAGE_TYPES = ("Image", "CompressedImage")
+
+
+def check_name(name: str, what: str = "dataset name") -> str:
+    """Refuse a name that could leave its parent directory (separator, '..', absolute)."""
+    if not isinstance(name, str) or not name.strip():
+        raise UnsafeNameError(f"{what} must be a non-empty string")
+    if name in (".", "..") or "/" in name or "\\" in name or "\x00" in name:
+        raise UnsafeNameError(
+            f"{what} {name!r} is refused: it must not contain a path separator, '..' or be absolute"
+        )
+    if name.startswith("."):
+        raise UnsafeNameError(f"{what} {name!r} is refused: it must not start with '.'")
+    return name
+
+
+def inside(root: Path, path: Path) -> bool:
+    """True when ``path`` resolves (symlinks and '..' followed) inside ``root``."""
+    root_r = Path(os.path.realpath(root))
+    path_r = Path(os.path.realpath(path))
+    return path_r == root_r or root_r in path_r.parents
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    dataset_name: str
+    task: str
+
+
+@dataclass(frozen=True)
+class VectorStream:
+    """A state or action vector from JointState (by joint name) or Float64MultiArray."""
+
+    topic: str
+    type: str = "JointState"
+    names: tuple[str, ...] = ()
+    field: str = "position"  # JointState field: position, velocity or effort
+
+
+@dataclass(frozen=True)
+class PoseStream:
+    topic: str
+
+
+@dataclass(frozen=True)
+class CameraStream:
+    name: str
+    topic: str
+    type: str = "Image"
+    width: int = 640
+    height: int = 480
+
+    @property
+    def key(self) -> str:
+        return f"observation.images.{self.name}"
+
+
+@dataclass(frozen=True)
+class CaptureSettings:
+    """Alignment, checks and encoding knobs of the capture node."""
+
+    skew_tolerance_s: float = 0.0  # 0 -> half a frame period
+    camera_skew_tolerance_s: float = 0.0  # 0 -> one frame period
+    min_frames: int = 10
+    max_drop_ratio: float = 0.0  # drops allowed per stream before red (0: any drop is red)
+    frozen_frames: int = 15  # identical consecutive camera frames that count as frozen
+    save_queue_size: int = 4
+    video_codec: str = "libx264"
+    video_preset: str = "ultrafast"
+    video_crf: int = 18
+    reliable_qos: bool = True
+
+
+@dataclass(frozen=True)
+class SftpSettings:
+    host: str
+    port: int = 22
+    user: str = ""
+    identity_file: str = ""
+    known_hosts: str = ""
+    remote_dir: str = ""
+    connect_timeout_s: float = 10.0
+    transfer_timeout_s: float = 30.0
+
+    def check(self) -> None:
+        rd = self.remote_dir
+        if not rd.startswith("/"):
+            raise ConfigError(f"collection.storage.sftp.remote_dir {rd!r} must be absolute")
+        if posixpath.normpath(rd) != rd or "/../" in rd + "/" or rd.endswith("/") and rd != "/":
+            raise ConfigError(
+                f"collection.storage.sftp.remote_dir {rd!r} must be canonical "
+                f"(no '..', '.', '//' or trailing '/'); did you mean {posixpath.normpath(rd)!r}?"
+            )
+        if not self.known_hosts:
+            raise ConfigError("collection.storage.sftp.known_hosts is required: host keys are verified")
+
+
+@dataclass(frozen=True)
+class CollectionConfig:
+    log_dir: Path
+    fps: int
+    robot_type: str
+    tasks: tuple[TaskSpec, ...]
+    state: VectorStream | None
+    action: VectorStream | None
+    ee_pose: PoseStream | None
+    cameras: tuple[CameraStream, ...]
+    capture: CaptureSettings
+    sftp: SftpSettings | None
+
+    def task_for(self, dataset_name: str = "", task: str = "") -> TaskSpec:
+        """The task a start request selects: by dataset name and prompt, default the first."""
+        if dataset_name:
+            check_name(dataset_name)
+        for spec in self.tasks:
+            if dataset_name and spec.dataset_name != dataset_name:
+                continue
+            if task and spec.task != task:
+                continue
+            return spec
+        raise ConfigError(
+            f"no configured task matches dataset_name={dataset_name!r} task={task!r}; "
+            f"configured: {[(t.dataset_name, t.task) for t in self.tasks]}"
+        )
+
+    def dataset_dir(self, dataset_name: str) -> Path:
+        """``<log_dir>/<dataset-name>/raw``; the name is checked to stay inside log_dir."""
+        check_name(dataset_name)
+        path = self.log_dir / dataset_name / "raw"
+        if not inside(self.log_dir, path.parent):
+            raise UnsafeNameError(f"dataset {dataset_name!r} resolves outside log_dir {self.log_dir}")
+        return path
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    data_roots: tuple[Path, ...]
+    jobs_dir: Path
+    v3_data_file_mb: float = 100.0
+    v3_video_file_mb: float = 200.0
+    hdf5_compression: str = ""  # "", "lzf" or "gzip"
+
+
+@dataclass(frozen=True)
+class UploadConfig:
+    jobs_dir: Path
+
+
+@dataclass(frozen=True)
+class Config:
+    collection: CollectionConfig
+    export: ExportConfig
+    upload: UploadConfig
+    path: Path | None = None
+
+
+def _take(d: dict[str, Any], where: str, allowed: set[str]) -> dict[str, Any]:
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where} must be a mapping")
+    unknown = set(d) - allowed
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")
+    return d
+
+
+def _vector(d: Any, where: str) -> VectorStream | None:
+    if d is None:
+        return None
+    d = _take(d, where, {"topic", "type", "names", "field"})
+    vs = VectorStream(
+        topic=str(d["topic"]),
+        type=str(d.get("type", "JointState")),
+        names=tuple(str(n) for n in d.get("names") or ()),
+        field=str(d.get("field", "position")),
+    )
+    if vs.type not in VECTOR_TYPES:
+        raise ConfigError(f"{where}.type {vs.type!r} not one of {VECTOR_TYPES}")
+    if not vs.names:
+        raise ConfigError(f"{where}.names must list the vector's element names")
+    if vs.field not in ("position", "velocity", "effort"):
+        raise ConfigError(f"{where}.field must be position, velocity or effort")
+    return vs
+
+
+def default_log_dir() -> Path:
+    """Where datasets go when collection.log_dir is empty: a work directory of the user."""
+    base = os.environ.get("EVA_EXPORT_HOME") or os.path.join(os.path.expanduser("~"), "eva_export_data")
+    return Path(base)
+
+
+def parse_config(raw: dict[str, Any], path: Path | None = None) -> Config:
+    raw = _take(raw or {}, "config", {"collection", "export", "upload"})
+    col = _take(raw.get("collection") or {}, "collection",
+                {"log_dir", "fps", "robot_type", "tasks", "streams", "capture", "storage"})
+    log_dir_s = str(col.get("log_dir") or "")
+    log_dir = Path(log_dir_s).expanduser() if log_dir_s else default_log_dir()
+    if path is not None and not log_dir.is_absolute():
+        log_dir = path.parent / log_dir
+    log_dir = log_dir.absolute()
+    fps = int(col.get("fps", 30))
+    if fps <= 0:
+        raise ConfigError("collection.fps must be positive")
+    tasks_raw = col.get("tasks") or [{"dataset_name": "demo", "task": "teleoperation demo"}]
+    tasks = []
+    for i, t in enumerate(tasks_raw):
+        t = _take(t, f"collection.tasks[{i}]", {"dataset_name", "task"})
+        tasks.append(TaskSpec(check_name(str(t["dataset_name"])), str(t.get("task", ""))))
+    streams = _take(col.get("streams") or {}, "collection.streams", {"state", "action", "ee_pose", "cameras"})
+    cams = []
+    for i, c in enumerate(streams.get("cameras") or []):
+        c = _take(c, f"collection.streams.cameras[{i}]", {"name", "topic", "type", "width", "height"})
+        cam = CameraStream(name=check_name(str(c["name"]), "camera name"), topic=str(c["topic"]),
+                           type=str(c.get("type", "Image")), width=int(c.get("width", 640)),
+                           height=int(c.get("height", 480)))
+        if cam.type not in IMAGE_TYPES:
+            raise ConfigError(f"camera {cam.name}: type {cam.type!r} not one of {IMAGE_TYPES}")
+        cams.append(cam)
+    if len({c.name for c in cams}) != len(cams):
+        raise ConfigError("collection.streams.cameras: camera names must be unique")
+    ee = streams.get("ee_pose")
+    ee_pose = PoseStream(str(_take(ee, "collection.streams.ee_pose", {"topic"})["topic"])) if ee else None
+    cap_raw = _take(col.get("capture") or {}, "collection.capture",
+                    {f for f in CaptureSettings.__dataclass_fields__})
+    capture = CaptureSettings(**cap_raw)
+    storage = _take(col.get("storage") or {}, "collection.storage", {"sftp"})
+    sftp = None
+    if storage.get("sftp"):
+        s = _take(storage["sftp"], "collection.storage.sftp", set(SftpSettings.__dataclass_fields__))
+        sftp = SftpSettings(**{k: (int(v) if k == "port" else v) for k, v in s.items()})
+        sftp.check()
+    collection = CollectionConfig(
+        log_dir=log_dir, fps=fps, robot_type=str(col.get("robot_type", "eva")), tasks=tuple(tasks),
+        state=_vector(streams.get("state"), "collection.streams.state"),
+        action=_vector(streams.get("action"), "collection.streams.action"),
+        ee_pose=ee_pose, cameras=tuple(cams), capture=capture, sftp=sftp,
+    )
+    ex = _take(raw.get("export") or {}, "export",
+               {"data_roots", "jobs_dir", "v3_data_file_mb", "v3_video_file_mb", "hdf5_compression"})
+    roots = tuple(Path(r).expanduser().absolute() for r in (ex.get("data_roots") or [log_dir]))
+    export = ExportConfig(
+        data_roots=roots,
+        jobs_dir=Path(ex.get("jobs_dir") or log_dir / ".jobs" / "export"),
+        v3_data_file_mb=float(ex.get("v3_data_file_mb", 100.0)),
+        v3_video_file_mb=float(ex.get("v3_video_file_mb", 200.0)),
+        hdf5_compression=str(ex.get("hdf5_compression", "")),
+    )
+    if export.hdf5_compression not in ("", "lzf", "gzip"):
+        raise ConfigError("export.hdf5_compression must be '', 'lzf' or 'gzip'")
+    up = _take(raw.get("upload") or {}, "upload", {"jobs_dir"})
+    upload = UploadConfig(jobs_dir=Path(up.get("jobs_dir") or log_dir / ".jobs" / "upload"))
+    return Config(collection=collection, export=export, upload=upload, path=path)
+
+
+def load_config(path: str | Path | None) -> Config:
+    """Load the YAML config; an empty path gives the defaults."""
+    if not path:
+        return parse_config({})
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {p}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config {p} is not valid YAML: {exc}") from exc
+    return parse_config(raw, p)

@@ -1,0 +1,110 @@
+"""Per-episode statistics (streamed) and their aggregation into dataset statistics.
+
+Numbers follow LeRobot v2.1: min, max, mean, std, count per feature; camera statistics are
+per channel, shaped (3, 1, 1) and scaled to [0, 1].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+STAT_KEYS = ("min", "max", "mean", "std", "count")
+
+
+class RunningStats:
+    """Element-wise statistics of a stream of equally shaped arrays, in O(1) memory."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._sum: np.ndarray | None = None
+        self._sumsq: np.ndarray | None = None
+        self._min: np.ndarray | None = None
+        self._max: np.ndarray | None = None
+
+    def add_batch(self, values: np.ndarray) -> None:
+        """Add a batch with the sample axis first."""
+        v = np.asarray(values, dtype=np.float64)
+        if v.shape[0] == 0:
+            return
+        s, sq, mn, mx = v.sum(0), (v * v).sum(0), v.min(0), v.max(0)
+        if self._sum is None:
+            self._sum, self._sumsq, self._min, self._max = s, sq, mn, mx
+        else:
+            self._sum += s
+            self._sumsq += sq
+            self._min = np.minimum(self._min, mn)
+            self._max = np.maximum(self._max, mx)
+        self.count += v.shape[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        if self._sum is None or self.count == 0:
+            raise ValueError("no samples")
+        mean = self._sum / self.count
+        var = np.maximum(self._sumsq / self.count - mean * mean, 0.0)
+        return {"min": self._min.tolist(), "max": self._max.tolist(), "mean": mean.tolist(),
+                "std": np.sqrt(var).tolist(), "count": [self.count]}
+
+
+class ImageStats:
+    """Per-channel statistics of RGB frames, sampled in space and time to stay cheap."""
+
+    def __init__(self, every_nth_frame: int = 5, pixel_stride: int = 8) -> None:
+        self._every = max(1, every_nth_frame)
+        self._stride = max(1, pixel_stride)
+        self._seen = 0
+        self._sampled = 0
+        self._rs = RunningStats()
+
+    def add(self, rgb: np.ndarray) -> None:
+        if self._seen % self._every == 0:
+            sample = rgb[:: self._stride, :: self._stride].reshape(-1, 3).astype(np.float64) / 255.0
+            self._rs.add_batch(sample)
+            self._sampled += 1
+        self._seen += 1
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self._rs.to_dict()
+        out = {k: [[[x]] for x in d[k]] for k in ("min", "max", "mean", "std")}
+        out["count"] = [self._sampled]
+        return out
+
+
+def column_stats(values: np.ndarray) -> dict[str, Any]:
+    """Statistics of one Parquet column (rows first); scalars get shape [1] lists."""
+    v = np.asarray(values)
+    if v.ndim == 1:
+        v = v[:, None]
+    rs = RunningStats()
+    rs.add_batch(v)
+    d = rs.to_dict()
+    if np.issubdtype(np.asarray(values).dtype, np.integer):
+        d["min"] = [int(x) for x in d["min"]]
+        d["max"] = [int(x) for x in d["max"]]
+    return d
+
+
+def aggregate(per_episode: Iterable[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Combine episode statistics into dataset statistics (weighted mean, pooled variance)."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for stats in per_episode:
+        for key, st in stats.items():
+            groups.setdefault(key, []).append(st)
+    out: dict[str, dict[str, Any]] = {}
+    for key, items in groups.items():
+        counts = np.array([float(np.asarray(s["count"]).reshape(-1)[0]) for s in items])
+        total = counts.sum()
+        if total <= 0:
+            continue
+        means = np.stack([np.asarray(s["mean"], dtype=np.float64) for s in items])
+        stds = np.stack([np.asarray(s["std"], dtype=np.float64) for s in items])
+        w = (counts / total).reshape((-1,) + (1,) * (means.ndim - 1))
+        mean = (w * means).sum(0)
+        var = (w * (stds ** 2 + (means - mean) ** 2)).sum(0)
+        mins = np.stack([np.asarray(s["min"], dtype=np.float64) for s in items]).min(0)
+        maxs = np.stack([np.asarray(s["max"], dtype=np.float64) for s in items]).max(0)
+        out[key] = {"min": mins.tolist(), "max": maxs.tolist(), "mean": mean.tolist(),
+                    "std": np.sqrt(np.maximum(var, 0)).tolist(), "count": [int(total)]}
+    return out

@@ -1,0 +1,76 @@
+"""Arrow schema and Parquet I/O for LeRobot tables (float32 fixed-size vectors, int64 indices)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .records import Feature
+
+_ARROW = {"float32": pa.float32(), "float64": pa.float64(), "int64": pa.int64(), "int32": pa.int32(),
+          "bool": pa.bool_(), "string": pa.string()}
+
+
+def arrow_type(feature: Feature) -> pa.DataType:
+    base = _ARROW.get(feature.dtype)
+    if base is None:
+        raise ValueError(f"unsupported table dtype {feature.dtype!r}")
+    if feature.shape == (1,):
+        return base  # LeRobot stores shape-[1] features as plain scalars
+    if len(feature.shape) == 1:
+        return pa.list_(base, feature.shape[0])
+    raise ValueError(f"unsupported table shape {feature.shape}")
+
+
+def hf_features(features: dict[str, Feature]) -> dict[str, Any]:
+    """The 'huggingface' schema metadata LeRobot's writer adds (datasets.Features JSON)."""
+    out: dict[str, Any] = {}
+    for key, f in features.items():
+        value = {"dtype": f.dtype, "_type": "Value"}
+        out[key] = value if f.shape == (1,) else {"feature": value, "length": f.shape[0], "_type": "Sequence"}
+    return out
+
+
+def schema(features: dict[str, Feature]) -> pa.Schema:
+    table_features = {k: f for k, f in features.items() if not f.is_visual}
+    fields = [pa.field(k, arrow_type(f)) for k, f in table_features.items()]
+    meta = {"huggingface": json.dumps({"info": {"features": hf_features(table_features)}})}
+    return pa.schema(fields, metadata=meta)
+
+
+def column(values: np.ndarray, typ: pa.DataType) -> pa.Array:
+    if pa.types.is_fixed_size_list(typ):
+        v = np.ascontiguousarray(values, dtype=typ.value_type.to_pandas_dtype())
+        return pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1), type=typ.value_type), typ.list_size)
+    v = np.asarray(values)
+    if v.ndim == 2 and v.shape[1] == 1:
+        v = v[:, 0]
+    return pa.array(v.astype(typ.to_pandas_dtype(), copy=False), type=typ)
+
+
+def build_table(columns: dict[str, np.ndarray], sch: pa.Schema) -> pa.Table:
+    missing = [f.name for f in sch if f.name not in columns]
+    if missing:
+        raise ValueError(f"missing columns {missing}")
+    return pa.table([column(columns[f.name], f.type) for f in sch], schema=sch)
+
+
+def write_table(table: pa.Table, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+
+
+def to_numpy(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A column as numpy; fixed-size lists become 2-D arrays (rows, size)."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if pa.types.is_fixed_size_list(arr.type):
+        flat = arr.flatten().to_numpy(zero_copy_only=False)
+        return flat.reshape(len(arr), arr.type.list_size)
+    if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
+        return np.array(arr.to_pylist())
+    return arr.to_numpy(zero_copy_only=False)

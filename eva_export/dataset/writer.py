@@ -1,0 +1,351 @@
+"""Crash-safe, append-only writer of LeRobot v2.1 datasets.
+
+An episode is streamed into a private staging directory ``<root>/.staging/<id>/`` (one MP4
+per camera, encoded frame by frame in a thread per camera). Committing it:
+
+1. writes the Parquet table into staging, then ``journal.json`` (the commit point),
+2. renames every file to its templated final path (never over an existing file),
+3. appends its rows to episodes_stats.jsonl and tasks.jsonl, then episodes.jsonl (the
+   moment the episode becomes visible), then rewrites info.json and stats.json,
+4. removes the staging directory.
+
+Every meta file is replaced atomically. Opening the dataset replays committed journals and
+discards uncommitted staging directories, so a process killed at any moment leaves a
+dataset whose listed episodes are complete, and the next index never lands on a partly
+written one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import shutil
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import DatasetError, VideoError
+from ..fsutil import atomic_write_json, atomic_write_jsonl, fsync_dir, read_json
+from . import stats as stats_mod
+from .meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS, read_meta
+from .records import (CODEBASE_V21, DEFAULT_FEATURES, DatasetInfo, EpisodeRow, EpisodeStats, Feature,
+                      TaskRow)
+from .table import build_table, schema, write_table
+from .video import VideoEncoder, VideoSettings
+
+log = logging.getLogger(__name__)
+
+STAGING = ".staging"
+ORPHANS = ".orphans"
+JOURNAL = "journal.json"
+_DEFAULT_KEYS = tuple(DEFAULT_FEATURES)
+
+
+def make_features(extra: dict[str, Feature]) -> dict[str, Feature]:
+    """User features first, then LeRobot's five default columns."""
+    feats = dict(extra)
+    for key, d in DEFAULT_FEATURES.items():
+        feats[key] = Feature.from_dict(d)
+    return feats
+
+
+class _CameraThread:
+    """Encodes one camera's frames off the caller's thread; the queue bounds memory."""
+
+    def __init__(self, path: Path, feature: Feature, fps: int, settings: VideoSettings, depth: int) -> None:
+        h, w = feature.shape[0], feature.shape[1]
+        self.encoder = VideoEncoder(path, w, h, fps, settings)
+        self.stats = stats_mod.ImageStats()
+        self.q: queue.Queue[np.ndarray | None] = queue.Queue(maxsize=depth)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=f"encode-{path.stem}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            frame = self.q.get()
+            if frame is None:
+                return
+            if self.error is not None:
+                continue  # keep draining so the producer never blocks on a dead encoder
+            try:
+                self.encoder.add(frame)
+                self.stats.add(frame)
+            except BaseException as exc:  # noqa: BLE001 - reported by finish()
+                self.error = exc
+
+    def put(self, frame: np.ndarray) -> None:
+        self.q.put(frame)
+
+    def finish(self) -> int:
+        self.q.put(None)
+        self.thread.join()
+        if self.error is not None:
+            self.encoder.abort()
+            raise VideoError(f"encoding {self.encoder.path.name} failed: {self.error}") from self.error
+        return self.encoder.close()
+
+    def abort(self) -> None:
+        self.error = self.error or RuntimeError("aborted")
+        self.q.put(None)
+        self.thread.join()
+        self.encoder.abort()
+
+
+@dataclass
+class FinishedEpisode:
+    rows: int
+    video_frames: dict[str, int]
+    image_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+class EpisodeWriter:
+    """Streams one episode into staging. Not thread-safe: one producer thread."""
+
+    def __init__(self, staging: Path, info: DatasetInfo, task: str, settings: VideoSettings,
+                 queue_depth: int = 30) -> None:
+        self.staging = staging
+        self.info = info
+        self.task = task
+        staging.mkdir(parents=True, exist_ok=False)
+        self._columns: dict[str, list[np.ndarray]] = {
+            k: [] for k in info.table_keys if k not in _DEFAULT_KEYS}
+        self._cams = {k: _CameraThread(staging / f"{k}.mp4", info.features[k], info.fps, settings, queue_depth)
+                      for k in info.video_keys}
+        self.rows = 0
+        self.finished: FinishedEpisode | None = None
+
+    def add_frame(self, values: dict[str, Any], images: dict[str, np.ndarray]) -> None:
+        """Append one grid frame: every non-default table feature and every camera image."""
+        for key, col in self._columns.items():
+            if key not in values:
+                raise DatasetError(f"frame {self.rows} lacks feature {key!r}")
+            col.append(np.asarray(values[key]).reshape(self.info.features[key].shape))
+        for key, cam in self._cams.items():
+            cam.put(images[key])
+        self.rows += 1
+
+    def finish(self) -> FinishedEpisode:
+        """Close every encoder; returns row and video frame counts (checked by the caller)."""
+        if self.finished is None:
+            counts: dict[str, int] = {}
+            stats: dict[str, dict[str, Any]] = {}
+            errors = []
+            for key, cam in self._cams.items():
+                try:
+                    counts[key] = cam.finish()
+                    if counts[key]:
+                        stats[key] = cam.stats.to_dict()
+                except VideoError as exc:
+                    errors.append(str(exc))
+            if errors:
+                raise VideoError("; ".join(errors))
+            self.finished = FinishedEpisode(self.rows, counts, stats)
+        return self.finished
+
+    def columns(self) -> dict[str, np.ndarray]:
+        return {k: np.stack(v) if v else np.zeros((0,) + self.info.features[k].shape)
+                for k, v in self._columns.items()}
+
+    def abort(self) -> None:
+        for cam in self._cams.values():
+            cam.abort()
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+
+class DatasetWriter:
+    """The single writer of one v2.1 dataset directory (episodes, meta files, reviews)."""
+
+    def __init__(self, root: Path, info: DatasetInfo, settings: VideoSettings = VideoSettings()) -> None:
+        self.root = Path(root)
+        self.info = info
+        self.settings = settings
+        self.lock = threading.RLock()
+        meta = read_meta(self.root)
+        self.episodes = meta.episodes
+        self.tasks = meta.tasks
+        self.episodes_stats = meta.episodes_stats
+
+    # ---- opening -------------------------------------------------------------------------
+    @classmethod
+    def open(cls, root: Path, *, fps: int, features: dict[str, Feature], robot_type: str,
+             settings: VideoSettings = VideoSettings()) -> DatasetWriter:
+        """Create the dataset, or reopen it for appending after recovering a crash."""
+        root = Path(root)
+        if (root / INFO).is_file():
+            info = DatasetInfo.from_dict(read_json(root / INFO))
+            if info.codebase_version != CODEBASE_V21:
+                raise DatasetError(f"{root / INFO}: codebase_version {info.codebase_version}, expected v2.1")
+            if info.fps != fps:
+                raise DatasetError(f"{root}: recorded at {info.fps} fps, config asks {fps}; use a new dataset name")
+            want = {k: f.to_dict() for k, f in features.items()}
+            have = {k: f.to_dict() for k, f in info.features.items()}
+            if want != have:
+                diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+                raise DatasetError(f"{root}: features differ from the config ({diff}); use a new dataset name")
+        else:
+            info = DatasetInfo(codebase_version=CODEBASE_V21, robot_type=robot_type, fps=fps,
+                               features=dict(features))
+            (root / "meta").mkdir(parents=True, exist_ok=True)
+            for name in (EPISODES, EPISODES_STATS, TASKS):
+                if not (root / name).exists():
+                    atomic_write_jsonl(root / name, [])
+            atomic_write_json(root / INFO, info.to_dict())
+        writer = cls(root, info, settings)
+        writer.recover()
+        return writer
+
+    def recover(self) -> None:
+        """Finish committed journals, discard uncommitted staging, park stray files."""
+        with self.lock:
+            staging_root = self.root / STAGING
+            for d in sorted(staging_root.glob("*")) if staging_root.is_dir() else []:
+                if (d / JOURNAL).is_file():
+                    log.warning("%s: finishing the commit of an interrupted save (%s)", self.root, d.name)
+                    self._apply_journal(d, read_json(d / JOURNAL))
+                else:
+                    log.warning("%s: discarding an unfinished episode (%s)", self.root, d.name)
+                    shutil.rmtree(d, ignore_errors=True)
+            self._park_orphans()
+            self._write_derived_meta()
+
+    def _park_orphans(self) -> None:
+        listed = {self.info.data_file(e.episode_index) for e in self.episodes}
+        listed |= {self.info.video_file(k, e.episode_index) for e in self.episodes for k in self.info.video_keys}
+        for top in ("data", "videos"):
+            base = self.root / top
+            if not base.is_dir():
+                continue
+            for p in sorted(base.rglob("*")):
+                if p.is_file() and str(p.relative_to(self.root)) not in listed:
+                    dest = self.root / ORPHANS / time.strftime("%Y%m%dT%H%M%S") / p.relative_to(self.root)
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    log.warning("%s: moving stray file %s to %s", self.root, p, dest)
+                    os.replace(p, dest)
+
+    # ---- episodes --------------------------------------------------------------------------
+    @property
+    def next_episode_index(self) -> int:
+        return max((e.episode_index for e in self.episodes), default=-1) + 1
+
+    @property
+    def total_frames(self) -> int:
+        return sum(e.length for e in self.episodes)
+
+    def begin_episode(self, task: str) -> EpisodeWriter:
+        staging = self.root / STAGING / f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+        staging.parent.mkdir(parents=True, exist_ok=True)
+        return EpisodeWriter(staging, self.info, task, self.settings)
+
+    def commit(self, ep: EpisodeWriter, row_extra: dict[str, Any] | None = None) -> EpisodeRow | None:
+        """Make a finished episode durable and visible. A zero-row episode writes nothing."""
+        done = ep.finish()
+        if done.rows == 0:
+            ep.abort()
+            return None
+        with self.lock:
+            index = self.next_episode_index
+            offset = self.total_frames
+            cols = ep.columns()
+            n = done.rows
+            frame_index = np.arange(n, dtype=np.int64)
+            cols.update({
+                "timestamp": (frame_index / self.info.fps).astype(np.float32),
+                "frame_index": frame_index,
+                "episode_index": np.full(n, index, dtype=np.int64),
+                "index": offset + frame_index,
+                "task_index": np.full(n, self._task_index_for(ep.task), dtype=np.int64),
+            })
+            table = build_table(cols, schema(self.info.features))
+            write_table(table, ep.staging / "data.parquet")
+            ep_stats = {k: stats_mod.column_stats(cols[k]) for k in self.info.table_keys}
+            ep_stats.update(done.image_stats)
+            row = EpisodeRow(episode_index=index, tasks=[ep.task], length=n, extra=dict(row_extra or {}))
+            moves = [("data.parquet", self.info.data_file(index))]
+            moves += [(f"{k}.mp4", self.info.video_file(k, index)) for k in self.info.video_keys]
+            journal = {"episode": row.to_dict(), "stats": EpisodeStats(index, ep_stats).to_dict(),
+                       "task": ep.task, "moves": moves}
+            for name, _ in moves:
+                _fsync_file(ep.staging / name)
+            atomic_write_json(ep.staging / JOURNAL, journal)  # the commit point
+            self._apply_journal(ep.staging, journal)
+            return row
+
+    def _task_index_for(self, task: str) -> int:
+        for t in self.tasks:
+            if t.task == task:
+                return t.task_index
+        return max((t.task_index for t in self.tasks), default=-1) + 1
+
+    def _apply_journal(self, staging: Path, journal: dict[str, Any]) -> None:
+        row = EpisodeRow.from_dict(journal["episode"])
+        if any(e.episode_index == row.episode_index for e in self.episodes):
+            shutil.rmtree(staging, ignore_errors=True)  # already fully applied
+            return
+        for src_name, final_rel in journal["moves"]:
+            src, dst = staging / src_name, self.root / final_rel
+            if src.exists():
+                if dst.exists():
+                    raise DatasetError(f"{dst} already exists; refusing to overwrite it with episode "
+                                       f"{row.episode_index} (move it away and reopen)")
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                os.rename(src, dst)
+                fsync_dir(dst.parent)
+            elif not dst.exists():
+                raise DatasetError(f"journal {staging} lists {src_name} but neither it nor {dst} exists")
+        self.episodes_stats[row.episode_index] = EpisodeStats.from_dict(journal["stats"])
+        atomic_write_jsonl(self.root / EPISODES_STATS,
+                           [s.to_dict() for _, s in sorted(self.episodes_stats.items())])
+        task = str(journal["task"])
+        if task not in {t.task for t in self.tasks}:
+            self.tasks.append(TaskRow(self._task_index_for(task), task))
+            atomic_write_jsonl(self.root / TASKS, [t.to_dict() for t in self.tasks])
+        self.episodes.append(row)
+        atomic_write_jsonl(self.root / EPISODES, [e.to_dict() for e in self.episodes])  # visible now
+        self._write_derived_meta()
+        shutil.rmtree(staging, ignore_errors=True)
+
+    def _write_derived_meta(self) -> None:
+        """info.json totals and stats.json follow from episodes.jsonl and episodes_stats.jsonl."""
+        info = self.info
+        info.total_episodes = len(self.episodes)
+        info.total_frames = self.total_frames
+        info.total_tasks = len(self.tasks)
+        info.total_videos = len(self.episodes) * len(info.video_keys)
+        info.total_chunks = (self.next_episode_index + info.chunks_size - 1) // info.chunks_size
+        atomic_write_json(self.root / INFO, info.to_dict())
+        listed = [self.episodes_stats[e.episode_index].stats for e in self.episodes
+                  if e.episode_index in self.episodes_stats]
+        atomic_write_json(self.root / STATS, stats_mod.aggregate(listed))
+
+    # ---- review ----------------------------------------------------------------------------
+    def review(self, episode_index: int, verdict: str, note: str | None) -> EpisodeRow:
+        """Set or clear qc_verdict and optionally replace the note; quality fields stay."""
+        if verdict not in ("", "pass", "fail", "clear"):
+            raise DatasetError(f"verdict {verdict!r} must be pass, fail, clear or empty")
+        with self.lock:
+            for row in self.episodes:
+                if row.episode_index == episode_index:
+                    break
+            else:
+                raise DatasetError(f"{self.root}: no episode {episode_index}")
+            if verdict == "clear":
+                row.extra.pop("qc_verdict", None)
+            elif verdict:
+                row.extra["qc_verdict"] = verdict
+            if note is not None:
+                row.extra["note"] = note
+            row.extra["reviewed_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            atomic_write_jsonl(self.root / EPISODES, [e.to_dict() for e in self.episodes])
+            return row
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())

@@ -1,0 +1,1 @@
+"""Quality split, staged pair publication and export jobs."""

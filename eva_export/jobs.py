@@ -1,0 +1,131 @@
+"""Job records shared by the export and upload services, and their on-disk store.
+
+Each job is one JSON file ``<jobs_dir>/<job_id>.json``, replaced atomically on every
+state change, so after a restart the latest completed export of a source and format is
+still known (the upload gate depends on it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .fsutil import atomic_write_json, read_json
+
+QUEUED = "queued"
+RUNNING = "running"
+COMPLETED = "completed"
+FAILED = "failed"
+JOB_STATES = (QUEUED, RUNNING, COMPLETED, FAILED)
+
+
+@dataclass
+class Job:
+    """One export or upload job; field names match ``eva_export_interfaces/msg/Job``."""
+
+    job_id: str
+    kind: str  # "export" or "upload"
+    source_dir: str
+    format: str
+    state: str = QUEUED
+    episodes_done: int = 0
+    episodes_total: int = 0
+    files_done: int = 0
+    files_total: int = 0
+    bytes_done: int = 0
+    bytes_total: int = 0
+    accepted_dir: str = ""
+    rejected_dir: str = ""
+    accepted_episodes: int = 0
+    accepted_frames: int = 0
+    rejected_episodes: int = 0
+    rejected_frames: int = 0
+    reused_episodes: int = 0
+    remote_path: str = ""
+    error: str = ""
+    created_at: float = field(default_factory=time.time)
+    finished_at: float = 0.0
+
+    @classmethod
+    def new(cls, kind: str, source_dir: str, fmt: str, **kw: Any) -> Job:
+        job_id = f"{kind}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        return cls(job_id=job_id, kind=kind, source_dir=source_dir, format=fmt, **kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Job:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    @property
+    def finished(self) -> bool:
+        return self.state in (COMPLETED, FAILED)
+
+
+class JobStore:
+    """Thread-safe store of job records in one directory."""
+
+    def __init__(self, jobs_dir: Path) -> None:
+        self.dir = Path(jobs_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+
+    def path(self, job_id: str) -> Path:
+        return self.dir / f"{job_id}.json"
+
+    def save(self, job: Job) -> None:
+        with self._lock:
+            atomic_write_json(self.path(job.job_id), job.to_dict())
+
+    def get(self, job_id: str) -> Job | None:
+        p = self.path(job_id)
+        if not p.is_file():
+            return None
+        return Job.from_dict(read_json(p))
+
+    def all(self) -> list[Job]:
+        """Every recorded job, oldest first."""
+        jobs = []
+        for p in self.dir.glob("*.json"):
+            try:
+                jobs.append(Job.from_dict(read_json(p)))
+            except (OSError, ValueError, TypeError):
+                continue  # a foreign or damaged file is not a job
+        jobs.sort(key=lambda j: (j.created_at, j.job_id))
+        return jobs
+
+    def latest(self) -> Job | None:
+        jobs = self.all()
+        return jobs[-1] if jobs else None
+
+    def latest_completed(self, kind: str, source_dir: str, fmt: str) -> Job | None:
+        """The newest completed job of ``kind`` for this source (resolved) and format."""
+        want = str(Path(source_dir).resolve())
+        best = None
+        for job in self.all():
+            if job.kind != kind or job.format != fmt or job.state != COMPLETED:
+                continue
+            if str(Path(job.source_dir).resolve()) != want:
+                continue
+            if best is None or job.finished_at >= best.finished_at:
+                best = job
+        return best
+
+    def mark_interrupted(self) -> list[Job]:
+        """Fail the jobs a previous process left queued or running (called at start-up)."""
+        out = []
+        for job in self.all():
+            if not job.finished:
+                job.state = FAILED
+                job.error = "interrupted: the node stopped before the job finished; start it again"
+                job.finished_at = time.time()
+                self.save(job)
+                out.append(job)
+        return out

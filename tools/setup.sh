@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# The one setup path of eva_export for developers, CI and users.
+#
+#   tools/setup.sh          # or: make setup
+#
+# Creates .venv (Python 3.11) with the pinned ROS 2 kilted wheels from PyPI and the Python
+# dependencies, builds the eva_export_interfaces package (../srv, ../msg) with plain cmake into
+# .venv, and installs eva_export in editable mode. Idempotent: when .venv/.stamp matches the hash
+# of the inputs it does nothing. Set EVA_SETUP_FORCE=1 to redo everything.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+VENV="$ROOT/.venv"
+BUILD_DIR="$ROOT/build/interfaces"
+STAMP="$VENV/.stamp"
+APT_PACKAGES=(openssh-server ffmpeg hdf5-tools cmake)
+T_ALL=$(date +%s.%N)
+
+log() { printf '[setup] %s\n' "$*"; }
+elapsed() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$1" "$(date +%s.%N)"; }
+step_start() { T_STEP=$(date +%s.%N); log "$1 ..."; }
+step_end() { log "$1 done in $(elapsed "$T_STEP") s"; }
+
+# --- inputs hash ------------------------------------------------------------------------------
+inputs_hash() {
+  {
+    echo "python=${EVA_PYTHON:-python3.11}"
+    find requirements*.txt srv msg interfaces setup.py setup.cfg package.xml tools/setup.sh \
+      -type f ! -name '*.pyc' 2>/dev/null | LC_ALL=C sort | while read -r f; do
+        printf '%s ' "$f"; sha256sum "$f" | cut -d' ' -f1
+      done
+  } | sha256sum | cut -d' ' -f1
+}
+HASH="$(inputs_hash)"
+if [[ -z "${EVA_SETUP_FORCE:-}" && -x "$VENV/bin/python" && -f "$STAMP" && "$(cat "$STAMP")" == "$HASH" ]]; then
+  log "up to date (.venv/.stamp matches); nothing to do"
+  exit 0
+fi
+
+# --- system packages --------------------------------------------------------------------------
+pick_python() {
+  local c
+  for c in "${EVA_PYTHON:-}" python3.11 python3; do
+    [[ -n "$c" ]] || continue
+    if command -v "$c" >/dev/null 2>&1 &&
+       "$c" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)' 2>/dev/null; then
+      command -v "$c"; return 0
+    fi
+  done
+  return 1
+}
+
+step_start "system packages"
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+# Debian's python3.11 needs python3-venv for `-m venv` and python3-dev for the generated
+# C extensions; pyenv/other builds already have both.
+PY="$(pick_python || true)"
+if [[ -n "$PY" ]]; then
+  "$PY" -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
+  "$PY" -c 'import os, sysconfig, sys; sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) else 1)' ||
+    missing+=(python3-dev)
+else
+  missing+=(python3.11 python3.11-venv python3.11-dev)
+fi
+if ((${#missing[@]})); then
+  if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    log "installing with apt-get: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  else
+    log "WARNING: missing system packages (not root or no apt-get, not installing): ${missing[*]}"
+  fi
+else
+  log "all present: ${APT_PACKAGES[*]}"
+fi
+command -v cmake >/dev/null 2>&1 || { log "ERROR: cmake is required"; exit 1; }
+PY="$(pick_python)" || { log "ERROR: Python 3.11 is required (set EVA_PYTHON)"; exit 1; }
+step_end "system packages"
+
+# --- virtualenv -------------------------------------------------------------------------------
+step_start "virtualenv (.venv with $PY)"
+if [[ -x "$VENV/bin/python" ]] &&
+   ! "$VENV/bin/python" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)'; then
+  log "existing .venv is not Python 3.11; recreating"
+  rm -rf "$VENV"
+fi
+[[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
+rm -f "$STAMP"
+step_end "virtualenv"
+
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+step_start "pip install requirements-ros.txt requirements.txt"
+"${PIP[@]}" install -q -r requirements-ros.txt -r requirements.txt
+step_end "pip install"
+
+# --- interfaces -------------------------------------------------------------------------------
+step_start "build eva_export_interfaces (cmake -> .venv)"
+mkdir -p "$BUILD_DIR"
+if [[ -f "$BUILD_DIR/CMakeCache.txt" ]] &&
+   ! grep -qx "CMAKE_INSTALL_PREFIX:PATH=$VENV" "$BUILD_DIR/CMakeCache.txt"; then
+  rm -rf "$BUILD_DIR"
+fi
+AMENT_PREFIX_PATH="$VENV" cmake -S interfaces -B "$BUILD_DIR" \
+  -DCMAKE_PREFIX_PATH="$VENV" -DCMAKE_INSTALL_PREFIX="$VENV" \
+  -DPython3_EXECUTABLE="$VENV/bin/python" -DBUILD_TESTING=OFF \
+  -DCMAKE_BUILD_TYPE=Release >"$ROOT/build/interfaces-configure.log" 2>&1 ||
+  { tail -50 "$ROOT/build/interfaces-configure.log"; log "ERROR: cmake configure failed (log: build/interfaces-configure.log)"; exit 1; }
+AMENT_PREFIX_PATH="$VENV" cmake --build "$BUILD_DIR" -j "$(nproc)" >"$ROOT/build/interfaces-build.log" 2>&1 ||
+  { tail -50 "$ROOT/build/interfaces-build.log"; log "ERROR: interface build failed (log: build/interfaces-build.log)"; exit 1; }
+cmake --install "$BUILD_DIR" >"$ROOT/build/interfaces-install.log" 2>&1 ||
+  { tail -50 "$ROOT/build/interfaces-install.log"; log "ERROR: interface install failed"; exit 1; }
+(cd / && "$VENV/bin/python" -c 'from eva_export_interfaces.srv import StartCapture')
+step_end "build eva_export_interfaces"
+
+# --- eva_export -------------------------------------------------------------------------------
+step_start "pip install -e . (eva_export)"
+# setuptools 80 dropped `[develop] script_dir`, which ament_python packages (and colcon) use.
+"${PIP[@]}" install -q "setuptools>=68,<80" wheel
+"${PIP[@]}" install -q --no-build-isolation -e .
+# Editable installs skip data_files: link the ament index marker, package.xml, launch and
+# config into the venv prefix so ament_index / launch find them (live edits included).
+SHARE="$VENV/share/eva_export"
+mkdir -p "$SHARE" "$VENV/share/ament_index/resource_index/packages"
+ln -sfn "$ROOT/resource/eva_export" "$VENV/share/ament_index/resource_index/packages/eva_export"
+ln -sfn "$ROOT/package.xml" "$SHARE/package.xml"
+ln -sfn "$ROOT/launch" "$SHARE/launch"
+ln -sfn "$ROOT/config" "$SHARE/config"
+(cd / && "$VENV/bin/python" -c 'import eva_export')
+step_end "pip install -e ."
+
+echo "$HASH" >"$STAMP"
+log "ready in $(elapsed "$T_ALL") s: use .venv/bin/python (ROS env: ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST, ROS_DOMAIN_ID=<1..101>)"
