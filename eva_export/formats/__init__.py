@@ -1,0 +1,1 @@
+"""Export formats: one module per on-disk format, each with its writer and verifier."""

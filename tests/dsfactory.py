@@ -1,0 +1,75 @@
+"""Build small, real LeRobot v2.1 datasets with the project's own writer, for tests and benches.
+
+Values are deterministic so a reader can check them: state[j] = episode*1000 + frame + j/10,
+action = -state, and each camera frame is a flat colour whose red channel encodes the frame
+number and green channel the source episode (H.264 keeps flat colours within a few levels).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from eva_export.dataset.records import Feature
+from eva_export.dataset.video import VideoSettings
+from eva_export.dataset.writer import DatasetWriter, make_features
+
+JOINTS = [f"joint_{i}" for i in range(6)]
+
+
+@dataclass
+class Ep:
+    frames: int = 30
+    quality: str = "green"
+    issues: list[dict[str, Any]] = field(default_factory=list)
+    verdict: str = ""
+    note: str | None = None
+    task: str = "pick the cube"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def features(cameras: int = 2, width: int = 64, height: int = 48, fps: int = 30) -> dict[str, Feature]:
+    feats: dict[str, Feature] = {
+        "observation.state": Feature("float32", (6,), list(JOINTS)),
+        "action": Feature("float32", (6,), list(JOINTS)),
+        "capture_time": Feature("float64", (1,), None),
+    }
+    for c in range(cameras):
+        feats[f"observation.images.cam{c}"] = Feature.video(height, width, fps)
+    return make_features(feats)
+
+
+def state_value(episode: int, frame: int) -> np.ndarray:
+    return (episode * 1000 + frame + np.arange(6) / 10).astype(np.float32)
+
+
+def image(episode: int, frame: int, cam: int, width: int, height: int) -> np.ndarray:
+    img = np.empty((height, width, 3), np.uint8)
+    img[..., 0] = (frame * 8) % 256
+    img[..., 1] = (episode * 40) % 256
+    img[..., 2] = 60 * cam
+    return img
+
+
+def make_dataset(root: Path, episodes: list[Ep], cameras: int = 2, width: int = 64, height: int = 48,
+                 fps: int = 30, settings: VideoSettings = VideoSettings(crf=10)) -> Path:
+    """Write a v2.1 dataset (or append to it) and return its root."""
+    dw = DatasetWriter.open(root, fps=fps, features=features(cameras, width, height, fps),
+                            robot_type="test", settings=settings)
+    for ep in episodes:
+        src = dw.next_episode_index
+        w = dw.begin_episode(ep.task)
+        for f in range(ep.frames):
+            s = state_value(src, f)
+            w.add_frame({"observation.state": s, "action": -s, "capture_time": 1000.0 + f / fps},
+                        {f"observation.images.cam{c}": image(src, f, c, width, height) for c in range(cameras)})
+        w.finish()
+        extra: dict[str, Any] = {"quality": ep.quality, "quality_issues": list(ep.issues)}
+        extra.update(ep.extra)
+        row = dw.commit(w, extra)
+        if row is not None and (ep.verdict or ep.note is not None):
+            dw.review(row.episode_index, ep.verdict, ep.note)
+    return Path(root)
