@@ -13,7 +13,7 @@ setup:
 	tools/setup.sh
 
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -rs tests
 
 demo: setup
 	@if [ -x tools/demo.sh ] || [ -f tools/demo.sh ]; then bash tools/demo.sh; \

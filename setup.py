@@ -9,7 +9,7 @@ PACKAGE = "eva_export"
 setup(
     name=PACKAGE,
     version="0.1.0",
-    packages=find_packages(exclude=["tests", "tests.*"]),
+    packages=find_packages(include=["eva_export", "eva_export.*"], exclude=["tests", "tests.*"]),
     data_files=[
         ("share/ament_index/resource_index/packages", [f"resource/{PACKAGE}"]),
         (f"share/{PACKAGE}", ["package.xml"]),

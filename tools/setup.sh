@@ -70,8 +70,9 @@ if ((${#missing[@]})); then
   if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
     log "installing with apt-get: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    mkdir -p "$ROOT/build"
+    { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}"; } \
+      >"$ROOT/build/apt.log" 2>&1 || { tail -30 "$ROOT/build/apt.log"; log "ERROR: apt-get failed"; exit 1; }
   else
     log "WARNING: missing system packages (not root or no apt-get, not installing): ${missing[*]}"
   fi
@@ -94,8 +95,10 @@ rm -f "$STAMP"
 step_end "virtualenv"
 
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+# pip, quiet; drops the "Location ... is ignored" noise of local index settings
+pip_q() { "${PIP[@]}" install -q "$@" 2>&1 | { grep -v "^WARNING: Location 'file:" || true; }; }
 step_start "pip install requirements-ros.txt requirements.txt"
-"${PIP[@]}" install -q -r requirements-ros.txt -r requirements.txt
+pip_q -r requirements-ros.txt -r requirements.txt
 step_end "pip install"
 
 # --- interfaces -------------------------------------------------------------------------------
@@ -120,8 +123,8 @@ step_end "build eva_export_interfaces"
 # --- eva_export -------------------------------------------------------------------------------
 step_start "pip install -e . (eva_export)"
 # setuptools 80 dropped `[develop] script_dir`, which ament_python packages (and colcon) use.
-"${PIP[@]}" install -q "setuptools>=68,<80" wheel
-"${PIP[@]}" install -q --no-build-isolation -e .
+pip_q "setuptools>=68,<80" wheel
+pip_q --no-build-isolation -e .
 # Editable installs skip data_files: link the ament index marker, package.xml, launch and
 # config into the venv prefix so ament_index / launch find them (live edits included).
 SHARE="$VENV/share/eva_export"
@@ -130,6 +133,13 @@ ln -sfn "$ROOT/resource/eva_export" "$VENV/share/ament_index/resource_index/pack
 ln -sfn "$ROOT/package.xml" "$SHARE/package.xml"
 ln -sfn "$ROOT/launch" "$SHARE/launch"
 ln -sfn "$ROOT/config" "$SHARE/config"
+# setup.cfg puts the console scripts in lib/eva_export (where `ros2 run` looks); also put
+# them on the venv's PATH.
+if [[ -d "$VENV/lib/eva_export" ]]; then
+  for script in "$VENV"/lib/eva_export/*; do
+    [[ -e "$VENV/bin/$(basename "$script")" ]] || ln -s "../lib/eva_export/$(basename "$script")" "$VENV/bin/"
+  done
+fi
 (cd / && "$VENV/bin/python" -c 'import eva_export')
 step_end "pip install -e ."
 

@@ -3,18 +3,23 @@
 Services (private names): ``~/start`` StartUpload, ``~/get_job`` GetJob.
 Topic: ``~/status`` JobQueueStatus. Parameters: ``config_file`` (string), ``status_period``.
 
-The bodies below are placeholders with well-formed replies; the job work lives in
-``eva_export.upload`` / ``eva_export.jobs`` (no ROS imports) and is wired in here.
+The node is thin: the gate, the SFTP transfer and the job records live in
+``eva_export.upload`` (no ROS imports); a refusal is a reply with success=false and the
+gate's message, never a started job.
 """
 
 from __future__ import annotations
 
 import sys
 
+from eva_export_interfaces.msg import Job as JobMsg
 from eva_export_interfaces.msg import JobQueueStatus
 from eva_export_interfaces.srv import GetJob, StartUpload
 from rclpy.node import Node
 
+from eva_export.config import load_config
+from eva_export.errors import EvaError
+from eva_export.jobs import Job
 from eva_export.nodes.common import (
     STATUS_QOS_DEPTH,
     create_status_timer,
@@ -22,17 +27,39 @@ from eva_export.nodes.common import (
     run_node,
     service_group,
 )
+from eva_export.upload import UploadService
 
 NODE_NAME = "eva_upload"
-NOT_IMPLEMENTED = "not implemented yet"
+#: Seconds ``close()`` waits for cancelled uploads to remove their staging directories.
+CLOSE_TIMEOUT_S = 5.0
+
+
+def job_to_msg(job: Job | None) -> JobMsg:
+    """The ``eva_export_interfaces/msg/Job`` of a core Job record (empty job_id for None)."""
+    msg = JobMsg()
+    msg.kind = "upload"
+    if job is None:
+        return msg
+    for name in JobMsg.get_fields_and_field_types():
+        value = getattr(job, name)
+        setattr(msg, name, float(value) if isinstance(value, float) else value)
+    return msg
 
 
 class UploadNode(Node):
-    """Thin ROS wrapper around the upload job queue."""
+    """Thin ROS wrapper around ``eva_export.upload.UploadService``."""
 
     def __init__(self) -> None:
         super().__init__(NODE_NAME)
         self.config_file, status_period = declare_common_parameters(self)
+        config = load_config(self.config_file)
+        self.uploads = UploadService(config)
+        for job in self.uploads.interrupted:
+            self.get_logger().warning(f"upload {job.job_id} was left unfinished; marked failed")
+        if config.collection.sftp is None:
+            self.get_logger().warning(
+                "no upload backend configured (collection.storage.sftp); every upload is refused"
+            )
         group = service_group()
         self.create_service(StartUpload, "~/start", self._on_start, callback_group=group)
         self.create_service(GetJob, "~/get_job", self._on_get_job, callback_group=group)
@@ -43,27 +70,45 @@ class UploadNode(Node):
         self.get_logger().info(f"config_file={self.config_file!r}")
 
     def build_status(self) -> JobQueueStatus:
+        status = self.uploads.status()
         msg = JobQueueStatus()
-        msg.state = "IDLE"
-        msg.queued = 0
-        msg.current.kind = "upload"
+        msg.state = status.state
+        msg.queued = status.queued
+        msg.current = job_to_msg(status.current)
         return msg
 
     def _on_start(
         self, request: StartUpload.Request, response: StartUpload.Response
     ) -> StartUpload.Response:
-        response.success = False
-        response.message = NOT_IMPLEMENTED
+        try:
+            job = self.uploads.start(request.source_dir, request.format, request.accepted_dir)
+        except EvaError as exc:  # UploadRefused: the gate said no; no job was created
+            response.success = False
+            response.message = str(exc)
+            self.get_logger().warning(f"upload refused: {exc}")
+            return response
+        response.success = True
+        response.job_id = job.job_id
+        response.message = f"upload {job.job_id} started: {job.accepted_dir}"
+        self.get_logger().info(response.message)
         return response
 
     def _on_get_job(self, request: GetJob.Request, response: GetJob.Response) -> GetJob.Response:
-        response.success = False
-        response.message = (
-            f"no job {request.job_id!r}" if request.job_id else "no job yet"
-        ) + f" ({NOT_IMPLEMENTED})"
-        response.job.job_id = request.job_id
-        response.job.kind = "upload"
+        job = self.uploads.get(request.job_id)
+        if job is None:
+            response.success = False
+            response.message = f"no upload job {request.job_id!r}" if request.job_id else "no upload job yet"
+            response.job = job_to_msg(None)
+            response.job.job_id = request.job_id
+            return response
+        response.success = True
+        response.message = job.state
+        response.job = job_to_msg(job)
         return response
+
+    def close(self) -> None:
+        """Cancel running uploads (staging removed, nothing published), then stop."""
+        self.uploads.close(cancel=True, timeout=CLOSE_TIMEOUT_S)
 
 
 def main(args: list[str] | None = None) -> int:

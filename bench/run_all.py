@@ -1,0 +1,68 @@
+"""Run every benchmark and write one table: bench/RESULTS.md (also printed).
+
+Each bench script prints its own Markdown table, measured against an anchor in the same
+run (plain copy, decode-only, OpenSSH's sftp client...). This collects them under one
+heading with the date and the machine they were measured on.
+
+    make bench            # full sizes
+    make bench QUICK=1    # shorter runs where a bench supports --quick
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BENCHES = ["bench_capture.py", "bench_split.py", "bench_formats.py", "bench_upload.py"]
+
+
+def machine() -> str:
+    cpu = ""
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{platform.machine()}, {os.cpu_count()} cores ({cpu}), {mem_gb:.0f} GiB RAM, Python {platform.python_version()}"
+
+
+def main() -> int:
+    quick = "--quick" in sys.argv[1:] or os.environ.get("QUICK") == "1"
+    env = dict(os.environ)
+    env.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    env.setdefault("ROS_DOMAIN_ID", str(150 + os.getpid() % 80))
+    parts = [f"# Benchmarks\n\nMeasured {time.strftime('%Y-%m-%d %H:%M %Z')} on {machine()}.\n"]
+    failed = []
+    for name in BENCHES:
+        script = HERE / name
+        if not script.exists():
+            parts.append(f"## {name}\n\n(not present)\n")
+            continue
+        cmd = [sys.executable, str(script)] + (["--quick"] if quick else [])
+        print(f"== {' '.join(cmd)}", flush=True)
+        t0 = time.monotonic()
+        proc = subprocess.run(cmd, env=env, cwd=HERE.parent, capture_output=True, text=True)
+        took = time.monotonic() - t0
+        sys.stdout.write(proc.stdout)
+        sys.stderr.write(proc.stderr[-4000:])
+        table = [ln for ln in proc.stdout.splitlines() if ln.startswith("|") or ln.startswith("goal") or ln.startswith("#")]
+        status = "ok" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
+        if proc.returncode != 0:
+            failed.append(name)
+        parts.append(f"## {name} ({status}, {took:.0f} s)\n\n" + "\n".join(table) + "\n")
+    out = HERE / "RESULTS.md"
+    out.write_text("\n".join(parts), encoding="utf-8")
+    print(f"\nwrote {out}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,351 @@
+"""The quality split: a validated raw v2.1 source -> complete native accepted/rejected datasets.
+
+The unit of work is the source episode. Each unit (its rewritten Parquet, its hard-linked
+videos and ``unit.json`` with its episode row and statistics) is built in a temporary
+directory and renamed into ``<staging>/units/<subset>/ep_NNNNNN`` only when complete, so a
+rerun after a kill reuses every unit that exists (after checking it) and builds the rest.
+Only one episode's table is in memory at a time.
+
+Assembling a subset then hard-links the units into the templated v2.1 paths of a fresh
+directory and writes its meta files; that is cheap and redone on every run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..dataset import stats as stats_mod
+from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS
+from ..dataset.records import FORMAT_V21, DatasetInfo, EpisodeRow
+from ..dataset.table import to_numpy
+from ..errors import DatasetError, ExportError
+from ..fsutil import atomic_write_json, atomic_write_jsonl, fsync_dir, read_json
+from .records import ACCEPTED, REJECTED, QualitySplit
+from .validate import SourceCheck, SourceEpisode
+
+UNIT_FILE = "unit.json"
+MANIFEST = "manifest.json"
+RECOMPUTED_COLUMNS = ("episode_index", "index", "task_index")
+
+
+def classify(row: EpisodeRow) -> str:
+    """The split rule (records.SPLIT_RULE), written once: operator verdict first, then quality."""
+    verdict = row.qc_verdict.strip().lower()
+    if verdict == "pass":
+        return ACCEPTED
+    if verdict == "fail":
+        return REJECTED
+    return ACCEPTED if row.quality.strip().lower() == "green" else REJECTED
+
+
+class Faults:
+    """Named checkpoints; raising at the one named ``fail_at`` lets tests break any step."""
+
+    def __init__(self, fail_at: str | None = None) -> None:
+        self.fail_at = fail_at
+        self.passed: list[str] = []
+
+    def check(self, name: str) -> None:
+        if self.fail_at is not None and name == self.fail_at:
+            raise ExportError(f"injected failure at {name!r}")
+        self.passed.append(name)
+
+
+@dataclass
+class PlannedEpisode:
+    source: SourceEpisode
+    subset: str
+    new_index: int
+    offset: int  # global index of its first frame within the subset
+    task_map: dict[int, int]
+
+
+@dataclass
+class SplitPlan:
+    check: SourceCheck
+    subsets: dict[str, list[PlannedEpisode]]
+    tasks: dict[str, list[tuple[int, str]]]  # subset -> [(new task_index, text)]
+
+    @property
+    def in_source_order(self) -> list[PlannedEpisode]:
+        items = [p for s in self.subsets.values() for p in s]
+        return sorted(items, key=lambda p: p.source.index)
+
+
+def plan_split(check: SourceCheck) -> SplitPlan:
+    """Assign each source episode its subset, new index, frame offset and task remapping."""
+    subsets: dict[str, list[PlannedEpisode]] = {ACCEPTED: [], REJECTED: []}
+    tasks: dict[str, list[tuple[int, str]]] = {}
+    task_text = check.meta.task_text
+    by_subset: dict[str, list[SourceEpisode]] = {ACCEPTED: [], REJECTED: []}
+    for ep in check.episodes:  # episodes.jsonl order
+        by_subset[classify(ep.row)].append(ep)
+    for name, eps in by_subset.items():
+        used = sorted({t for e in eps for t in e.task_indices})
+        remap = {old: new for new, old in enumerate(used)}
+        tasks[name] = [(remap[old], task_text[old]) for old in used]
+        offset = 0
+        for new, ep in enumerate(eps):
+            subsets[name].append(PlannedEpisode(ep, name, new, offset, remap))
+            offset += ep.rows
+    return SplitPlan(check, subsets, tasks)
+
+
+@dataclass
+class SubsetResult:
+    name: str
+    dir: Path
+    source_indices: list[int]
+    episodes: int
+    frames: int
+
+
+@dataclass
+class SplitResult:
+    subsets: dict[str, SubsetResult]
+    reused: int = 0
+    built: int = 0
+
+
+@dataclass
+class SplitProgress:
+    """Called once per unit (reused or built) with its files and bytes."""
+
+    on_unit: Callable[[PlannedEpisode, int, int, bool], None] = lambda p, files, nbytes, reused: None
+
+
+# ---- staging ------------------------------------------------------------------------------------
+def prepare_staging(staging: Path, source_dir: Path, fmt: str, src_hash: str) -> bool:
+    """Reuse ``staging`` if its manifest names this exact source state, else start it afresh.
+
+    Returns True when an earlier run's staging is reused.
+    """
+    manifest = staging / MANIFEST
+    want = {"source_dir": str(source_dir), "format": fmt, "source_hash": src_hash}
+    if staging.exists():
+        try:
+            have = read_json(manifest)
+            if all(have.get(k) == v for k, v in want.items()):
+                return True
+        except (OSError, ValueError):
+            pass
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    atomic_write_json(manifest, {**want, "created_at": time.time()})
+    return False
+
+
+def unit_dir(staging: Path, p: PlannedEpisode) -> Path:
+    return staging / "units" / p.subset / f"ep_{p.new_index:06d}"
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)  # another filesystem or no hard links: copy, never re-encode
+
+
+def unit_is_complete(udir: Path, p: PlannedEpisode) -> bool:
+    """A renamed-in unit is trusted only after checking its record, row count and files."""
+    try:
+        u = read_json(udir / UNIT_FILE)
+        if (u["source_episode_index"], u["episode_index"], u["rows"], u["offset"]) != (
+                p.source.index, p.new_index, p.source.rows, p.offset):
+            return False
+        if pq.ParquetFile(udir / "data.parquet").metadata.num_rows != p.source.rows:
+            return False
+        for key, src in p.source.video_paths.items():
+            v = udir / "videos" / f"{key}.mp4"
+            if not v.is_file() or v.stat().st_size != src.stat().st_size:
+                return False
+        return True
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
+        return False
+
+
+def _replace(table: pa.Table, name: str, values: np.ndarray) -> pa.Table:
+    i = table.schema.get_field_index(name)
+    typ = table.schema.field(i).type
+    return table.set_column(i, table.schema.field(i), pa.array(values.astype(typ.to_pandas_dtype()), type=typ))
+
+
+def build_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats: dict[str, Any]) -> int:
+    """Write one episode unit and rename it into place; returns the bytes it holds."""
+    final = unit_dir(staging, p)
+    tmp = final.parent / f".tmp-{final.name}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    src = p.source
+    try:
+        table = pq.read_table(src.data_path)
+    except Exception as exc:  # noqa: BLE001
+        raise DatasetError(f"episode {src.index}: cannot read {src.data_path}: {exc}") from exc
+    n = table.num_rows
+    if n != src.rows:
+        raise DatasetError(f"episode {src.index}: {src.data_path} changed during the export "
+                           f"({n} rows, validated {src.rows})")
+    table = _replace(table, "episode_index", np.full(n, p.new_index, dtype=np.int64))
+    table = _replace(table, "index", np.arange(p.offset, p.offset + n, dtype=np.int64))
+    if "task_index" in table.column_names:
+        old = to_numpy(table.column("task_index")).astype(np.int64)
+        unknown = sorted(set(np.unique(old).tolist()) - set(p.task_map))
+        if unknown:
+            raise DatasetError(f"episode {src.index}: task_index {unknown} changed during the export")
+        lut = np.zeros(max(p.task_map) + 1 if p.task_map else 1, dtype=np.int64)
+        for o, nw in p.task_map.items():
+            lut[o] = nw
+        table = _replace(table, "task_index", lut[old])
+    pq.write_table(table, tmp / "data.parquet")
+    with open(tmp / "data.parquet", "rb") as fh:
+        os.fsync(fh.fileno())
+    # Statistics: keep the source's, recompute the columns whose values changed or are missing.
+    st: dict[str, Any] = {k: v for k, v in source_stats.items()}
+    for key in info.table_keys:
+        if key in RECOMPUTED_COLUMNS or key not in st:
+            if key in table.column_names:
+                st[key] = stats_mod.column_stats(to_numpy(table.column(key)))
+    del table
+    sizes = {}
+    for key, vp in src.video_paths.items():
+        _link_or_copy(vp, tmp / "videos" / f"{key}.mp4")
+        sizes[key] = vp.stat().st_size
+    row = src.row.to_dict()
+    row["episode_index"] = p.new_index
+    row["source_episode_index"] = src.index
+    atomic_write_json(tmp / UNIT_FILE, {
+        "source_episode_index": src.index, "episode_index": p.new_index, "rows": n, "offset": p.offset,
+        "row": row, "stats": st, "video_sizes": sizes,
+    })
+    os.rename(tmp, final)
+    fsync_dir(final.parent)
+    return (final / "data.parquet").stat().st_size + sum(sizes.values())
+
+
+def build_units(plan: SplitPlan, staging: Path, progress: SplitProgress, faults: Faults) -> tuple[int, int]:
+    """Build every missing unit, in source order; returns (reused, built)."""
+    info = plan.check.meta.info
+    ep_stats = plan.check.meta.episodes_stats
+    reused = built = 0
+    for p in plan.in_source_order:
+        udir = unit_dir(staging, p)
+        files = 1 + len(p.source.video_paths)
+        if udir.is_dir() and unit_is_complete(udir, p):
+            reused += 1
+            progress.on_unit(p, files, p.source.bytes, True)
+            continue
+        if udir.exists():
+            shutil.rmtree(udir)
+        faults.check(f"unit:{p.source.index}")
+        src_stats = ep_stats[p.source.index].stats if p.source.index in ep_stats else {}
+        build_unit(staging, p, info, src_stats)
+        built += 1
+        progress.on_unit(p, files, p.source.bytes, False)
+    return reused, built
+
+
+# ---- assembly -----------------------------------------------------------------------------------
+def assemble_subset(plan: SplitPlan, name: str, staging: Path, out: Path, marker: QualitySplit) -> SubsetResult:
+    """Link the units of ``name`` into a complete v2.1 dataset at ``out`` (replaced if present)."""
+    src_info = plan.check.meta.info
+    items = plan.subsets[name]
+    tmp = out.parent / f".tmp-{out.name}"
+    for d in (tmp, out):
+        if d.exists():
+            shutil.rmtree(d)
+    (tmp / "meta").mkdir(parents=True)
+    info = DatasetInfo.from_dict(src_info.to_dict())
+    rows, stats_rows = [], []
+    frames = 0
+    for p in items:
+        udir = unit_dir(staging, p)
+        u = read_json(udir / UNIT_FILE)
+        _link_or_copy(udir / "data.parquet", tmp / info.data_file(p.new_index))
+        for key in info.video_keys:
+            _link_or_copy(udir / "videos" / f"{key}.mp4", tmp / info.video_file(key, p.new_index))
+        rows.append(u["row"])
+        stats_rows.append({"episode_index": p.new_index, "stats": u["stats"]})
+        frames += int(u["rows"])
+    info.total_episodes = len(items)
+    info.total_frames = frames
+    info.total_tasks = len(plan.tasks[name])
+    info.total_videos = len(items) * len(info.video_keys)
+    info.total_chunks = (len(items) + info.chunks_size - 1) // info.chunks_size
+    info.extra["dataset_format"] = FORMAT_V21
+    atomic_write_jsonl(tmp / EPISODES, rows)
+    atomic_write_jsonl(tmp / EPISODES_STATS, stats_rows)
+    atomic_write_jsonl(tmp / TASKS, [{"task_index": i, "task": t} for i, t in plan.tasks[name]])
+    atomic_write_json(tmp / STATS, stats_mod.aggregate(r["stats"] for r in stats_rows))
+    atomic_write_json(tmp / INFO, info.to_dict())
+    marker.write(tmp)
+    os.rename(tmp, out)
+    fsync_dir(out.parent)
+    return SubsetResult(name, out, [p.source.index for p in items], len(items), frames)
+
+
+def make_marker(plan: SplitPlan, name: str, fmt: str, job_id: str) -> QualitySplit:
+    items = plan.subsets[name]
+    return QualitySplit(
+        source_dir=str(Path(os.path.realpath(plan.check.root))), subset=name, dataset_format=fmt,
+        source_episode_indices=[p.source.index for p in items],
+        episode_count=len(items), frame_count=sum(p.source.rows for p in items),
+        accepted_count=len(plan.subsets[ACCEPTED]), rejected_count=len(plan.subsets[REJECTED]),
+        created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), job_id=job_id,
+    )
+
+
+@dataclass
+class NativeSplit:
+    """Runs the native split of one validated source inside a staging root."""
+
+    check: SourceCheck
+    staging: Path
+    job_id: str
+    marker_format: str = FORMAT_V21
+    progress: SplitProgress = field(default_factory=SplitProgress)
+    faults: Faults = field(default_factory=Faults)
+
+    def run(self) -> SplitResult:
+        plan = plan_split(self.check)
+        reused, built = build_units(plan, self.staging, self.progress, self.faults)
+        self.faults.check("split_units")
+        out: dict[str, SubsetResult] = {}
+        for name in (ACCEPTED, REJECTED):
+            marker = make_marker(plan, name, self.marker_format, self.job_id)
+            out[name] = assemble_subset(plan, name, self.staging, self.staging / "native" / name, marker)
+            self.faults.check(f"assemble_{name}")
+        return SplitResult(out, reused=reused, built=built)
+
+
+def split_dataset(source: Path, out_root: Path, job_id: str = "") -> SplitResult:
+    """Convenience for scripts and benches: validate ``source`` and split it into ``out_root``.
+
+    ``out_root/accepted`` and ``out_root/rejected`` are written through a staging root beside
+    them (reused when rerun); no publication logic.
+    """
+    from .validate import validate_source
+
+    check = validate_source(source, allow_empty_dataset=False)
+    staging = Path(out_root) / ".staging"
+    prepare_staging(staging, check.root, FORMAT_V21, check.source_hash)
+    res = NativeSplit(check, staging, job_id).run()
+    for name, sub in res.subsets.items():
+        dst = Path(out_root) / name
+        if dst.exists():
+            shutil.rmtree(dst)
+        os.rename(sub.dir, dst)
+        sub.dir = dst
+    shutil.rmtree(staging)
+    return res

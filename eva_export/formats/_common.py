@@ -1,0 +1,269 @@
+"""Helpers shared by the format modules: reading the staged source, copying common metadata,
+the quality marker, and the checks every verifier runs.
+
+Private to ``eva_export.formats``; nothing here knows a particular output layout.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..dataset import stats as stats_mod
+from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS, DatasetMeta, read_meta
+from ..dataset.records import CODEBASE_V21, FORMAT_V21, DatasetInfo, EpisodeRow
+from ..errors import DatasetError, ExportError
+from ..export.records import QUALITY_SPLIT_FILE, QualitySplit
+from ..fsutil import atomic_write_json, read_json
+from .base import VerifyReport
+
+COMMON_META = (EPISODES, TASKS, EPISODES_STATS, STATS)
+EPISODE_CHUNK_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}"
+
+
+def load_source(native_subset: Path) -> DatasetMeta:
+    """Read a staged native subset, refusing anything that is not a v2.1 split subset."""
+    root = Path(native_subset)
+    try:
+        meta = read_meta(root)
+    except DatasetError as exc:
+        raise ExportError(f"source {root}: {exc}") from exc
+    info = meta.info
+    if info.codebase_version != CODEBASE_V21 or info.dataset_format != FORMAT_V21:
+        raise ExportError(f"source {root}: codebase_version {info.codebase_version!r} / dataset_format "
+                          f"{info.dataset_format!r}; exporters read only LeRobot v2.1 (lerobot_v21) subsets")
+    if not (root / QUALITY_SPLIT_FILE).is_file():
+        raise ExportError(f"source {root}: {QUALITY_SPLIT_FILE} is missing; export a quality-split subset, "
+                          "not a raw directory")
+    seen: set[int] = set()
+    for ep in meta.episodes:
+        if ep.episode_index in seen:
+            raise ExportError(f"source {root}: episode {ep.episode_index} is listed twice")
+        seen.add(ep.episode_index)
+        if ep.length <= 0:
+            raise ExportError(f"source {root}: episode {ep.episode_index} is empty (length {ep.length})")
+    return meta
+
+
+def copy_common_meta(src: Path, out: Path) -> None:
+    """Copy episodes.jsonl, tasks.jsonl, episodes_stats.jsonl and stats.json when present."""
+    for rel in COMMON_META:
+        if (src / rel).is_file():
+            (out / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src / rel, out / rel)
+
+
+def write_quality_split(src: Path, out: Path, dataset_format: str) -> QualitySplit:
+    """Copy meta/quality_split.json with dataset_format set to this exporter's name."""
+    try:
+        qs = QualitySplit.read(src)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ExportError(f"{src / QUALITY_SPLIT_FILE}: unreadable ({exc})") from exc
+    qs = dataclasses.replace(qs, dataset_format=dataset_format)
+    qs.write(out)
+    return qs
+
+
+def write_info(out: Path, info: dict[str, Any]) -> None:
+    atomic_write_json(out / INFO, info)
+
+
+def dataset_stats(meta: DatasetMeta, extra: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Dataset statistics for every feature, aggregated from the per-episode statistics.
+
+    ``extra`` holds statistics computed during export for episodes whose source lacked them.
+    """
+    per = []
+    for ep in meta.episodes:
+        st = dict(meta.episodes_stats[ep.episode_index].stats) if ep.episode_index in meta.episodes_stats else {}
+        st.update((extra or {}).get(ep.episode_index, {}))
+        per.append(st)
+    out = stats_mod.aggregate(per)
+    if (meta.root / STATS).is_file():  # keep anything the source knew that we could not recompute
+        for key, value in read_json(meta.root / STATS).items():
+            out.setdefault(key, value)
+    return out
+
+
+def episode_stats(meta: DatasetMeta, ep: EpisodeRow, table: pa.Table) -> dict[str, Any]:
+    """The episode's statistics: from episodes_stats.jsonl, table columns filled in when missing."""
+    st = copy.deepcopy(meta.episodes_stats[ep.episode_index].stats) if ep.episode_index in meta.episodes_stats else {}
+    for name in table.column_names:
+        if name not in st and name in meta.info.features:
+            st[name] = stats_mod.column_stats(column_numpy(table, name))
+    return st
+
+
+def missing_image_stats(meta: DatasetMeta, ep: EpisodeRow) -> list[str]:
+    have = meta.episodes_stats.get(ep.episode_index)
+    return [k for k in meta.info.video_keys if have is None or k not in have.stats]
+
+
+def image_stats_of(frames: Iterator[np.ndarray]) -> dict[str, Any]:
+    st = stats_mod.ImageStats()
+    for f in frames:
+        st.add(f)
+    return st.to_dict()
+
+
+def read_episode_table(meta: DatasetMeta, ep: EpisodeRow, first_index: int | None = None) -> pa.Table:
+    """Read one source episode table and check it against its episode row (rows, indices)."""
+    path = meta.data_path(ep.episode_index)
+    if not path.is_file():
+        raise ExportError(f"episode {ep.episode_index}: {path} is missing")
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise ExportError(f"episode {ep.episode_index}: cannot read {path} ({exc})") from exc
+    if table.num_rows != ep.length:
+        raise ExportError(f"episode {ep.episode_index}: {path.name} has {table.num_rows} rows, "
+                          f"episodes.jsonl says length {ep.length}")
+    for col in ("episode_index", "index"):
+        if col not in table.column_names:
+            raise ExportError(f"episode {ep.episode_index}: {path.name} lacks the {col!r} column")
+    epi = column_numpy(table, "episode_index")
+    if not np.all(epi == ep.episode_index):
+        raise ExportError(f"episode {ep.episode_index}: {path.name} has episode_index values "
+                          f"{sorted(set(epi.tolist()))[:5]}, expected {ep.episode_index} (renumbered subset)")
+    if first_index is not None:
+        idx = column_numpy(table, "index")
+        if not np.array_equal(idx, np.arange(first_index, first_index + table.num_rows)):
+            raise ExportError(f"episode {ep.episode_index}: global index column is not contiguous from "
+                              f"{first_index} (the subset must be renumbered)")
+    return table
+
+
+def column_numpy(table: pa.Table, name: str) -> np.ndarray:
+    from ..dataset.table import to_numpy
+    return to_numpy(table.column(name))
+
+
+def state_action_keys(info: DatasetInfo) -> tuple[str | None, str | None]:
+    """The feature names a consumer would call state and action."""
+    keys = [k for k, f in info.features.items() if not f.is_visual]
+    state = "observation.state" if "observation.state" in keys else next((k for k in keys if "state" in k), None)
+    action = "action" if "action" in keys else next((k for k in keys if "action" in k), None)
+    return state, action
+
+
+def embedded_info(info: DatasetInfo, dataset_format: str, extension: str) -> dict[str, Any]:
+    """info.json of a format that carries images inside its episode files (HDF5, MCAP)."""
+    d = info.to_dict()
+    for key, feat in d["features"].items():
+        if feat["dtype"] == "video":
+            feat["dtype"] = "image"
+            feat.pop("info", None)
+    d["total_videos"] = 0
+    d.pop("video_path", None)
+    d["data_path"] = EPISODE_CHUNK_PATH + "." + extension
+    d["embedded_images"] = True
+    d["dataset_format"] = dataset_format
+    return d
+
+
+def episode_file(info: dict[str, Any], episode_index: int) -> str:
+    chunks = int(info.get("chunks_size") or 1000)
+    return str(info["data_path"]).format(episode_chunk=episode_index // chunks, episode_index=episode_index)
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def to_plain(value: Any) -> Any:
+    """numpy scalars/arrays to Python values, recursively (for MessagePack and JSON)."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {str(k): to_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_plain(v) for v in value]
+    return value
+
+
+# ---- shared verification steps ---------------------------------------------------------------
+def start_report(out_dir: Path, dataset_format: str) -> tuple[VerifyReport, dict[str, Any] | None]:
+    """Open a report; check info.json and quality_split.json exist and name ``dataset_format``."""
+    out_dir = Path(out_dir)
+    report = VerifyReport(path=str(out_dir), dataset_format=dataset_format)
+    info: dict[str, Any] | None = None
+    try:
+        info = read_json(out_dir / INFO)
+    except (OSError, ValueError) as exc:
+        report.errors.append(f"{INFO}: unreadable ({exc})")
+    try:
+        qs = QualitySplit.read(out_dir)
+        if qs.dataset_format != dataset_format:
+            report.errors.append(f"{QUALITY_SPLIT_FILE}: dataset_format {qs.dataset_format!r}, "
+                                 f"expected {dataset_format!r}")
+        else:
+            report.checks.append(f"quality_split.json: subset {qs.subset}, dataset_format {qs.dataset_format}, "
+                                 f"{len(qs.source_episode_indices)} source episodes")
+        if info is not None and qs.episode_count and qs.episode_count != info.get("total_episodes"):
+            report.errors.append(f"{QUALITY_SPLIT_FILE}: episode_count {qs.episode_count} but info.json "
+                                 f"total_episodes {info.get('total_episodes')}")
+    except (OSError, ValueError, KeyError) as exc:
+        report.errors.append(f"{QUALITY_SPLIT_FILE}: missing or unreadable ({exc})")
+    if info is not None:
+        fmt = str(info.get("dataset_format", FORMAT_V21))
+        if fmt != dataset_format:
+            report.errors.append(f"{INFO}: dataset_format {fmt!r}, expected {dataset_format!r}")
+        report.episodes = int(info.get("total_episodes", 0))
+        report.frames = int(info.get("total_frames", 0))
+    return report, info
+
+
+def read_episode_rows(out_dir: Path, report: VerifyReport) -> list[EpisodeRow]:
+    from ..fsutil import iter_jsonl
+    try:
+        return [EpisodeRow.from_dict(d) for d in iter_jsonl(Path(out_dir) / EPISODES)]
+    except (OSError, ValueError, KeyError) as exc:
+        report.errors.append(f"{EPISODES}: unreadable ({exc})")
+        return []
+
+
+def check_totals(report: VerifyReport, info: dict[str, Any], episodes: int, frames: int, what: str) -> None:
+    if info.get("total_episodes") != episodes or info.get("total_frames") != frames:
+        report.errors.append(f"info.json claims {info.get('total_episodes')} episodes / {info.get('total_frames')} "
+                             f"frames, {what} holds {episodes} / {frames}")
+    else:
+        report.checks.append(f"info.json totals match {what}: {episodes} episodes, {frames} frames")
+
+
+def check_sample(report: VerifyReport, state: Any, action: Any, frame: Any, where: str) -> None:
+    """Record the real read of one state value, one action value and one image frame."""
+    parts = []
+    errors_before = len(report.errors)
+    if state is None:
+        report.errors.append(f"real read: no state value in {where}")
+    else:
+        parts.append(f"state[0]={np.asarray(state).reshape(-1)[:1].tolist()}")
+    if action is None:
+        report.errors.append(f"real read: no action value in {where}")
+    else:
+        parts.append(f"action[0]={np.asarray(action).reshape(-1)[:1].tolist()}")
+    if frame is None:
+        report.errors.append(f"real read: no image frame in {where}")
+    else:
+        arr = np.asarray(frame)
+        if arr.ndim != 3 or arr.shape[2] != 3 or arr.dtype != np.uint8:
+            report.errors.append(f"real read: image frame in {where} has shape {arr.shape} {arr.dtype}")
+        else:
+            parts.append(f"frame {arr.shape[1]}x{arr.shape[0]} rgb mean={float(arr.mean()):.1f}")
+    if len(report.errors) == errors_before:
+        report.checks.append(f"real read from {where}: " + ", ".join(parts))

@@ -1,0 +1,263 @@
+"""HDF5: one self-contained file per episode, images decoded from the MP4s and embedded.
+
+``data/chunk-XXX/episode_NNNNNN.hdf5``::
+
+    columns/item_NNNNNN   value = one table column (frames first), attrs key, kind
+    images/item_NNNNNN    value = (T, H, W, 3) uint8, appended frame by frame, attrs key, kind
+    metadata/item_NNNNNN  value = one field of the episode row, or fps; attrs key, kind
+
+``kind`` says how to read ``value``: "array" (numeric or bool array/scalar), "string" (UTF-8
+scalar string), "bytes" (opaque scalar, ``bytes(value[()])``), "none" (empty dataset) and
+"msgpack" (mappings, lists, tuples: ``msgpack.unpackb(bytes(value[()]))``).
+
+Images: maxshape (None, H, W, 3), chunks (1, H, W, 3), compression "" (none, default), "lzf" or
+"gzip" (level ``gzip_level``) on image datasets only. The first frame fixes H x W x C; a later
+frame of another shape, or a final frame count different from the table's rows, raises
+ExportError naming the episode and camera.
+
+Each file is written as ``.episode_NNNNNN.hdf5.partial`` and renamed when closed, so a file
+with the final name is complete; a rerun into the same staging directory keeps finished
+episode files whose frame counts check out (resumable).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import h5py
+import msgpack
+import numpy as np
+
+from ..dataset.meta import INFO, DatasetMeta
+from ..dataset.records import DatasetInfo
+from ..dataset.video import iter_frames
+from ..errors import ExportError, VideoError
+from ..fsutil import atomic_write_json, fsync_dir, read_json
+from . import _common as common
+from .base import Progress, VerifyReport
+
+FORMAT = "hdf5"
+GROUPS = ("columns", "images", "metadata")
+COMPRESSIONS = ("", "lzf", "gzip")
+
+
+def item_name(i: int) -> str:
+    return f"item_{i:06d}"
+
+
+def _write_value(group: h5py.Group, i: int, key: str, value: Any) -> None:
+    """One mapping entry as ``item_NNNNNN/value`` with attrs key and kind."""
+    g = group.create_group(item_name(i))
+    g.attrs["key"] = key
+    if value is None:
+        g.attrs["kind"] = "none"
+        g.create_dataset("value", data=h5py.Empty("u1"))
+    elif isinstance(value, str):
+        g.attrs["kind"] = "string"
+        g.create_dataset("value", data=value, dtype=h5py.string_dtype("utf-8"))
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        g.attrs["kind"] = "bytes"
+        g.create_dataset("value", data=np.void(bytes(value)))
+    elif isinstance(value, (dict, list, tuple)):
+        g.attrs["kind"] = "msgpack"
+        g.create_dataset("value", data=np.void(msgpack.packb(common.to_plain(value), use_bin_type=True)))
+    else:
+        arr = np.asarray(value)
+        if arr.dtype.kind not in "biuf":
+            g.attrs["kind"] = "msgpack"
+            g.create_dataset("value", data=np.void(msgpack.packb(common.to_plain(value), use_bin_type=True)))
+        else:
+            g.attrs["kind"] = "array"
+            g.create_dataset("value", data=arr)
+
+
+def read_value(item: h5py.Group) -> Any:
+    """Inverse of the writer's encoding of one item."""
+    kind = item.attrs["kind"]
+    ds = item["value"]
+    if kind == "none":
+        return None
+    if kind == "string":
+        return ds.asstr()[()]
+    if kind == "bytes":
+        return ds[()].tobytes()
+    if kind == "msgpack":
+        return msgpack.unpackb(ds[()].tobytes(), raw=False)
+    return ds[()]
+
+
+def read_group(group: h5py.Group) -> dict[str, Any]:
+    return {str(item.attrs["key"]): read_value(item) for _, item in sorted(group.items())}
+
+
+def find_item(group: h5py.Group, key: str) -> h5py.Group | None:
+    for _, item in sorted(group.items()):
+        if item.attrs.get("key") == key:
+            return item
+    return None
+
+
+class Hdf5Exporter:
+    """Write a native v2.1 subset as one HDF5 file per episode."""
+
+    name = FORMAT
+
+    def __init__(self, compression: str = "", gzip_level: int = 1) -> None:
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"hdf5 compression {compression!r}: choose one of {COMPRESSIONS}")
+        self.compression = compression
+        self.gzip_level = gzip_level
+        self.resumed: list[int] = []  # episodes kept from an interrupted run by the last export
+
+    def export(self, native_subset: Path, out_dir: Path, progress: Progress | None = None) -> None:
+        progress = progress or Progress()
+        src, out = Path(native_subset), Path(out_dir)
+        meta = common.load_source(src)
+        out.mkdir(parents=True, exist_ok=True)
+        info = common.embedded_info(meta.info, self.name, "hdf5")
+        self.resumed = []
+        offset = 0
+        for ep in meta.episodes:
+            table = common.read_episode_table(meta, ep, first_index=offset)
+            offset += ep.length
+            path = out / common.episode_file(info, ep.episode_index)
+            if path.is_file() and _complete(path, ep.length, len(meta.info.video_keys)):
+                self.resumed.append(ep.episode_index)
+                progress.on_episode(ep.episode_index, 0)
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.partial")
+            tmp.unlink(missing_ok=True)
+            try:
+                self._write_episode(tmp, meta, ep.episode_index, ep.to_dict(), table)
+                os.replace(tmp, path)
+                fsync_dir(path.parent)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+            progress.on_episode(ep.episode_index, path.stat().st_size)
+        common.copy_common_meta(src, out)
+        atomic_write_json(out / INFO, info)
+        common.write_quality_split(src, out, self.name)
+
+    def _write_episode(self, tmp: Path, meta: DatasetMeta, episode_index: int, row: dict[str, Any],
+                       table: Any) -> None:
+        with h5py.File(tmp, "w") as f:
+            f.attrs["dataset_format"] = FORMAT
+            f.attrs["episode_index"] = episode_index
+            cols, imgs, md = (f.create_group(g) for g in GROUPS)
+            for i, name in enumerate(table.column_names):
+                _write_value(cols, i, name, common.column_numpy(table, name))
+            for i, (key, value) in enumerate(list(row.items()) + [("fps", meta.info.fps)]):
+                _write_value(md, i, key, value)
+            for i, key in enumerate(meta.info.video_keys):
+                g = imgs.create_group(item_name(i))
+                g.attrs["key"] = key
+                g.attrs["kind"] = "array"
+                self._append_frames(g, episode_index, key, iter_frames(meta.video_path(key, episode_index)),
+                                    table.num_rows)
+
+    def _append_frames(self, g: h5py.Group, episode_index: int, key: str, frames: Iterable[np.ndarray],
+                       rows: int) -> None:
+        ds: h5py.Dataset | None = None
+        n = 0
+        try:
+            for frame in frames:
+                if ds is None:
+                    opts: dict[str, Any] = {}
+                    if self.compression == "gzip":
+                        opts = {"compression": "gzip", "compression_opts": self.gzip_level}
+                    elif self.compression == "lzf":
+                        opts = {"compression": "lzf"}
+                    ds = g.create_dataset("value", shape=(0,) + frame.shape, maxshape=(None,) + frame.shape,
+                                          chunks=(1,) + frame.shape, dtype=np.uint8, **opts)
+                elif frame.shape != ds.shape[1:]:
+                    raise ExportError(f"episode {episode_index}: {key} frame {n} has shape {frame.shape}, "
+                                      f"earlier frames {ds.shape[1:]}")
+                if n >= rows:
+                    raise ExportError(f"episode {episode_index}: {key} has more frames than the table's {rows} rows")
+                ds.resize(n + 1, axis=0)
+                ds[n] = frame
+                n += 1
+        except VideoError as exc:
+            raise ExportError(f"episode {episode_index}: {key}: {exc}") from exc
+        if n != rows:
+            raise ExportError(f"episode {episode_index}: {key} has {n} frames, the table has {rows} rows")
+
+    def verify(self, out_dir: Path) -> VerifyReport:
+        return verify_hdf5(Path(out_dir))
+
+
+def _complete(path: Path, rows: int, cameras: int) -> bool:
+    """A finished file from an earlier run: readable, every image value has ``rows`` frames."""
+    try:
+        with h5py.File(path, "r") as f:
+            imgs = f["images"]
+            if len(imgs) != cameras:
+                return False
+            return all(item["value"].shape[0] == rows for item in imgs.values())
+    except (OSError, KeyError):
+        return False
+
+
+def verify_hdf5(root: Path) -> VerifyReport:
+    report, info = common.start_report(root, FORMAT)
+    if info is None:
+        return report
+    if not info.get("embedded_images") or info.get("total_videos") != 0 or "video_path" in info:
+        report.errors.append("info.json must have embedded_images true, total_videos 0 and no video_path")
+    image_keys = [k for k, f in info["features"].items() if f["dtype"] == "image"]
+    rows_total = 0
+    episodes = common.read_episode_rows(root, report)
+    n_err = len(report.errors)
+    sample: tuple[Any, Any, Any] = (None, None, None)
+    feats = DatasetInfo.from_dict(info)
+    state_key, action_key = common.state_action_keys(feats)
+    for ep in episodes:
+        path = root / common.episode_file(info, ep.episode_index)
+        try:
+            with h5py.File(path, "r") as f:
+                missing = [g for g in GROUPS if g not in f]
+                if missing:
+                    report.errors.append(f"{path.name}: lacks groups {missing}")
+                    continue
+                index_item = find_item(f["columns"], "index")
+                if index_item is None:
+                    report.errors.append(f"{path.name}: no 'index' column")
+                    continue
+                rows = index_item["value"].shape[0]
+                rows_total += rows
+                if rows != ep.length:
+                    report.errors.append(f"{path.name}: {rows} rows, episodes.jsonl length {ep.length}")
+                keys = set()
+                for _, item in sorted(f["images"].items()):
+                    keys.add(item.attrs["key"])
+                    n = item["value"].shape[0]
+                    if n != rows:
+                        report.errors.append(f"{path.name}: images {item.attrs['key']} has {n} frames, {rows} rows")
+                if keys != set(image_keys):
+                    report.errors.append(f"{path.name}: image keys {sorted(keys)}, info.json has {image_keys}")
+                md = read_group(f["metadata"])
+                if md.get("episode_index") != ep.episode_index or md.get("fps") != info["fps"]:
+                    report.errors.append(f"{path.name}: metadata episode_index/fps do not match")
+                if sample[0] is None and state_key and action_key and image_keys:
+                    s_item, a_item = find_item(f["columns"], state_key), find_item(f["columns"], action_key)
+                    i_item = find_item(f["images"], image_keys[0])
+                    sample = (None if s_item is None else s_item["value"][0],
+                              None if a_item is None else a_item["value"][0],
+                              None if i_item is None else i_item["value"][0])
+        except OSError as exc:
+            report.errors.append(f"{path}: unreadable ({exc})")
+    if len(report.errors) == n_err:
+        report.checks.append(f"{len(episodes)} episode files: columns/images/metadata present, axis 0 of every "
+                             "images/*/value equals the rows")
+    common.check_totals(report, info, len(episodes), rows_total, "the HDF5 files")
+    common.check_sample(report, *sample, where="episode 0 (h5py)")
+    return report
+
+
+def read_info(root: Path) -> dict[str, Any]:
+    return dict(read_json(Path(root) / INFO))

@@ -1,0 +1,118 @@
+"""Native LeRobot v2.1: the staged subset published as is (hard links, copies across devices).
+
+Writer: every file of the staged native subset is hard-linked (or copied) into the output;
+meta/quality_split.json is rewritten with dataset_format "lerobot_v21" (a new inode, so the
+staged original is never modified through a link).
+
+Verifier: info.json totals against the episode tables, and per episode the Parquet row count
+against the frames really decoded from each camera MP4; then one state value, one action
+value and one decoded frame.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from ..dataset.meta import DatasetMeta, read_meta
+from ..dataset.records import FORMAT_V21
+from ..dataset.video import count_frames, decode_count, iter_frames
+from ..errors import DatasetError, VideoError
+from ..export.records import QUALITY_SPLIT_FILE
+from . import _common as common
+from .base import Progress, VerifyReport
+
+
+class LeRobotV21Exporter:
+    """Publish the native subset unchanged."""
+
+    name = FORMAT_V21
+
+    def __init__(self, decode_frames: bool = True) -> None:
+        self.decode_frames = decode_frames  # verify by decoding (True) or by demuxing packets
+
+    def export(self, native_subset: Path, out_dir: Path, progress: Progress | None = None) -> None:
+        progress = progress or Progress()
+        src, out = Path(native_subset), Path(out_dir)
+        meta = common.load_source(src)
+        out.mkdir(parents=True, exist_ok=True)
+        for dirpath, dirnames, names in os.walk(src):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]  # no .staging / .orphans
+            rel = Path(dirpath).relative_to(src)
+            for name in names:
+                if (rel / name).as_posix() == QUALITY_SPLIT_FILE or name.startswith("."):
+                    continue
+                dst = out / rel / name
+                if dst.exists():
+                    if os.path.samefile(src / rel / name, dst) or dst.stat().st_size == (src / rel / name).stat().st_size:
+                        continue  # resumed run
+                    dst.unlink()
+                common.link_or_copy(src / rel / name, dst)
+        common.write_quality_split(src, out, self.name)
+        for ep in meta.episodes:
+            size = meta.data_path(ep.episode_index).stat().st_size
+            size += sum(meta.video_path(k, ep.episode_index).stat().st_size for k in meta.info.video_keys
+                        if meta.video_path(k, ep.episode_index).is_file())
+            progress.on_episode(ep.episode_index, size)
+
+    def verify(self, out_dir: Path) -> VerifyReport:
+        report, info = common.start_report(Path(out_dir), self.name)
+        if info is None:
+            return report
+        try:
+            meta = read_meta(Path(out_dir))
+        except DatasetError as exc:
+            report.errors.append(str(exc))
+            return report
+        frames = 0
+        bad = 0
+        for ep in meta.episodes:
+            path = meta.data_path(ep.episode_index)
+            try:
+                rows = pq.read_metadata(path).num_rows
+            except OSError as exc:
+                report.errors.append(f"episode {ep.episode_index}: {path} unreadable ({exc})")
+                bad += 1
+                continue
+            frames += rows
+            if rows != ep.length:
+                report.errors.append(f"episode {ep.episode_index}: {rows} Parquet rows, length {ep.length}")
+                bad += 1
+            for key in meta.info.video_keys:
+                vpath = meta.video_path(key, ep.episode_index)
+                try:
+                    n = decode_count(vpath) if self.decode_frames else count_frames(vpath)
+                except (VideoError, OSError) as exc:
+                    report.errors.append(f"episode {ep.episode_index} {key}: {exc}")
+                    bad += 1
+                    continue
+                if n != rows:
+                    report.errors.append(f"episode {ep.episode_index} {key}: {n} video frames, {rows} Parquet rows")
+                    bad += 1
+        if not bad:
+            how = "decoded" if self.decode_frames else "demuxed"
+            report.checks.append(f"every episode: Parquet rows == {how} MP4 frames for {len(meta.info.video_keys)} "
+                                 "camera(s)")
+        common.check_totals(report, info, len(meta.episodes), frames, "the episode tables")
+        self._sample(meta, report)
+        return report
+
+    def _sample(self, meta: DatasetMeta, report: VerifyReport) -> None:
+        if not meta.episodes:
+            report.errors.append("no episodes to read")
+            return
+        ep = meta.episodes[0].episode_index
+        state_key, action_key = common.state_action_keys(meta.info)
+        table = pq.read_table(meta.data_path(ep))
+        state = common.column_numpy(table, state_key)[0] if state_key in table.column_names else None
+        action = common.column_numpy(table, action_key)[0] if action_key in table.column_names else None
+        frame = None
+        if meta.info.video_keys:
+            try:
+                frame = next(iter_frames(meta.video_path(meta.info.video_keys[0], ep)), None)
+            except VideoError as exc:
+                report.errors.append(str(exc))
+        common.check_sample(report, state, action, frame, f"episode {ep} (pyarrow + PyAV)")
+

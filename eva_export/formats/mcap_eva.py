@@ -1,0 +1,299 @@
+"""MCAP (eva-client profile): one message log per episode, images embedded as MessagePack.
+
+(Named ``mcap_eva`` so it does not shadow the ``mcap`` package.)
+
+``data/chunk-XXX/episode_NNNNNN.mcap``:
+
+* Header: profile "eva-client", library "eva-client". Not a ROS 2 bag: no ros2msg schemas,
+  no CDR; ROS 2 bag readers refuse it.
+* Schemas: "eva_client.episode" and "eva_client.image", encoding "jsonschema", data = a JSON
+  Schema of the MessagePack-decoded payload. The schema is a descriptor for consumers; the
+  payloads themselves are MessagePack (channel message_encoding "messagepack").
+* Channel "episode" (metadata {"fps", "dataset_format"}): one message, log_time 0, sequence 0::
+
+      {"columns":  {name: list, one value per frame},      # every non-image table column
+       "images":   {name: [frame, ...]},                   # inline image columns; {} for video datasets
+       "metadata": {...episode row, "fps": fps}}
+
+* Channel "episode/image/<video_key>" per camera (metadata {"key", "height", "width",
+  "encoding"}): one message per frame::
+
+      {"frame_index": i, "timestamp": i / fps (the table's timestamp), "height": H, "width": W,
+       "encoding": "rgb8", "step": W * 3, "data": H*W*3 bytes, row-major RGB}
+
+  sequence = i, log_time = publish_time = (i + 1) * 1_000_000_000 // fps ns (integer math; the
+  first frame at one frame period), identical for every camera at frame i; messages are
+  written in time order, cameras interleaved frame by frame.
+
+Chunked (use_chunking on, 4 MiB chunks) with message indexes, summary and CRCs; chunk
+compression lz4 by default (constructor option "lz4" | "zstd" | "none"): raw RGB frames make
+the writer CPU-bound and lz4 is the fastest of the compressions that still shrinks them.
+
+Each file is written as ``.episode_NNNNNN.mcap.partial`` and renamed when closed (resumable,
+like the HDF5 exporter). A camera that ends before the table's rows, or has frames after
+them, fails the export with ExportError.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+from mcap.exceptions import McapError
+from mcap.reader import make_reader
+from mcap.writer import CompressionType, Writer
+
+from ..dataset.meta import INFO, DatasetMeta
+from ..dataset.records import DatasetInfo, EpisodeRow
+from ..dataset.video import iter_frames
+from ..errors import ExportError, VideoError
+from ..fsutil import atomic_write_json, fsync_dir
+from . import _common as common
+from .base import Progress, VerifyReport
+
+FORMAT = "mcap"
+PROFILE = "eva-client"
+LIBRARY = "eva-client"
+MESSAGE_ENCODING = "messagepack"
+SCHEMA_ENCODING = "jsonschema"
+EPISODE_SCHEMA = "eva_client.episode"
+IMAGE_SCHEMA = "eva_client.image"
+EPISODE_TOPIC = "episode"
+IMAGE_TOPIC = "episode/image/{key}"
+CHUNK_SIZE = 4 * 1024 * 1024
+_COMPRESSION = {"lz4": CompressionType.LZ4, "zstd": CompressionType.ZSTD, "none": CompressionType.NONE}
+
+EPISODE_JSON_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": EPISODE_SCHEMA,
+    "description": "MessagePack payload: one episode's non-image columns, inline image columns and metadata",
+    "type": "object",
+    "properties": {
+        "columns": {"type": "object", "additionalProperties": {"type": "array"}},
+        "images": {"type": "object", "additionalProperties": {"type": "array"}},
+        "metadata": {"type": "object", "properties": {"episode_index": {"type": "integer"},
+                                                      "length": {"type": "integer"},
+                                                      "fps": {"type": "integer"}}},
+    },
+    "required": ["columns", "images", "metadata"],
+}
+IMAGE_JSON_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": IMAGE_SCHEMA,
+    "description": "MessagePack payload: one camera frame, raw row-major RGB (data is MessagePack bin)",
+    "type": "object",
+    "properties": {
+        "frame_index": {"type": "integer"}, "timestamp": {"type": "number"},
+        "height": {"type": "integer"}, "width": {"type": "integer"},
+        "encoding": {"const": "rgb8"}, "step": {"type": "integer"},
+        "data": {"description": "height*step bytes"},
+    },
+    "required": ["frame_index", "timestamp", "height", "width", "encoding", "step", "data"],
+}
+
+
+def frame_time_ns(frame_index: int, fps: int) -> int:
+    """log_time / publish_time of frame ``frame_index``: one frame period after the previous."""
+    return (frame_index + 1) * 1_000_000_000 // fps
+
+
+def image_topic(key: str) -> str:
+    return IMAGE_TOPIC.format(key=key)
+
+
+def decode_image(payload: bytes) -> tuple[dict[str, Any], np.ndarray]:
+    msg = msgpack.unpackb(payload, raw=False)
+    img = np.frombuffer(msg["data"], np.uint8).reshape(msg["height"], msg["width"], 3)
+    return msg, img
+
+
+class McapExporter:
+    """Write a native v2.1 subset as one eva-client MCAP file per episode."""
+
+    name = FORMAT
+
+    def __init__(self, compression: str = "lz4", chunk_size: int = CHUNK_SIZE) -> None:
+        if compression not in _COMPRESSION:
+            raise ValueError(f"mcap compression {compression!r}: choose one of {sorted(_COMPRESSION)}")
+        self.compression = compression
+        self.chunk_size = chunk_size
+        self.resumed: list[int] = []
+
+    def export(self, native_subset: Path, out_dir: Path, progress: Progress | None = None) -> None:
+        progress = progress or Progress()
+        src, out = Path(native_subset), Path(out_dir)
+        meta = common.load_source(src)
+        out.mkdir(parents=True, exist_ok=True)
+        info = common.embedded_info(meta.info, self.name, "mcap")
+        self.resumed = []
+        offset = 0
+        for ep in meta.episodes:
+            table = common.read_episode_table(meta, ep, first_index=offset)
+            offset += ep.length
+            path = out / common.episode_file(info, ep.episode_index)
+            if path.is_file() and _complete(path, ep.length, meta.info.video_keys):
+                self.resumed.append(ep.episode_index)
+                progress.on_episode(ep.episode_index, 0)
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.partial")
+            tmp.unlink(missing_ok=True)
+            try:
+                self._write_episode(tmp, meta, ep, table)
+                os.replace(tmp, path)
+                fsync_dir(path.parent)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+            progress.on_episode(ep.episode_index, path.stat().st_size)
+        common.copy_common_meta(src, out)
+        atomic_write_json(out / INFO, info)
+        common.write_quality_split(src, out, self.name)
+
+    def _write_episode(self, tmp: Path, meta: DatasetMeta, ep: EpisodeRow, table: Any) -> None:
+        fps = meta.info.fps
+        keys = meta.info.video_keys
+        with open(tmp, "wb") as fh:
+            w = Writer(fh, chunk_size=self.chunk_size, compression=_COMPRESSION[self.compression],
+                       use_chunking=True, enable_crcs=True)
+            w.start(profile=PROFILE, library=LIBRARY)
+            ep_schema = w.register_schema(EPISODE_SCHEMA, SCHEMA_ENCODING, json.dumps(EPISODE_JSON_SCHEMA).encode())
+            img_schema = w.register_schema(IMAGE_SCHEMA, SCHEMA_ENCODING, json.dumps(IMAGE_JSON_SCHEMA).encode())
+            ep_channel = w.register_channel(EPISODE_TOPIC, MESSAGE_ENCODING, ep_schema,
+                                            {"fps": str(fps), "dataset_format": FORMAT})
+            channels = {}
+            for k in keys:
+                h, wd = meta.info.features[k].shape[:2]
+                channels[k] = w.register_channel(image_topic(k), MESSAGE_ENCODING, img_schema,
+                                                 {"key": k, "height": str(h), "width": str(wd), "encoding": "rgb8"})
+            payload = {
+                "columns": {name: common.to_plain(common.column_numpy(table, name)) for name in table.column_names},
+                "images": {},
+                "metadata": {**common.to_plain(ep.to_dict()), "fps": fps},
+            }
+            w.add_message(ep_channel, log_time=0, publish_time=0, sequence=0,
+                          data=msgpack.packb(payload, use_bin_type=True))
+            rows = table.num_rows
+            iters = {k: iter_frames(meta.video_path(k, ep.episode_index)) for k in keys}
+            try:
+                for i in range(rows + 1):
+                    t = frame_time_ns(i, fps)
+                    for k, it in iters.items():
+                        frame = next(it, None)
+                        if i == rows:
+                            if frame is not None:
+                                raise ExportError(f"episode {ep.episode_index}: camera {k} has frames after the "
+                                                  f"table's {rows} rows")
+                            continue
+                        if frame is None:
+                            raise ExportError(f"episode {ep.episode_index}: camera {k} ends early at frame {i} of {rows}")
+                        h, wd = meta.info.features[k].shape[:2]
+                        if frame.shape != (h, wd, 3):
+                            raise ExportError(f"episode {ep.episode_index}: camera {k} frame {i} has shape "
+                                              f"{frame.shape}, the feature is {(h, wd, 3)}")
+                        msg = {"frame_index": i, "timestamp": i / fps, "height": h, "width": wd,
+                               "encoding": "rgb8", "step": wd * 3, "data": frame.tobytes()}
+                        w.add_message(channels[k], log_time=t, publish_time=t, sequence=i,
+                                      data=msgpack.packb(msg, use_bin_type=True))
+            except VideoError as exc:
+                raise ExportError(f"episode {ep.episode_index}: {exc}") from exc
+            finally:
+                for it in iters.values():
+                    it.close()
+            w.finish()
+
+    def verify(self, out_dir: Path) -> VerifyReport:
+        return verify_mcap(Path(out_dir))
+
+
+def _complete(path: Path, rows: int, keys: list[str]) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            summary = make_reader(fh).get_summary()
+        if summary is None or summary.statistics is None:
+            return False
+        counts = {summary.channels[c].topic: n for c, n in summary.statistics.channel_message_counts.items()}
+        return counts.get(EPISODE_TOPIC) == 1 and all(counts.get(image_topic(k)) == rows for k in keys)
+    except (OSError, McapError, KeyError, ValueError):
+        return False
+
+
+def verify_mcap(root: Path) -> VerifyReport:
+    report, info = common.start_report(root, FORMAT)
+    if info is None:
+        return report
+    if not info.get("embedded_images") or info.get("total_videos") != 0 or "video_path" in info:
+        report.errors.append("info.json must have embedded_images true, total_videos 0 and no video_path")
+    fps = int(info["fps"])
+    image_keys = [k for k, f in info["features"].items() if f["dtype"] == "image"]
+    feats = DatasetInfo.from_dict(info)
+    state_key, action_key = common.state_action_keys(feats)
+    episodes = common.read_episode_rows(root, report)
+    n_err = len(report.errors)
+    rows_total = 0
+    sample: tuple[Any, Any, Any] = (None, None, None)
+    for ep in episodes:
+        path = root / common.episode_file(info, ep.episode_index)
+        try:
+            with open(path, "rb") as fh:
+                reader = make_reader(fh, validate_crcs=True)
+                header = reader.get_header()
+                if header.profile != PROFILE:
+                    report.errors.append(f"{path.name}: profile {header.profile!r}, expected {PROFILE!r}")
+                meta_msgs = 0
+                rows = None
+                seqs: dict[str, list[int]] = {k: [] for k in image_keys}
+                times: dict[str, list[int]] = {k: [] for k in image_keys}
+                for schema, channel, message in reader.iter_messages(log_time_order=False):
+                    if channel.message_encoding != MESSAGE_ENCODING:
+                        report.errors.append(f"{path.name}: channel {channel.topic} encoding "
+                                             f"{channel.message_encoding!r}")
+                        break
+                    if channel.topic == EPISODE_TOPIC:
+                        meta_msgs += 1
+                        if schema is None or schema.name != EPISODE_SCHEMA:
+                            report.errors.append(f"{path.name}: episode channel schema is not {EPISODE_SCHEMA}")
+                        payload = msgpack.unpackb(message.data, raw=False)
+                        rows = len(payload["columns"]["index"])
+                        if payload["metadata"].get("fps") != fps:
+                            report.errors.append(f"{path.name}: metadata fps {payload['metadata'].get('fps')}")
+                        if sample[0] is None and state_key and action_key:
+                            sample = (payload["columns"].get(state_key, [None])[0],
+                                      payload["columns"].get(action_key, [None])[0], None)
+                        continue
+                    key = channel.topic.removeprefix("episode/image/")
+                    if key not in seqs:
+                        report.errors.append(f"{path.name}: unexpected channel {channel.topic}")
+                        continue
+                    seqs[key].append(message.sequence)
+                    times[key].append(message.log_time)
+                    if sample[2] is None and key == image_keys[0]:
+                        _, img = decode_image(message.data)
+                        sample = (sample[0], sample[1], img)
+        except (OSError, McapError, ValueError, KeyError) as exc:
+            report.errors.append(f"{path}: unreadable or CRC mismatch ({type(exc).__name__}: {exc})")
+            continue
+        if meta_msgs != 1 or rows is None:
+            report.errors.append(f"{path.name}: {meta_msgs} episode metadata messages, expected 1")
+            continue
+        rows_total += rows
+        if rows != ep.length:
+            report.errors.append(f"{path.name}: {rows} rows, episodes.jsonl length {ep.length}")
+        want_t = [frame_time_ns(i, fps) for i in range(rows)]
+        for key in image_keys:
+            if len(seqs[key]) != rows:
+                report.errors.append(f"{path.name}: {key} has {len(seqs[key])} messages, {rows} rows")
+            elif seqs[key] != list(range(rows)):
+                report.errors.append(f"{path.name}: {key} sequences are not 0..{rows - 1}")
+            elif times[key] != want_t:
+                report.errors.append(f"{path.name}: {key} timestamps are not (i+1)*1e9/fps shared by all cameras")
+    if len(report.errors) == n_err:
+        report.checks.append(f"{len(episodes)} MCAP files: CRCs valid, one episode message each, every "
+                             f"camera {image_keys} with sequences 0..n-1 and shared timestamps")
+    common.check_totals(report, info, len(episodes), rows_total, "the MCAP files")
+    common.check_sample(report, *sample, where="episode 0 (mcap reader, validate_crcs=True)")
+    return report

@@ -1,0 +1,16 @@
+"""Upload of the current accepted export: the gate, backends (SFTP) and upload jobs."""
+
+from .gate import check_upload, publish_name
+from .runner import ServiceStatus, UploadService
+from .sftp import SftpBackend, UploadBackend, UploadResult, backend_for
+
+__all__ = [
+    "ServiceStatus",
+    "SftpBackend",
+    "UploadBackend",
+    "UploadResult",
+    "UploadService",
+    "backend_for",
+    "check_upload",
+    "publish_name",
+]

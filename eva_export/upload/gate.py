@@ -1,0 +1,139 @@
+"""The upload gate: only the current accepted export of a source and format is uploaded.
+
+``check_upload`` returns the accepted directory's quality marker when every check holds
+and raises UploadRefused naming the failed check otherwise. No job is created and no
+thread starts on a refusal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from pathlib import Path
+
+from ..config import FORMATS, SftpSettings, check_name
+from ..errors import UnsafeNameError, UploadRefused
+from ..export.records import ACCEPTED, QUALITY_SPLIT_FILE, QualitySplit
+from ..jobs import COMPLETED, Job, JobStore
+
+
+def _resolved(path: str | Path) -> str:
+    return str(Path(path).expanduser().resolve())
+
+
+def _export_of(export_jobs: JobStore, directory: str) -> tuple[Job, str] | None:
+    """The newest completed export whose accepted or rejected dir is ``directory``."""
+    found = None
+    for job in export_jobs.all():
+        if job.kind != "export" or job.state != COMPLETED:
+            continue
+        for subset, d in (("accepted", job.accepted_dir), ("rejected", job.rejected_dir)):
+            if d and _resolved(d) == directory:
+                found = (job, subset)
+    return found
+
+
+def check_upload(
+    request_source_dir: str,
+    fmt: str,
+    accepted_dir: str,
+    export_jobs: JobStore,
+    sftp: SftpSettings | None,
+    running: Collection[str],
+) -> QualitySplit:
+    """Refuse (UploadRefused) unless ``accepted_dir`` is the current accepted export.
+
+    Args:
+        request_source_dir: the raw source directory the operator has selected.
+        fmt: the format selected now.
+        accepted_dir: the directory to upload.
+        export_jobs: the export service's job store.
+        sftp: the configured SFTP settings, None when no upload backend is configured.
+        running: resolved directories that have an upload running now.
+
+    Returns:
+        The accepted directory's meta/quality_split.json.
+    """
+    if not request_source_dir or not fmt or not accepted_dir:
+        raise UploadRefused("source_dir, format and accepted_dir are all required")
+    if fmt not in FORMATS:
+        raise UploadRefused(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
+    if sftp is None:
+        raise UploadRefused(
+            "no upload backend is configured (collection.storage.sftp is missing); nothing was started"
+        )
+    source = _resolved(request_source_dir)
+    target = _resolved(accepted_dir)
+
+    latest = export_jobs.latest_completed("export", source, fmt)
+    if latest is None:
+        other = _export_of(export_jobs, target)
+        if other is not None and other[0].format != fmt:
+            raise UploadRefused(
+                f"{accepted_dir} was exported as {other[0].format}, not {fmt}: "
+                f"export {source} as {fmt} first (a {other[0].format} directory is never uploaded as {fmt})"
+            )
+        if other is not None and _resolved(other[0].source_dir) != source:
+            raise UploadRefused(
+                f"{accepted_dir} was exported from {other[0].source_dir}, not from the current source "
+                f"{source}; select that source or export this one"
+            )
+        raise UploadRefused(
+            f"{source} has never been exported as {fmt} (no completed export job): export it first"
+        )
+    if not latest.accepted_dir or _resolved(latest.accepted_dir) != target:
+        if latest.rejected_dir and _resolved(latest.rejected_dir) == target:
+            raise UploadRefused(
+                f"{accepted_dir} is the rejected subset of export {latest.job_id}; only the accepted "
+                f"directory ({latest.accepted_dir}) is uploaded"
+            )
+        other = _export_of(export_jobs, target)
+        if other is not None and other[0].format != fmt:
+            raise UploadRefused(
+                f"{accepted_dir} belongs to a {other[0].format} export, not {fmt}; the current {fmt} "
+                f"accepted directory is {latest.accepted_dir}"
+            )
+        if other is not None and _resolved(other[0].source_dir) != source:
+            raise UploadRefused(
+                f"{accepted_dir} was exported from {other[0].source_dir}, not from the current source "
+                f"{source}; the current {fmt} accepted directory is {latest.accepted_dir}"
+            )
+        if other is not None and other[1] == "rejected":
+            raise UploadRefused(f"{accepted_dir} is a rejected subset; only accepted directories are uploaded")
+        raise UploadRefused(
+            f"{accepted_dir} is not the accepted directory of the latest completed {fmt} export of "
+            f"{source} (job {latest.job_id}: {latest.accepted_dir}); export again or upload that one"
+        )
+
+    marker_path = Path(target) / QUALITY_SPLIT_FILE
+    try:
+        marker = QualitySplit.read(Path(target))
+    except (OSError, ValueError, TypeError) as exc:
+        raise UploadRefused(f"cannot read {marker_path}: {exc}; the directory is not a finished export") from exc
+    if marker.subset != ACCEPTED:
+        raise UploadRefused(
+            f"{marker_path} says subset {marker.subset!r}: a rejected directory is never uploaded"
+        )
+    if marker.dataset_format != fmt:
+        raise UploadRefused(
+            f"{marker_path} says dataset_format {marker.dataset_format!r}, not {fmt!r}: "
+            f"an older or other-format export is never uploaded; export as {fmt} again"
+        )
+    if _resolved(marker.source_dir) != source:
+        raise UploadRefused(
+            f"{marker_path} says source_dir {marker.source_dir!r}, which is not the current source "
+            f"{source}: export this source again"
+        )
+    if target in running:
+        raise UploadRefused(f"an upload of {target} is already running; wait for it to finish")
+    return marker
+
+
+def publish_name(source_dir: str, fmt: str) -> str:
+    """``<dataset-name>_<format>_accepted``; the dataset name is the parent of a ``raw`` source."""
+    src = Path(_resolved(source_dir))
+    dataset = src.parent.name if src.name == "raw" else src.name
+    try:
+        check_name(dataset, "dataset name")
+    except UnsafeNameError as exc:
+        raise UploadRefused(f"cannot name the upload of {src}: {exc}") from exc
+    return f"{dataset}_{fmt}_accepted"

@@ -1,0 +1,84 @@
+"""Shared fixtures. Importing this module configures ROS for loopback-only, per-run DDS.
+
+The environment is set here, at import, before any rclpy process starts (the test process's
+own rclpy context included): ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST, this run's
+ROS_DOMAIN_ID (EVA_TEST_DOMAIN_ID or derived from the pid) and RMW_IMPLEMENTATION.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import rosharness  # noqa: E402
+
+DOMAIN_ID = rosharness.configure_ros_env()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"ROS_DOMAIN_ID={DOMAIN_ID} ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST (loopback only)"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_leftover_nodes() -> Iterator[None]:
+    """Whatever a test forgot to stop is stopped at the end of the session."""
+    yield
+    rosharness.stop_all()
+
+
+@pytest.fixture(scope="session")
+def rclpy_context() -> Iterator[None]:
+    """rclpy initialised once in the test process."""
+    rosharness.rclpy_init_once()
+    yield
+    rosharness.rclpy_shutdown()
+
+
+@pytest.fixture
+def ros_client(rclpy_context: None) -> Iterator[rosharness.RosClient]:
+    """An in-test rclpy node: ``call(srv_type, name, request, timeout)``,
+    ``wait_for_services(names, timeout, procs)``, ``wait_for_message(type, topic, timeout)``."""
+    client = rosharness.RosClient()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def node_factory(tmp_path: Path) -> Iterator[object]:
+    """Start node processes: ``node_factory("capture_node", params={...})``.
+
+    Each gets a unique namespace (so services of an earlier test's node are never mistaken
+    for this one's), logs to ``tmp_path/logs`` and is stopped (SIGINT, then SIGKILL) at the
+    end of the test.
+    """
+    started: list[rosharness.NodeProcess] = []
+
+    def start(executable: str, **kwargs: object) -> rosharness.NodeProcess:
+        kwargs.setdefault("namespace", rosharness.unique_namespace())
+        proc = rosharness.NodeProcess(executable, tmp_path / "logs", **kwargs)  # type: ignore[arg-type]
+        started.append(proc)
+        return proc.start()
+
+    yield start
+    for proc in started:
+        proc.stop()
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    """A small valid configuration file in tmp_path (writes into tmp_path only)."""
+    log_dir = tmp_path / "datasets"
+    log_dir.mkdir()
+    path = tmp_path / "config.yaml"
+    path.write_text(f'collection:\n  log_dir: "{log_dir}"\n  fps: 30\n')
+    return path
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # lark (pulled in by the rosidl parser of the ROS wheels) imports deprecated sre modules
+    config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:lark.*")
