@@ -13,15 +13,15 @@ import os
 import runpy
 import sys
 import textwrap
-import types
 import xml.etree.ElementTree as ET
-from pathlib import Path
 from typing import Any
 
 import pytest
 import setuptools
 
+import launch_doubles
 import rosharness
+from launch_doubles import FakeLaunchConfiguration, recorded, resolve
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -35,64 +35,8 @@ NODE_SERVICES = {
 }
 
 
-# --- test doubles of launch / launch_ros ----------------------------------------------------------
-class Recorder:
-    def __init__(self, kind: str, *args: Any, **kwargs: Any) -> None:
-        self.kind = kind
-        self.args = args
-        self.kwargs = kwargs
-
-
-class FakeLaunchConfiguration:
-    def __init__(self, variable_name: str, **kwargs: Any) -> None:
-        self.variable_name = variable_name
-        self.kwargs = kwargs
-
-
-def fake_launch_modules() -> dict[str, types.ModuleType]:
-    launch = types.ModuleType("launch")
-    actions = types.ModuleType("launch.actions")
-    substitutions = types.ModuleType("launch.substitutions")
-    launch_ros = types.ModuleType("launch_ros")
-    ros_actions = types.ModuleType("launch_ros.actions")
-
-    class LaunchDescription:
-        def __init__(self, initial_entities=None):
-            self.entities = list(initial_entities or [])
-
-        def add_action(self, action):
-            self.entities.append(action)
-
-    def declare(name, **kwargs):
-        return Recorder("DeclareLaunchArgument", name, **kwargs)
-
-    def node(**kwargs):
-        return Recorder("Node", **kwargs)
-
-    launch.LaunchDescription = LaunchDescription
-    actions.DeclareLaunchArgument = declare
-    substitutions.LaunchConfiguration = FakeLaunchConfiguration
-    launch.actions = actions
-    launch.substitutions = substitutions
-    ros_actions.Node = node
-    launch_ros.actions = ros_actions
-    return {
-        "launch": launch,
-        "launch.actions": actions,
-        "launch.substitutions": substitutions,
-        "launch_ros": launch_ros,
-        "launch_ros.actions": ros_actions,
-    }
-
-
 def load_launch_description(monkeypatch: pytest.MonkeyPatch) -> Any:
-    for name, module in fake_launch_modules().items():
-        monkeypatch.setitem(sys.modules, name, module)
-    spec = importlib.util.spec_from_file_location("eva_launch_under_test", LAUNCH_FILE)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.generate_launch_description()
+    return launch_doubles.load_launch_description(LAUNCH_FILE)
 
 
 def setup_py_kwargs(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
@@ -109,23 +53,6 @@ def console_scripts(kwargs: dict[str, Any]) -> dict[str, str]:
         name, target = (part.strip() for part in line.split("=", 1))
         scripts[name] = target
     return scripts
-
-
-def resolve(value: Any, arguments: dict[str, str]) -> Any:
-    """Substitute recorded LaunchConfiguration objects the way launch would."""
-    if isinstance(value, FakeLaunchConfiguration):
-        return arguments[value.variable_name]
-    if isinstance(value, dict):
-        return {k: resolve(v, arguments) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [resolve(v, arguments) for v in value]
-    return value
-
-
-def recorded(ld: Any) -> tuple[dict[str, Recorder], list[Recorder]]:
-    declared = {e.args[0]: e for e in ld.entities if e.kind == "DeclareLaunchArgument"}
-    nodes = [e for e in ld.entities if e.kind == "Node"]
-    return declared, nodes
 
 
 # --- tests -------------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ It loads ``LeRobotDataset(repo_id, root=DIR)`` offline and compares what LeRobot
 the dataset's files read independently (metadata with json/pyarrow, data with pyarrow, video
 with our own PyAV decode), for every episode:
 
+  schema        each Parquet column's Arrow type is the dtype/shape info.json declares (LeRobot
+                casts to the declared type on load, which would hide a mismatch from "values")
   length        LeRobot's frame range of the episode == episodes metadata length == our rows
   values        every non-video feature (state, action, extra columns...) of every frame, as
                 returned by LeRobot, equals our Parquet (exactly)
@@ -295,6 +297,39 @@ def compare_values(res: Results, label: str, ours: dict[str, np.ndarray], got: d
             res[label].ok()
 
 
+ARROW_NAMES = {"float32": "float", "float64": "double", "int64": "int64", "int32": "int32", "int16": "int16",
+               "int8": "int8", "uint8": "uint8", "bool": "bool", "string": "string"}
+
+
+def check_schema(res: Results, ours: OurDataset) -> None:
+    """Every data file's columns are exactly the non-video features, typed as declared."""
+    import pyarrow as pa
+
+    c = res["schema"]
+    files = sorted({ours.data_file(ep) for ep in ours.episodes})
+    for f in files:
+        schema = pq.read_schema(f)
+        names = set(schema.names) - {"__index_level_0__"}
+        if names != set(ours.value_keys):
+            c.fail(f"{f.relative_to(ours.root)}: columns {sorted(names)} != non-video features "
+                   f"{sorted(ours.value_keys)}")
+            continue
+        for k in ours.value_keys:
+            feat = ours.features[k]
+            t = schema.field(k).type
+            shape = list(feat.get("shape") or [1])
+            want = ARROW_NAMES.get(feat["dtype"], feat["dtype"])
+            if shape == [1]:
+                good = str(t) == want
+            else:
+                inner = t.value_type if pa.types.is_list(t) or pa.types.is_fixed_size_list(t) else None
+                good = inner is not None and str(inner) == want and len(shape) == 1 and (
+                    not pa.types.is_fixed_size_list(t) or t.list_size == shape[0])
+            (c.ok() if good else
+             c.fail(f"{f.relative_to(ours.root)} column {k}: Arrow type {t} but info.json declares "
+                    f"{feat['dtype']} {shape}"))
+
+
 def run(args: argparse.Namespace) -> int:
     root = Path(args.root).resolve()
     ours = OurDataset(root)
@@ -316,7 +351,8 @@ def run(args: argparse.Namespace) -> int:
         print("FAIL: LeRobotDataset(...) raised while loading:")
         traceback.print_exc(file=sys.stdout)
         last = tb[-1] if tb else None
-        print(f"KEY LINE: {type(e).__name__}: {e}")
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(f"KEY LINE: {type(e).__name__}: {msg[:400]}")
         if last is not None:
             print(f"  raised at {last.filename}:{last.lineno} in {last.name}: {last.line}")
         return 2
@@ -331,6 +367,7 @@ def run(args: argparse.Namespace) -> int:
                             ("camera_keys", sorted(ds.meta.camera_keys), sorted(ours.video_keys))):
         (c.ok() if got == want else c.fail(f"{what}: LeRobot {got!r} vs ours {want!r}"))
 
+    check_schema(res, ours)
     ranges = lerobot_episode_ranges(ds)
     lr_lengths = lerobot_episode_lengths(ds)
     value_keys = [k for k in ours.value_keys if k not in ("timestamp",)]

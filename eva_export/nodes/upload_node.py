@@ -1,4 +1,4 @@
-"""eva_upload: uploads of accepted exports (local directory or SFTP).
+"""eva_upload: uploads of the current accepted export over SFTP.
 
 Services (private names): ``~/start`` StartUpload, ``~/get_job`` GetJob.
 Topic: ``~/status`` JobQueueStatus. Parameters: ``config_file`` (string), ``status_period``.
@@ -40,9 +40,13 @@ def job_to_msg(job: Job | None) -> JobMsg:
     msg.kind = "upload"
     if job is None:
         return msg
-    for name in JobMsg.get_fields_and_field_types():
+    for name, idl_type in JobMsg.get_fields_and_field_types().items():
         value = getattr(job, name)
-        setattr(msg, name, float(value) if isinstance(value, float) else value)
+        if idl_type == "double":
+            value = float(value)
+        elif idl_type.startswith("uint"):
+            value = max(0, int(value))
+        setattr(msg, name, value)
     return msg
 
 

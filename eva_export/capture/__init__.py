@@ -1,0 +1,13 @@
+"""Capture engine (no ROS imports): grid alignment, quality checks, episode recording.
+
+``Recorder`` is driven by the capture node (eva_export.nodes.capture_node); everything here
+is testable without ROS.
+"""
+
+from .align import GridAligner, Pick, Sample, Slot, align_offline
+from .checks import EpisodeChecker, QualityResult
+from .features import capture_features
+from .recorder import RawImage, RawVector, Recorder, StreamSpec, streams_from_config
+
+__all__ = ["EpisodeChecker", "GridAligner", "Pick", "QualityResult", "RawImage", "RawVector", "Recorder",
+           "Sample", "Slot", "StreamSpec", "align_offline", "capture_features", "streams_from_config"]
