@@ -16,12 +16,10 @@ test: setup
 	$(PY) -m pytest -q -rs tests
 
 demo: setup
-	@if [ -x tools/demo.sh ] || [ -f tools/demo.sh ]; then bash tools/demo.sh; \
-	else echo "tools/demo.sh does not exist yet"; exit 1; fi
+	$(PY) tools/demo.py $(DEMO_ARGS)
 
 bench: setup
-	@if [ -f bench/run_all.py ]; then $(PY) bench/run_all.py; \
-	else echo "bench/run_all.py does not exist yet"; exit 1; fi
+	$(PY) bench/run_all.py $(if $(QUICK),--quick,)
 
 clean:
 	rm -rf build install log .pytest_cache

@@ -168,7 +168,8 @@ def main() -> int:
     print("|---|---|---:|---:|")
     print(f"| eva_export SftpBackend (paramiko) | {proj['cipher']} | {mbps(proj):.1f} "
           f"| {report['project_cpu_s_per_gb']} |")
-    print(f"| OpenSSH sftp -b | {ossh['cipher']} | {mbps(ossh):.1f} | {report['openssh_client_cpu_s_per_gb']} |")
+    print(f"| OpenSSH sftp -b | {ossh['cipher']} | {mbps(ossh):.1f} "
+          f"| {report['openssh_client_cpu_s_per_gb']} |")
     print(f"\nratio {ratio:.2f} (goal >= 0.75: {'met' if report['goal_met'] else 'NOT met'}); "
           f"max RSS {rss0 // 1024} MiB before, {rss1 // 1024} MiB after the uploads")
     print(f"wrote {args.out}")

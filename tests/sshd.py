@@ -27,6 +27,10 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from eva_export.config import SftpSettings
 
 SSHD = "/usr/sbin/sshd"
 SSH_KEYGEN = "/usr/bin/ssh-keygen"
@@ -155,7 +159,7 @@ class SshServer:
             time.sleep(0.02)
         return False
 
-    def sftp_settings(self, remote_dir: str, **kw: object):  # -> SftpSettings
+    def sftp_settings(self, remote_dir: str, **kw: object) -> SftpSettings:
         """Settings of the project's SFTP backend that reach this server."""
         from eva_export.config import SftpSettings
 

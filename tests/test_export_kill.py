@@ -42,6 +42,12 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _wait_for(proc: subprocess.Popen[bytes], cond) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and proc.poll() is None and not cond():
+        time.sleep(0.0005)
+
+
 def _pair(paths: ExportPaths) -> str | None:
     """The job id of the complete pair in place, or None; fails on a half pair."""
     if not paths.pair_dir.exists():
@@ -75,22 +81,25 @@ def test_sigkill_never_leaves_half_a_pair(tmp_path: Path) -> None:
     assert _pair(paths) == old
 
     results = []
+    kinds: set[str] = set()
     for trial in range(TRIALS):
         if trial % 2 == 0:  # a review changes the source: the killed run would publish a new pair
             w = DatasetWriter.open(src, fps=30, features=read_info(src).features, robot_type="test")
             w.review(rng.randrange(N_EPISODES), "", f"note {trial}")
         proc = subprocess.Popen(_cmd(config, src), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        if trial % 3 == 2:
+        mode = trial % 4
+        if mode == 2:
             delay = rng.uniform(0.0, full_s * 1.1)  # any moment of the run
             time.sleep(delay)
             how = f"after {delay:.2f}s"
+        elif mode == 3:  # around the publication: once both subsets are assembled in staging
+            delay = rng.uniform(0.0, 0.01)
+            _wait_for(proc, lambda: (paths.staging / "native" / "rejected").is_dir())
+            time.sleep(delay)
+            how = f"publish+{delay * 1000:.1f}ms"
         else:  # a moment inside the split: once k units are renamed into place
             k = rng.randrange(1, N_EPISODES)
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and proc.poll() is None:
-                if len(list(paths.staging.glob("units/*/ep_*"))) >= k:
-                    break
-                time.sleep(0.0005)
+            _wait_for(proc, lambda: len(list(paths.staging.glob("units/*/ep_*"))) >= k)
             how = f"after {k} units"
         proc.send_signal(signal.SIGKILL)
         proc.communicate()
@@ -102,12 +111,13 @@ def test_sigkill_never_leaves_half_a_pair(tmp_path: Path) -> None:
         assert _pair(paths) == job["job_id"]
         assert paths.backups() == [] and not paths.staging.exists()
         results.append((trial, how, proc.returncode, kind, job["reused_episodes"]))
+        kinds.add(kind)
         old = job["job_id"]
     for r in results:
         print("trial %2d kill %-14s rc=%s final after kill: %-4s rerun reused %d episodes" % r)
     reused = [r[4] for r in results]
     print(f"{len(results)} kills; reruns reused episodes in {sum(1 for x in reused if x)} trials "
-          f"(total {sum(reused)}); full run {full_s:.2f}s")
+          f"(total {sum(reused)}); final states seen after kills: {sorted(kinds)}; full run {full_s:.2f}s")
     assert len(results) >= 20
     assert any(x > 0 for x in reused)
 

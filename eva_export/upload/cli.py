@@ -21,7 +21,7 @@ from ..jobs import COMPLETED, Job
 
 def add_upload_commands(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``upload`` command to an argparse subparsers object."""
-    p = subparsers.add_parser(
+    p: argparse.ArgumentParser = subparsers.add_parser(
         "upload",
         help="upload the current accepted export over SFTP",
         description=(

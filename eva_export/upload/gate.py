@@ -98,7 +98,9 @@ def check_upload(
                 f"{source}; the current {fmt} accepted directory is {latest.accepted_dir}"
             )
         if other is not None and other[1] == "rejected":
-            raise UploadRefused(f"{accepted_dir} is a rejected subset; only accepted directories are uploaded")
+            raise UploadRefused(
+                f"{accepted_dir} is a rejected subset; only accepted directories are uploaded"
+            )
         raise UploadRefused(
             f"{accepted_dir} is not the accepted directory of the latest completed {fmt} export of "
             f"{source} (job {latest.job_id}: {latest.accepted_dir}); export again or upload that one"
@@ -108,7 +110,9 @@ def check_upload(
     try:
         marker = QualitySplit.read(Path(target))
     except (OSError, ValueError, TypeError) as exc:
-        raise UploadRefused(f"cannot read {marker_path}: {exc}; the directory is not a finished export") from exc
+        raise UploadRefused(
+            f"cannot read {marker_path}: {exc}; the directory is not a finished export"
+        ) from exc
     if marker.subset != ACCEPTED:
         raise UploadRefused(
             f"{marker_path} says subset {marker.subset!r}: a rejected directory is never uploaded"

@@ -15,7 +15,6 @@ import getpass
 import os
 import posixpath
 import secrets
-import socket
 import stat
 import time
 from collections.abc import Callable, Iterator
@@ -87,7 +86,7 @@ def _scan(local_dir: Path) -> tuple[list[str], list[_LocalFile]]:
     return dirs, files
 
 
-def _prefer_ciphers(sock: socket.socket, **kw: Any) -> paramiko.Transport:
+def _prefer_ciphers(sock: Any, /, **kw: Any) -> paramiko.Transport:
     t = paramiko.Transport(sock, **kw)
     opts = t.get_security_options()
     available = tuple(opts.ciphers)
@@ -255,6 +254,9 @@ class SftpBackend:
                     cleaned = False
                 finally:
                     fresh.close()
+        if cleaned and phase == "publishing":
+            # the rename may have reached the server before the connection failed
+            return msg + f"; the staging directory is gone: check {self.settings.remote_dir} for the upload"
         if cleaned:
             return msg + "; the staging directory was removed and nothing was published"
         return msg + f"; nothing was published, but the staging directory {staging} could not be removed"
@@ -343,6 +345,8 @@ def _publish(sftp: paramiko.SFTPClient, staging: str, remote_dir: str, name: str
 
 def _try_rmtree(sftp: paramiko.SFTPClient, path: str) -> bool:
     try:
+        if not _exists(sftp, path):
+            return True
         _rmtree(sftp, path)
     except (OSError, EOFError, paramiko.SSHException):
         return False
