@@ -94,7 +94,7 @@ def test_sigkill_never_leaves_half_a_pair(tmp_path: Path) -> None:
             how = f"after {delay:.2f}s"
         elif mode == 3:  # around the publication: once both subsets are assembled in staging
             delay = rng.uniform(0.0, 0.01)
-            _wait_for(proc, lambda: (paths.staging / "native" / "rejected").is_dir())
+            _wait_for(proc, lambda: (paths.staging / "native/rejected/meta/quality_split.json").is_file())
             time.sleep(delay)
             how = f"publish+{delay * 1000:.1f}ms"
         else:  # a moment inside the split: once k units are renamed into place

@@ -334,8 +334,9 @@ def test_damaged_unit_is_rebuilt(tmp_path: Path) -> None:
     src = make_dataset(tmp_path / "logs" / "demo" / "raw", [Ep(frames=6)] * 4, cameras=1, width=32, height=24)
     service(tmp_path / "logs", fail_at="split_units").run(src, "lerobot_v21")
     paths = ExportPaths.of(src, "lerobot_v21")
-    unit = paths.staging / "units" / ACCEPTED / "ep_000002"
-    (unit / "videos" / "observation.images.cam0.mp4").unlink()
+    unit = paths.staging / "native" / ACCEPTED
+    (unit / "videos/chunk-000/observation.images.cam0/episode_000002.mp4").unlink()
+    (unit / "data/chunk-000/.episode_000003.parquet.tmp").write_bytes(b"left by a kill")
     job = service(tmp_path / "logs").run(src, "lerobot_v21")
     assert job.state == COMPLETED and job.reused_episodes == 3
     assert verify_native(paths.accepted).ok
@@ -399,6 +400,23 @@ def test_missing_exporter_fails_cleanly(tmp_path: Path) -> None:
     job = service(tmp_path / "logs").run(src, "mcap")
     assert job.state == FAILED and "no exporter for 'mcap'" in job.error
     assert not (tmp_path / "logs/demo/export").exists()
+
+
+@pytest.mark.parametrize("fmt", ["lerobot_v3", "hdf5", "mcap"])
+def test_real_format_exporters(tmp_path: Path, fmt: str) -> None:
+    """Through the registry's exporters; each subset verified with the shared verifier."""
+    verify = pytest.importorskip("eva_export.formats.verify")
+    src = mixed_source(tmp_path)
+    job = service(tmp_path / "logs").run(src, fmt)
+    assert job.state == COMPLETED, job.error
+    assert job.episodes_done == job.episodes_total == 12
+    for d, idx in ((job.accepted_dir, [0, 2, 4]), (job.rejected_dir, [1, 3, 5])):
+        q = QualitySplit.read(Path(d))
+        assert q.dataset_format == fmt and q.source_episode_indices == idx and q.job_id == job.job_id
+        rep = verify.verify_export(Path(d))
+        assert rep.ok, rep.errors
+        assert rep.episodes == 3
+    assert not ExportPaths.of(src, fmt).staging.exists()
 
 
 def test_cli_export_and_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -447,7 +447,7 @@ def test_cli_upload(tmp_path: Path, server: SshServer) -> None:
         "export": {"jobs_dir": str(cfg.export.jobs_dir)},
         "upload": {"jobs_dir": str(cfg.upload.jobs_dir)},
     }))
-    cmd = [sys.executable, "-m", "eva_export.upload.cli", "upload", "--config", str(config_file),
+    cmd = [sys.executable, "-m", "eva_export.cli", "upload", "--config", str(config_file),
            "--source", str(exp.source), "--format", "hdf5"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     ok = subprocess.run(cmd + ["--accepted", str(exp.accepted), "--wait"], capture_output=True, text=True,

@@ -9,8 +9,8 @@
 #   tools/lerobot_venvs.sh 033        # only one of them (033 or 044)
 #
 # Env: LEROBOT_VENV_BASE (default /tmp), EVA_PYTHON (default python3.11), LEROBOT_VENV_FORCE=1
-# to rebuild. Idempotent: a venv whose .stamp matches this script's hash and whose smoke import
-# passes is left alone. Never put these venvs inside the repo (about 1.5 GB each).
+# to rebuild. Idempotent: a venv whose .eva_stamp matches its package list here and whose smoke
+# import passes is left alone. Never put these venvs inside the repo (about 1.5 GB each).
 #
 # Why the install is done by hand (see shared notes "Running LeRobot's own reader"): every
 # lerobot release pins torch below the only CPU build available here (torch 2.13.0, a local
@@ -20,7 +20,6 @@ set -euo pipefail
 
 BASE="${LEROBOT_VENV_BASE:-/tmp}"
 PY="${EVA_PYTHON:-python3.11}"
-SCRIPT_HASH="$(sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1)"
 
 TORCH="torch==2.13.0"
 NODEPS=(torchvision==0.28.0 torchcodec==0.13.0)
@@ -30,7 +29,7 @@ COMMON_DEPS=("numpy<2.3" pandas pyarrow pillow "jsonlines>=4,<5" "draccus==0.10.
              "termcolor>=2.4,<4" "einops>=0.8,<0.9" "deepdiff>=7.0.1,<9")
 DEPS_033=("datasets>=2.19,<=3.6.0" "huggingface-hub>=0.34.2,<0.36" "av>=14.2" "packaging>=24.2")
 DEPS_044=("datasets>=4,<5" "huggingface-hub>=0.34.2,<0.36" "av>=15,<16" "packaging>=24.2,<26"
-          "accelerate>=1.10,<2")
+          "accelerate>=1.10,<2" "setuptools>=71,<81")
 
 log() { printf '[lerobot-venvs] %s\n' "$*"; }
 
@@ -61,7 +60,7 @@ make_venv() {
   local extra=("$@")
   local venv="$BASE/lerobot$tag"
   local stamp="$venv/.eva_stamp"
-  local want="$SCRIPT_HASH lerobot==$ver"
+  local want="$PY lerobot==$ver $TORCH ${NODEPS[*]} ${COMMON_DEPS[*]} ${extra[*]}"
   if [[ -z "${LEROBOT_VENV_FORCE:-}" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]] &&
      HF_HUB_OFFLINE=1 "$venv/bin/python" -c "$SMOKE" >/dev/null 2>&1; then
     log "$venv up to date (lerobot $ver); nothing to do"

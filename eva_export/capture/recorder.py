@@ -505,6 +505,8 @@ class Recorder:
                     self._abort(ep)
                     continue
                 now = self.clock()
+                if ep.t_stop is not None and ep.aligner.t_stop is None:
+                    ep.aligner.stop(ep.t_stop)
                 if not self._intake.qsize():  # caught up: clock-driven slots are safe to emit
                     self._emit(ep, ep.aligner.poll(now))
                 if ep.t_stop is not None and (ep.aligner.done() or

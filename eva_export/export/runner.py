@@ -45,14 +45,24 @@ log = logging.getLogger(__name__)
 SAVE_PERIOD_S = 0.25
 
 
-def load_exporter(fmt: str) -> Any:
+def exporter_options(config: Config, fmt: str) -> dict[str, Any]:
+    """Constructor options of a format's exporter, from the export section of the config."""
+    ex = config.export
+    if fmt == "lerobot_v3":
+        return {"data_files_size_in_mb": ex.v3_data_file_mb, "video_files_size_in_mb": ex.v3_video_file_mb}
+    if fmt == "hdf5":
+        return {"compression": ex.hdf5_compression}
+    return {}
+
+
+def load_exporter(fmt: str, **options: Any) -> Any:
     """The format's exporter from eva_export.formats.registry (imported lazily)."""
     try:
         registry = importlib.import_module("eva_export.formats.registry")
     except ImportError as exc:
         raise ExportError(f"no exporter for {fmt!r}: eva_export.formats.registry is not available ({exc})") from exc
     try:
-        return registry.get_exporter(fmt)
+        return registry.get_exporter(fmt, **options)
     except EvaError:
         raise
     except Exception as exc:  # noqa: BLE001 - name the format, whatever the registry raised
@@ -227,7 +237,7 @@ class ExportService:
         source = Path(job.source_dir)
         paths = ExportPaths.of(source, fmt)
         exporter = None if fmt == FORMAT_V21 else (self.exporters[fmt]() if fmt in self.exporters
-                                                   else load_exporter(fmt))
+                                                   else load_exporter(fmt, **exporter_options(self.config, fmt)))
         check = validate_source(source, allow_empty_dataset=False)  # before anything is written
         faults.check("validate")
         n = len(check.episodes)

@@ -1,17 +1,19 @@
 """The quality split: a validated raw v2.1 source -> complete native accepted/rejected datasets.
 
-The unit of work is the source episode. Each unit (its rewritten Parquet, its hard-linked
-videos and ``unit.json`` with its episode row and statistics) is built in a temporary
-directory and renamed into ``<staging>/units/<subset>/ep_NNNNNN`` only when complete, so a
-rerun after a kill reuses every unit that exists (after checking it) and builds the rest.
-Only one episode's table is in memory at a time.
+The unit of work is the source episode. A unit's files (its rewritten Parquet, its hard-linked
+videos) are written straight to their templated v2.1 paths inside ``<staging>/native/<subset>``;
+then its record ``<staging>/units/<subset>/ep_NNNNNN.json`` (episode row, statistics, row
+count) is renamed into place: the commit point. A rerun after a kill reuses every unit with a
+record (after checking its files and row count) and rewrites the rest. Only one episode's
+table is in memory at a time.
 
-Assembling a subset then hard-links the units into the templated v2.1 paths of a fresh
-directory and writes its meta files; that is cheap and redone on every run.
+Assembling a subset then only writes its meta files (marker last) from the records, so the
+native subset directory is the finished dataset, ready to be published by one rename.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -29,11 +31,10 @@ from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS
 from ..dataset.records import FORMAT_V21, DatasetInfo, EpisodeRow
 from ..dataset.table import to_numpy
 from ..errors import DatasetError, ExportError
-from ..fsutil import atomic_write_json, atomic_write_jsonl, fsync_dir, read_json
-from .records import ACCEPTED, REJECTED, QualitySplit
+from ..fsutil import atomic_write_json, dumps_json, jsonl_dumps, read_json
+from .records import ACCEPTED, QUALITY_SPLIT_FILE, REJECTED, QualitySplit
 from .validate import SourceCheck, SourceEpisode
 
-UNIT_FILE = "unit.json"
 MANIFEST = "manifest.json"
 RECOMPUTED_COLUMNS = ("episode_index", "index", "task_index")
 
@@ -145,30 +146,50 @@ def prepare_staging(staging: Path, source_dir: Path, fmt: str, src_hash: str) ->
     return False
 
 
-def unit_dir(staging: Path, p: PlannedEpisode) -> Path:
-    return staging / "units" / p.subset / f"ep_{p.new_index:06d}"
+def native_dir(staging: Path, subset: str) -> Path:
+    """Where the native subset is laid out (its files at their final templated paths)."""
+    return staging / "native" / subset
+
+
+def unit_record(staging: Path, p: PlannedEpisode) -> Path:
+    """The unit's commit record: it exists only once the unit's files are complete."""
+    return staging / "units" / p.subset / f"ep_{p.new_index:06d}.json"
+
+
+def unit_files(staging: Path, p: PlannedEpisode, info: DatasetInfo) -> tuple[Path, dict[str, Path]]:
+    root = native_dir(staging, p.subset)
+    return (root / info.data_file(p.new_index),
+            {k: root / info.video_file(k, p.new_index) for k in p.source.video_paths})
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Write then rename: a killed process leaves the old file or the new one (no fsync)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.unlink(missing_ok=True)
     try:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)  # another filesystem or no hard links: copy, never re-encode
 
 
-def unit_is_complete(udir: Path, p: PlannedEpisode) -> bool:
-    """A renamed-in unit is trusted only after checking its record, row count and files."""
+def unit_is_complete(staging: Path, p: PlannedEpisode, info: DatasetInfo) -> bool:
+    """A committed unit is trusted only after checking its record, row count and files."""
     try:
-        u = read_json(udir / UNIT_FILE)
+        u = read_json(unit_record(staging, p))
         if (u["source_episode_index"], u["episode_index"], u["rows"], u["offset"]) != (
                 p.source.index, p.new_index, p.source.rows, p.offset):
             return False
-        if pq.ParquetFile(udir / "data.parquet").metadata.num_rows != p.source.rows:
+        data, videos = unit_files(staging, p, info)
+        if pq.ParquetFile(data).metadata.num_rows != p.source.rows:
             return False
         for key, src in p.source.video_paths.items():
-            v = udir / "videos" / f"{key}.mp4"
-            if not v.is_file() or v.stat().st_size != src.stat().st_size:
+            if not videos[key].is_file() or videos[key].stat().st_size != src.stat().st_size:
                 return False
         return True
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
@@ -182,13 +203,13 @@ def _replace(table: pa.Table, name: str, values: np.ndarray) -> pa.Table:
 
 
 def build_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats: dict[str, Any]) -> int:
-    """Write one episode unit and rename it into place; returns the bytes it holds."""
-    final = unit_dir(staging, p)
-    tmp = final.parent / f".tmp-{final.name}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    """Write one episode's files at their final paths in the native subset, then its record.
+
+    The record (renamed into place last) is the commit point; files without a record are
+    rewritten by the next run. Returns the bytes the unit holds.
+    """
     src = p.source
+    data, videos = unit_files(staging, p, info)
     try:
         table = pq.read_table(src.data_path)
     except Exception as exc:  # noqa: BLE001
@@ -208,11 +229,12 @@ def build_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats
         for o, nw in p.task_map.items():
             lut[o] = nw
         table = _replace(table, "task_index", lut[old])
-    pq.write_table(table, tmp / "data.parquet")
-    with open(tmp / "data.parquet", "rb") as fh:
-        os.fsync(fh.fileno())
+    data.parent.mkdir(parents=True, exist_ok=True)
+    tmp = data.with_name(f".{data.name}.tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, data)
     # Statistics: keep the source's, recompute the columns whose values changed or are missing.
-    st: dict[str, Any] = {k: v for k, v in source_stats.items()}
+    st: dict[str, Any] = dict(source_stats)
     for key in info.table_keys:
         if key in RECOMPUTED_COLUMNS or key not in st:
             if key in table.column_names:
@@ -220,34 +242,32 @@ def build_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats
     del table
     sizes = {}
     for key, vp in src.video_paths.items():
-        _link_or_copy(vp, tmp / "videos" / f"{key}.mp4")
+        _link_or_copy(vp, videos[key])
         sizes[key] = vp.stat().st_size
     row = src.row.to_dict()
     row["episode_index"] = p.new_index
     row["source_episode_index"] = src.index
-    atomic_write_json(tmp / UNIT_FILE, {
+    rec = unit_record(staging, p)
+    rec.parent.mkdir(parents=True, exist_ok=True)
+    _write_text(rec, json.dumps({
         "source_episode_index": src.index, "episode_index": p.new_index, "rows": n, "offset": p.offset,
         "row": row, "stats": st, "video_sizes": sizes,
-    })
-    os.rename(tmp, final)
-    fsync_dir(final.parent)
-    return (final / "data.parquet").stat().st_size + sum(sizes.values())
+    }))
+    return data.stat().st_size + sum(sizes.values())
 
 
 def build_units(plan: SplitPlan, staging: Path, progress: SplitProgress, faults: Faults) -> tuple[int, int]:
-    """Build every missing unit, in source order; returns (reused, built)."""
+    """Build every unit without a valid record, in source order; returns (reused, built)."""
     info = plan.check.meta.info
     ep_stats = plan.check.meta.episodes_stats
     reused = built = 0
     for p in plan.in_source_order:
-        udir = unit_dir(staging, p)
         files = 1 + len(p.source.video_paths)
-        if udir.is_dir() and unit_is_complete(udir, p):
+        if unit_record(staging, p).is_file() and unit_is_complete(staging, p, info):
             reused += 1
             progress.on_unit(p, files, p.source.bytes, True)
             continue
-        if udir.exists():
-            shutil.rmtree(udir)
+        unit_record(staging, p).unlink(missing_ok=True)
         faults.check(f"unit:{p.source.index}")
         src_stats = ep_stats[p.source.index].stats if p.source.index in ep_stats else {}
         build_unit(staging, p, info, src_stats)
@@ -257,24 +277,22 @@ def build_units(plan: SplitPlan, staging: Path, progress: SplitProgress, faults:
 
 
 # ---- assembly -----------------------------------------------------------------------------------
-def assemble_subset(plan: SplitPlan, name: str, staging: Path, out: Path, marker: QualitySplit) -> SubsetResult:
-    """Link the units of ``name`` into a complete v2.1 dataset at ``out`` (replaced if present)."""
+def assemble_subset(plan: SplitPlan, name: str, staging: Path, marker: QualitySplit) -> SubsetResult:
+    """Write the meta files of the native subset whose units are in place (marker last)."""
     src_info = plan.check.meta.info
     items = plan.subsets[name]
-    tmp = out.parent / f".tmp-{out.name}"
-    for d in (tmp, out):
-        if d.exists():
-            shutil.rmtree(d)
-    (tmp / "meta").mkdir(parents=True)
+    out = native_dir(staging, name)
+    meta = out / "meta"
+    meta.mkdir(parents=True, exist_ok=True)
+    for dirpath, _dirs, names in os.walk(out):  # temporaries a killed run left behind
+        for n in names:
+            if n.startswith(".") and n.endswith(".tmp"):
+                os.unlink(os.path.join(dirpath, n))
     info = DatasetInfo.from_dict(src_info.to_dict())
     rows, stats_rows = [], []
     frames = 0
     for p in items:
-        udir = unit_dir(staging, p)
-        u = read_json(udir / UNIT_FILE)
-        _link_or_copy(udir / "data.parquet", tmp / info.data_file(p.new_index))
-        for key in info.video_keys:
-            _link_or_copy(udir / "videos" / f"{key}.mp4", tmp / info.video_file(key, p.new_index))
+        u = read_json(unit_record(staging, p))
         rows.append(u["row"])
         stats_rows.append({"episode_index": p.new_index, "stats": u["stats"]})
         frames += int(u["rows"])
@@ -284,14 +302,12 @@ def assemble_subset(plan: SplitPlan, name: str, staging: Path, out: Path, marker
     info.total_videos = len(items) * len(info.video_keys)
     info.total_chunks = (len(items) + info.chunks_size - 1) // info.chunks_size
     info.extra["dataset_format"] = FORMAT_V21
-    atomic_write_jsonl(tmp / EPISODES, rows)
-    atomic_write_jsonl(tmp / EPISODES_STATS, stats_rows)
-    atomic_write_jsonl(tmp / TASKS, [{"task_index": i, "task": t} for i, t in plan.tasks[name]])
-    atomic_write_json(tmp / STATS, stats_mod.aggregate(r["stats"] for r in stats_rows))
-    atomic_write_json(tmp / INFO, info.to_dict())
-    marker.write(tmp)
-    os.rename(tmp, out)
-    fsync_dir(out.parent)
+    _write_text(out / EPISODES, jsonl_dumps(rows))
+    _write_text(out / EPISODES_STATS, jsonl_dumps(stats_rows))
+    _write_text(out / TASKS, jsonl_dumps({"task_index": i, "task": t} for i, t in plan.tasks[name]))
+    _write_text(out / STATS, dumps_json(stats_mod.aggregate(r["stats"] for r in stats_rows)))
+    _write_text(out / INFO, dumps_json(info.to_dict()))
+    _write_text(out / QUALITY_SPLIT_FILE, dumps_json(marker.to_dict()))
     return SubsetResult(name, out, [p.source.index for p in items], len(items), frames)
 
 
@@ -324,7 +340,7 @@ class NativeSplit:
         out: dict[str, SubsetResult] = {}
         for name in (ACCEPTED, REJECTED):
             marker = make_marker(plan, name, self.marker_format, self.job_id)
-            out[name] = assemble_subset(plan, name, self.staging, self.staging / "native" / name, marker)
+            out[name] = assemble_subset(plan, name, self.staging, marker)
             self.faults.check(f"assemble_{name}")
         return SplitResult(out, reused=reused, built=built)
 

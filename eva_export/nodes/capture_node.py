@@ -2,17 +2,27 @@
 
 Services (private names): ``~/start`` StartCapture, ``~/stop`` StopCapture,
 ``~/cancel`` CancelCapture, ``~/list_episodes`` ListEpisodes, ``~/review`` ReviewEpisode.
-Topic: ``~/status`` CaptureStatus. Parameters: ``config_file`` (string), ``status_period``.
+Topic: ``~/status`` CaptureStatus (about 2 Hz). Parameters: ``config_file`` (string),
+``status_period`` (the shared default of 1.0 s becomes 0.5 s here), ``stats_file`` (optional
+JSON-lines file: per-episode diagnostics such as callback latency, STOP-to-durable time and
+encoding speed).
 
-The bodies below are placeholders with well-formed replies; the recording work lives in
-``eva_export.capture`` (no ROS imports) and is wired in here.
+The node is thin: subscription callbacks stamp the receive time, take a zero-copy view of the
+message (ros_convert) and hand it to ``eva_export.capture.Recorder``, which aligns, checks,
+encodes and saves in its own threads. Unless FASTDDS_DEFAULT_PROFILES_FILE is set, the shipped
+shared-memory DDS profile (config/fastdds_shm.xml) is used.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
+import threading
+import time
+from typing import Any
 
-from eva_export_interfaces.msg import CaptureStatus
+from eva_export_interfaces.msg import CaptureStatus, EpisodeInfo, StreamStatus
 from eva_export_interfaces.srv import (
     CancelCapture,
     ListEpisodes,
@@ -20,9 +30,18 @@ from eva_export_interfaces.srv import (
     StartCapture,
     StopCapture,
 )
+import rclpy
+from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
+from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
+from eva_export.capture.recorder import Recorder
+from eva_export.config import load_config
+from eva_export.dataset.records import EpisodeRow
+from eva_export.errors import EvaError
+from eva_export.nodes import ros_convert
 from eva_export.nodes.common import (
+    DEFAULT_STATUS_PERIOD,
     STATUS_QOS_DEPTH,
     create_status_timer,
     declare_common_parameters,
@@ -31,7 +50,21 @@ from eva_export.nodes.common import (
 )
 
 NODE_NAME = "eva_capture"
-NOT_IMPLEMENTED = "not implemented yet"
+CAPTURE_STATUS_PERIOD = 0.5
+CAMERA_QOS_DEPTH = 5
+VECTOR_QOS_DEPTH = 50
+
+
+def episode_info(row: EpisodeRow) -> EpisodeInfo:
+    info = EpisodeInfo()
+    info.episode_index = row.episode_index
+    info.length = row.length
+    info.task = row.tasks[0] if row.tasks else ""
+    info.quality = row.quality
+    info.quality_codes = [i.code for i in row.quality_issues]
+    info.qc_verdict = row.qc_verdict
+    info.note = row.note
+    return info
 
 
 class CaptureNode(Node):
@@ -40,68 +73,174 @@ class CaptureNode(Node):
     def __init__(self) -> None:
         super().__init__(NODE_NAME)
         self.config_file, status_period = declare_common_parameters(self)
+        if status_period == DEFAULT_STATUS_PERIOD:
+            status_period = CAPTURE_STATUS_PERIOD
+        stats_file = str(self.declare_parameter("stats_file", "").value or "")
+        self.recorder: Recorder | None = None
+        self.config_error = ""
+        try:
+            col = load_config(self.config_file).collection
+            self.recorder = Recorder(col, stats_file=stats_file or None)
+        except EvaError as exc:
+            self.config_error = f"capture is unavailable: {exc}"
+            self.get_logger().error(self.config_error)
+        if self.recorder is not None:
+            self._subscribe(self.recorder, col.capture.reliable_qos)
         group = service_group()
         self.create_service(StartCapture, "~/start", self._on_start, callback_group=group)
         self.create_service(StopCapture, "~/stop", self._on_stop, callback_group=group)
         self.create_service(CancelCapture, "~/cancel", self._on_cancel, callback_group=group)
-        self.create_service(
-            ListEpisodes, "~/list_episodes", self._on_list_episodes, callback_group=group
-        )
+        self.create_service(ListEpisodes, "~/list_episodes", self._on_list_episodes, callback_group=group)
         self.create_service(ReviewEpisode, "~/review", self._on_review, callback_group=group)
         self.status_pub = self.create_publisher(CaptureStatus, "~/status", STATUS_QOS_DEPTH)
-        self.status_timer = create_status_timer(
-            self, self.status_pub, self.build_status, status_period
-        )
-        self.get_logger().info(f"config_file={self.config_file!r}")
+        self.status_timer = create_status_timer(self, self.status_pub, self.build_status, status_period)
+        self.get_logger().info(f"config_file={self.config_file!r} dds_profile="
+                               f"{os.environ.get(ros_convert.DDS_PROFILE_ENV, '')!r}")
 
+    def _subscribe(self, rec: Recorder, reliable: bool) -> None:
+        """Subscriptions live on a helper node spun by a SingleThreadedExecutor in its own thread.
+
+        rclpy's MultiThreadedExecutor (which runs the services and the status timer) delivered
+        messages in bursts here (gaps of 0.1 to 0.3 s at 100 Hz), which breaks grid alignment;
+        a dedicated single-threaded executor kept gaps at the publisher's own jitter.
+        """
+        reliability = ReliabilityPolicy.RELIABLE if reliable else ReliabilityPolicy.BEST_EFFORT
+        self.intake_node = rclpy.create_node(f"{self.get_name()}_intake", namespace=self.get_namespace(),
+                                             context=self.context, use_global_arguments=False,
+                                             start_parameter_services=False)
+        self.subs = []
+        for i, spec in enumerate(rec.streams):
+            msg_cls, convert = ros_convert.intake_converter(spec)
+            depth = CAMERA_QOS_DEPTH if spec.is_camera else VECTOR_QOS_DEPTH
+            qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=depth, reliability=reliability)
+            self.subs.append(self.intake_node.create_subscription(
+                msg_cls, spec.topic, self._callback(rec, i, convert), qos))
+            self.get_logger().info(f"stream {spec.name}: {spec.msg_type} on {spec.topic}")
+        self.intake_executor = SingleThreadedExecutor(context=self.context)
+        self.intake_executor.add_node(self.intake_node)
+        self.intake_thread = threading.Thread(target=self._spin_intake, name="capture-intake", daemon=True)
+        self.intake_thread.start()
+
+    def _spin_intake(self) -> None:
+        try:
+            self.intake_executor.spin()
+        except (ExternalShutdownException, KeyboardInterrupt):
+            pass
+        except Exception as exc:  # noqa: BLE001 - shutting down while spinning
+            if self.context.ok():
+                self.get_logger().error(f"intake executor stopped: {exc!r}")
+
+    @staticmethod
+    def _callback(rec: Recorder, i: int, convert: Any) -> Any:
+        perf, mono = time.perf_counter, time.monotonic
+
+        def on_message(msg: Any) -> None:
+            t = perf()
+            recv = mono()
+            stamp, payload = convert(msg)
+            rec.offer(i, recv, stamp, payload)
+            rec.note_latency(i, perf() - t)
+
+        return on_message
+
+    def close(self) -> None:
+        executor = getattr(self, "intake_executor", None)
+        if executor is not None:
+            executor.shutdown(timeout_sec=2.0)
+            self.intake_thread.join(2.0)
+            self.intake_node.destroy_node()
+        if self.recorder is not None:
+            self.recorder.close()
+
+    # ---- status ---------------------------------------------------------------------------------
     def build_status(self) -> CaptureStatus:
         msg = CaptureStatus()
-        msg.state = "IDLE"
         msg.last_episode_index = -1
+        if self.recorder is None:
+            msg.state = "IDLE"
+            msg.last_message = self.config_error
+            return msg
+        st = self.recorder.status()
+        msg.state = st.state
+        msg.dataset_name, msg.dataset_dir, msg.task = st.dataset_name, st.dataset_dir, st.task
+        msg.frames = st.frames
+        msg.save_queue_depth = st.save_queue_depth
+        msg.save_queue_capacity = st.save_queue_capacity
+        for s in st.streams:
+            ss = StreamStatus()
+            ss.name, ss.topic, ss.received, ss.dropped, ss.rate_hz = s.name, s.topic, s.received, s.dropped, s.rate_hz
+            msg.streams.append(ss)
+        msg.last_episode_index = st.last_episode_index
+        msg.last_episode_quality = st.last_episode_quality
+        msg.last_message = st.last_message
         return msg
 
-    def _on_start(
-        self, request: StartCapture.Request, response: StartCapture.Response
-    ) -> StartCapture.Response:
-        response.success = False
-        response.message = NOT_IMPLEMENTED
-        response.dataset_name = request.dataset_name
-        response.task = request.task
+    # ---- services -------------------------------------------------------------------------------
+    def _on_start(self, request: StartCapture.Request, response: StartCapture.Response) -> StartCapture.Response:
+        response.dataset_name, response.task = request.dataset_name, request.task
+        if self.recorder is None:
+            response.success, response.message = False, self.config_error
+            return response
+        r = self.recorder.start(request.dataset_name, request.task)
+        response.success, response.message = r.ok, r.message
+        response.dataset_name, response.dataset_dir, response.task = r.dataset_name, r.dataset_dir, r.task
         return response
 
-    def _on_stop(
-        self, request: StopCapture.Request, response: StopCapture.Response
-    ) -> StopCapture.Response:
-        response.success = False
-        response.message = NOT_IMPLEMENTED
+    def _on_stop(self, request: StopCapture.Request, response: StopCapture.Response) -> StopCapture.Response:
         response.episode_index = -1
+        if self.recorder is None:
+            response.success, response.message = False, self.config_error
+            return response
+        r = self.recorder.stop()
+        response.success, response.message = r.ok, r.message
+        response.episode_index, response.frames, response.save_queue_depth = r.episode_index, r.frames, r.save_queue_depth
         return response
 
-    def _on_cancel(
-        self, request: CancelCapture.Request, response: CancelCapture.Response
-    ) -> CancelCapture.Response:
-        response.success = False
-        response.message = NOT_IMPLEMENTED
+    def _on_cancel(self, request: CancelCapture.Request, response: CancelCapture.Response) -> CancelCapture.Response:
+        if self.recorder is None:
+            response.success, response.message = False, self.config_error
+            return response
+        r = self.recorder.cancel()
+        response.success, response.message, response.frames_discarded = r.ok, r.message, r.frames_discarded
         return response
 
-    def _on_list_episodes(
-        self, request: ListEpisodes.Request, response: ListEpisodes.Response
-    ) -> ListEpisodes.Response:
-        response.success = False
-        response.message = NOT_IMPLEMENTED
+    def _on_list_episodes(self, request: ListEpisodes.Request,
+                          response: ListEpisodes.Response) -> ListEpisodes.Response:
+        if self.recorder is None:
+            response.success, response.message = False, self.config_error
+            return response
+        try:
+            root, rows = self.recorder.list_episodes(request.dataset_name)
+        except EvaError as exc:
+            response.success, response.message = False, f"refused: {exc}"
+            return response
+        response.success = True
+        response.dataset_dir = str(root)
+        response.episodes = [episode_info(r) for r in rows]
+        response.message = f"{len(rows)} episodes"
         return response
 
-    def _on_review(
-        self, request: ReviewEpisode.Request, response: ReviewEpisode.Response
-    ) -> ReviewEpisode.Response:
-        response.success = False
-        response.message = NOT_IMPLEMENTED
+    def _on_review(self, request: ReviewEpisode.Request, response: ReviewEpisode.Response) -> ReviewEpisode.Response:
         response.episode.episode_index = request.episode_index
+        if self.recorder is None:
+            response.success, response.message = False, self.config_error
+            return response
+        try:
+            row = self.recorder.review(request.dataset_name, request.episode_index, request.verdict,
+                                       request.note if request.set_note else None)
+        except EvaError as exc:
+            response.success, response.message = False, f"refused: {exc}"
+            return response
+        response.success = True
+        response.message = f"episode {row.episode_index} reviewed"
+        response.episode = episode_info(row)
         return response
 
 
 def main(args: list[str] | None = None) -> int:
     """Console script ``capture_node``."""
+    logging.basicConfig(level=logging.INFO, format="[%(levelname)s] [%(name)s]: %(message)s")
+    ros_convert.use_shipped_dds_profile()
     return run_node(CaptureNode, args)
 
 

@@ -34,7 +34,7 @@ ProgressFn = Callable[[int, int, int, int], None]
 # paramiko's default aes128-ctr + HMAC), then paramiko's own order.
 PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 
-READ_CHUNK = 1 << 20  # local read size; paramiko splits it into 32 KiB SFTP writes
+READ_CHUNK = 1 << 20  # local read size; written as SFTP writes of one SSH packet each
 PROGRESS_EVERY = 4 << 20  # report progress at least every 4 MiB and after every file
 
 
@@ -271,6 +271,16 @@ def _describe(exc: BaseException) -> str:
     return text
 
 
+def _write_size(sftp: paramiko.SFTPClient, dst: paramiko.SFTPFile) -> int:
+    """Largest write whose SFTP packet fits one SSH channel packet (no 30-byte tail packet)."""
+    channel = sftp.get_channel()
+    assert channel is not None
+    # paramiko sends at most out_max_packet_size - 64 bytes per channel packet; an SFTP write
+    # adds 4 (length) + 1 (type) + 4 (id) + 4 + len(handle) + 8 (offset) + 4 (data length)
+    room = channel.out_max_packet_size - 64 - (25 + len(dst.handle))
+    return max(4096, min(dst.MAX_REQUEST_SIZE, room))
+
+
 def _put(sftp: paramiko.SFTPClient, local: Path, remote: str, on_bytes: Callable[[int], None]) -> int:
     """Stream one file (constant memory); return the bytes sent."""
     sent = 0
@@ -279,11 +289,13 @@ def _put(sftp: paramiko.SFTPClient, local: Path, remote: str, on_bytes: Callable
     view = memoryview(buf)
     with open(local, "rb") as src, sftp.open(remote, "wb", bufsize=0) as dst:
         dst.set_pipelined(True)
+        step = _write_size(sftp, dst)
         while True:
             n = src.readinto(buf)
             if not n:
                 break
-            dst.write(view[:n])
+            for off in range(0, n, step):
+                dst.write(view[off:min(n, off + step)])
             sent += n
             if sent - last >= PROGRESS_EVERY:
                 on_bytes(sent)

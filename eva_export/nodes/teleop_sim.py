@@ -1,0 +1,231 @@
+"""teleop_sim: a simulated teleoperation publisher for trying a capture config.
+
+Publishes exactly the streams the config's ``collection.streams`` lists (same topics, types,
+joint names and image sizes): state and action at ``state_rate`` / ``action_rate`` (100 Hz),
+an optional PoseStamped ee_pose, and every camera at ``camera_rate`` (30 Hz) with moving
+content. Header stamps come from the node clock.
+
+Deterministic signals, so a recording can be checked against what was sent:
+
+* state message n (n = 0, 1, ...): ``value[j] = n + 0.25 * j`` (action: ``-n - 0.25 * j``);
+* camera frame m: a gradient that moves with m, and m written as 16 bits into 16 black/white
+  blocks across the top of the image (``decode_counter`` reads it back, also after H.264).
+  All cameras publish frame m from the same timer tick.
+
+Fault injection (parameters; times in seconds since the node started, < 0 = off):
+``freeze_camera`` + ``freeze_after_s`` (repeat one frame), ``drop_camera`` + ``drop_every``
+(skip every k-th frame), ``stop_stream`` + ``stop_after_s`` (state, action, ee_pose or a camera
+name goes silent), ``nan_after_s`` (NaN in state), ``shape_camera`` + ``shape_after_s`` +
+``shape_width`` / ``shape_height`` (publish another image size), ``compress_jpeg`` (publish
+CompressedImage cameras as JPEG; automatic for cameras configured as CompressedImage).
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import rclpy
+from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+from rclpy.node import Node
+from rclpy.qos import QoSProfile, ReliabilityPolicy
+
+from eva_export.capture.recorder import streams_from_config
+from eva_export.config import load_config
+from eva_export.nodes import ros_convert
+
+NODE_NAME = "teleop_sim"
+COUNTER_BITS = 16
+
+
+def counter_blocks(width: int) -> int:
+    return max(1, width // COUNTER_BITS)
+
+
+def render_frame(m: int, width: int, height: int, cam_index: int = 0) -> np.ndarray:
+    """Frame m of a camera: moving gradient plus the counter blocks on top."""
+    x = (np.arange(width, dtype=np.int32) + 4 * m + 40 * cam_index) % 256
+    y = (np.arange(height, dtype=np.int32) + 2 * m) % 256
+    img = np.empty((height, width, 3), np.uint8)
+    img[..., 0] = x[None, :]
+    img[..., 1] = y[:, None]
+    img[..., 2] = (64 * cam_index + m) % 256
+    b = counter_blocks(width)
+    for bit in range(COUNTER_BITS):
+        img[:b, bit * b:(bit + 1) * b] = 255 if (m >> bit) & 1 else 0
+    return img
+
+
+def decode_counter(img: np.ndarray) -> int:
+    """Read back the frame counter written by ``render_frame`` (robust to lossy coding)."""
+    width = img.shape[1]
+    b = counter_blocks(width)
+    m = 0
+    for bit in range(COUNTER_BITS):
+        block = img[b // 4: b - b // 4, bit * b + b // 4:(bit + 1) * b - b // 4]
+        if block.mean() > 127:
+            m |= 1 << bit
+    return m
+
+
+def jpeg_bytes(img: np.ndarray) -> bytes:
+    import av
+
+    ctx = av.CodecContext.create("mjpeg", "w")
+    ctx.width, ctx.height = img.shape[1], img.shape[0]
+    ctx.pix_fmt = "yuvj420p"
+    from fractions import Fraction
+
+    ctx.time_base = Fraction(1, 30)
+    frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(img), format="rgb24").reformat(format="yuvj420p")
+    out = io.BytesIO()
+    for p in ctx.encode(frame):
+        out.write(bytes(p))
+    for p in ctx.encode(None):
+        out.write(bytes(p))
+    return out.getvalue()
+
+
+class TeleopSim(Node):
+    def __init__(self) -> None:
+        super().__init__(NODE_NAME)
+        p = self.declare_parameter
+        config_file = str(p("config_file", "").value or "")
+        self.state_rate = float(p("state_rate", 100.0).value)
+        self.action_rate = float(p("action_rate", 100.0).value)
+        self.camera_rate = float(p("camera_rate", 30.0).value)
+        self.freeze_camera = str(p("freeze_camera", "").value)
+        self.freeze_after = float(p("freeze_after_s", -1.0).value)
+        self.drop_camera = str(p("drop_camera", "").value)
+        self.drop_every = int(p("drop_every", 0).value)
+        self.stop_stream = str(p("stop_stream", "").value)
+        self.stop_after = float(p("stop_after_s", -1.0).value)
+        self.nan_after = float(p("nan_after_s", -1.0).value)
+        self.shape_camera = str(p("shape_camera", "").value)
+        self.shape_after = float(p("shape_after_s", -1.0).value)
+        self.shape_size = (int(p("shape_width", 0).value), int(p("shape_height", 0).value))
+        self.compress = bool(p("compress_jpeg", False).value)
+        self.col = load_config(config_file).collection
+        self.streams = {s.name: s for s in streams_from_config(self.col)} if self._has_streams() else {}
+        self.t_start = time.monotonic()
+        qos_cam = QoSProfile(depth=5, reliability=ReliabilityPolicy.RELIABLE)
+        self.pubs: dict[str, Any] = {}
+        for name, spec in self.streams.items():
+            cls = ros_convert.MSG_TYPES[spec.msg_type]
+            self.pubs[name] = self.create_publisher(cls, spec.topic, qos_cam if spec.is_camera else 50)
+        self.n_state = 0
+        self.n_action = 0
+        self.m = 0
+        self.frozen: dict[str, Any] = {}
+        self.cam_specs = [s for s in self.streams.values() if s.is_camera]
+        if "state" in self.streams or "ee_pose" in self.streams:
+            self.create_timer(1.0 / self.state_rate, self._tick_state)
+        if "action" in self.streams:
+            self.create_timer(1.0 / self.action_rate, self._tick_action)
+        if self.cam_specs:
+            self.create_timer(1.0 / self.camera_rate, self._tick_cameras)
+        self.get_logger().info(f"publishing {sorted(self.streams)} from {config_file or 'defaults'}")
+
+    def _has_streams(self) -> bool:
+        c = self.col
+        return bool(c.state or c.action or c.ee_pose or c.cameras)
+
+    def _t(self) -> float:
+        return time.monotonic() - self.t_start
+
+    def _silent(self, name: str) -> bool:
+        return self.stop_stream == name and 0 <= self.stop_after <= self._t()
+
+    def _stamp(self, msg: Any) -> None:
+        ros_convert.set_stamp(msg, self.get_clock().now().seconds_nanoseconds())
+
+    def _tick_state(self) -> None:
+        n = self.n_state
+        self.n_state += 1
+        if "state" in self.streams and not self._silent("state"):
+            spec = self.streams["state"]
+            values = n + 0.25 * np.arange(len(spec.names))
+            if 0 <= self.nan_after <= self._t():
+                values[0] = np.nan
+            if spec.msg_type == "JointState":
+                msg = ros_convert.joint_state_msg(spec.names, values, spec.field)
+                self._stamp(msg)
+            else:
+                msg = ros_convert.float_array_msg(values)
+            self.pubs["state"].publish(msg)
+        if "ee_pose" in self.streams and not self._silent("ee_pose"):
+            msg = ros_convert.pose_msg([n * 0.001, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0])
+            self._stamp(msg)
+            self.pubs["ee_pose"].publish(msg)
+
+    def _tick_action(self) -> None:
+        n = self.n_action
+        self.n_action += 1
+        if self._silent("action"):
+            return
+        spec = self.streams["action"]
+        values = -(n + 0.25 * np.arange(len(spec.names)))
+        if spec.msg_type == "JointState":
+            msg = ros_convert.joint_state_msg(spec.names, values, spec.field)
+            self._stamp(msg)
+        else:
+            msg = ros_convert.float_array_msg(values)
+        self.pubs["action"].publish(msg)
+
+    def _tick_cameras(self) -> None:
+        m = self.m
+        self.m += 1
+        now = self.get_clock().now().seconds_nanoseconds()
+        for k, spec in enumerate(self.cam_specs):
+            name = spec.name
+            if self._silent(name):
+                continue
+            if name == self.drop_camera and self.drop_every > 0 and m % self.drop_every == self.drop_every - 1:
+                continue
+            w, h = spec.width, spec.height
+            if name == self.shape_camera and 0 <= self.shape_after <= self._t():
+                w, h = self.shape_size
+            if name == self.freeze_camera and 0 <= self.freeze_after <= self._t():
+                if name not in self.frozen:
+                    self.frozen[name] = render_frame(m, w, h, k)
+                img = self.frozen[name]
+            else:
+                img = render_frame(m, w, h, k)
+            if spec.msg_type == "CompressedImage" or self.compress:
+                msg = ros_convert.compressed_msg(jpeg_bytes(img))
+            else:
+                msg = ros_convert.image_msg(img, frame_id=name)
+            ros_convert.set_stamp(msg, now)
+            self.pubs[name].publish(msg)
+
+
+def main(args: list[str] | None = None) -> int:
+    """Console script ``teleop_sim``.
+
+    Spun by a SingleThreadedExecutor: rclpy's MultiThreadedExecutor made the 100 Hz timers
+    fire in bursts here. SIGINT ends it with exit code 0.
+    """
+    ros_convert.use_shipped_dds_profile()
+    rclpy.init(args=list(args) if args is not None else sys.argv)
+    node = None
+    executor = SingleThreadedExecutor()
+    try:
+        node = TeleopSim()
+        executor.add_node(node)
+        node.get_logger().info("ready")
+        executor.spin()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        executor.shutdown(timeout_sec=2.0)
+        if node is not None:
+            node.destroy_node()
+        rclpy.try_shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
