@@ -6,7 +6,7 @@ Builds a source of 20 episodes x 300 frames x 2 cameras 320x240 with the project
 10x larger one by tiling it (real file copies, renumbered). For each, in the same run: the time
 of ``shutil.copytree`` of the source and of ``ExportService.run(source, "lerobot_v21")``
 (validation, per-episode units, assembly, pair publication), each in its own subprocess whose
-peak RSS is read with ``wait4`` (ru_maxrss). Goals: split <= 1.5x the copy; peak memory flat
+peak RSS is read from its own /proc VmHWM. Goals: split <= 1.5x the copy; peak memory flat
 from the small to the 10x source. Prints a Markdown table and writes bench/out/split.json.
 """
 
@@ -43,7 +43,9 @@ else:
     assert job.state == "completed", job.error
     extra = {"import_s": t_import - t0, "accepted": job.accepted_episodes, "rejected": job.rejected_episodes}
     t0 = t_import  # the operation itself, without the interpreter's imports
-print(json.dumps({"seconds": time.perf_counter() - t0, **extra}))
+seconds = time.perf_counter() - t0
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
+print(json.dumps({"seconds": seconds, "peak_rss_mb": int(hwm) / 1024, **extra}))
 """
 
 
@@ -54,13 +56,13 @@ def run_child(mode: str, src: Path, out: Path) -> dict:
                             stderr=subprocess.PIPE, env=env)
     stdout = proc.stdout.read()  # type: ignore[union-attr]
     stderr = proc.stderr.read()  # type: ignore[union-attr]
-    _pid, status, usage = os.wait4(proc.pid, 0)
+    _pid, status, _usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise RuntimeError(f"{mode} failed: {stderr.decode()[-2000:]}")
-    res = json.loads(stdout.decode().strip().splitlines()[-1])
-    res["peak_rss_mb"] = usage.ru_maxrss / 1024
-    return res
+    # Peak RSS is the child's own VmHWM: ru_maxrss of a forked child also counts the parent's
+    # image at fork time, which would hide the child's own peak.
+    return json.loads(stdout.decode().strip().splitlines()[-1])
 
 
 def tile(src: Path, dst: Path, times: int) -> None:
@@ -108,15 +110,37 @@ def tile(src: Path, dst: Path, times: int) -> None:
     atomic_write_json(dst / "meta/stats.json", aggregate(r["stats"] for r in stats_rows))
 
 
+def build_source(root: Path, episodes: int, frames: int, width: int = 320, height: int = 240) -> None:
+    """Camera frames with texture and motion (a shifting smoothed-noise pattern), so the MP4s
+    have a realistic size; flat colours would make the copy baseline unrealistically cheap."""
+    import numpy as np
+    from dsfactory import features, state_value
+
+    from eva_export.dataset.video import VideoSettings
+    from eva_export.dataset.writer import DatasetWriter
+
+    rng = np.random.default_rng(0)
+    small = rng.integers(0, 256, (2 * height // 8, 2 * width // 8, 3), dtype=np.uint8)
+    texture = np.repeat(np.repeat(small, 8, axis=0), 8, axis=1)
+    dw = DatasetWriter.open(root, fps=30, features=features(2, width, height, 30), robot_type="bench",
+                            settings=VideoSettings(crf=23))
+    for e in range(episodes):
+        w = dw.begin_episode("pick the cube")
+        for f in range(frames):
+            s = state_value(e, f)
+            x, y = (f * 3 + e * 7) % width, (f * 2 + e * 5) % height
+            img = texture[y:y + height, x:x + width]
+            noise = rng.integers(0, 12, (height, width, 1), dtype=np.uint8)
+            w.add_frame({"observation.state": s, "action": -s, "capture_time": 1000.0 + f / 30},
+                        {"observation.images.cam0": img + noise, "observation.images.cam1": img[::-1] + noise})
+        dw.commit(w, {"quality": "green" if e % 4 else "red", "quality_issues": []})
+
+
 def du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def main() -> int:
-    from dsfactory import Ep, make_dataset
-
-    from eva_export.dataset.video import VideoSettings
-
     quick = "--quick" in sys.argv[1:]
     episodes, frames = (10, 100) if quick else (20, 300)
     base = Path(tempfile.mkdtemp(prefix="bench_split_", dir=os.environ.get("EVA_BENCH_DIR")))
@@ -124,8 +148,7 @@ def main() -> int:
     try:
         t0 = time.perf_counter()
         small = base / "logs" / "small" / "raw"
-        make_dataset(small, [Ep(frames=frames, quality="green" if i % 4 else "red") for i in range(episodes)],
-                     cameras=2, width=320, height=240, settings=VideoSettings(crf=23))
+        build_source(small, episodes, frames)
         big = base / "logs" / "big" / "raw"
         tile(small, big, 10)
         print(f"built sources in {time.perf_counter() - t0:.1f} s under {base}", file=sys.stderr)

@@ -38,7 +38,8 @@ def write_config(tmp_path: Path, *, cameras: tuple[str, ...] = CAMS, width: int 
         "    cameras:\n" + cams +
         "  capture:\n"
         "    min_frames: 10\n"
-        "    frozen_frames: 10\n" + extra_capture
+        "    frozen_frames: 10\n"
+        "    max_drop_ratio: 0.05\n" + extra_capture
     )
     path = tmp_path / "capture.yaml"
     path.write_text(text)

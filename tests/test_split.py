@@ -340,6 +340,7 @@ def test_damaged_unit_is_rebuilt(tmp_path: Path) -> None:
     job = service(tmp_path / "logs").run(src, "lerobot_v21")
     assert job.state == COMPLETED and job.reused_episodes == 3
     assert verify_native(paths.accepted).ok
+    assert not list(paths.accepted.rglob("*.tmp"))
 
 
 def test_staging_of_another_source_state_not_reused(tmp_path: Path) -> None:

@@ -14,7 +14,10 @@ with our own PyAV decode), for every episode:
                 casts to the declared type on load, which would hide a mismatch from "values")
   length        LeRobot's frame range of the episode == episodes metadata length == our rows
   values        every non-video feature (state, action, extra columns...) of every frame, as
-                returned by LeRobot, equals our Parquet (exactly)
+                returned by LeRobot, equals our Parquet (exactly, in our dtype)
+  float64 precision
+                LeRobot returns float64 features (our capture_time) as float32; the error that
+                costs must stay within --float64-atol (default 1e-3)
   timestamps    timestamp equals our Parquet and frame_index / fps (within 1e-4 s)
   indices       index, episode_index, frame_index, task_index and the task string at the
                 sampled frames
@@ -37,7 +40,6 @@ import os
 import sys
 import time
 import traceback
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,9 +47,8 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-
+import numpy as np
+import pyarrow.parquet as pq
 
 # --------------------------------------------------------------------------------------------
 # results
@@ -207,10 +208,16 @@ class OurDataset:
         epi = np.asarray(t.column("episode_index").to_numpy())
         sel = np.nonzero(epi == ep)[0]
         out: dict[str, np.ndarray] = {}
+        import pyarrow as pa
+
         for name in t.column_names:
-            col = t.column(name).take(sel)
-            out[name] = np.asarray(col.to_pylist()) if col.type.num_fields or hasattr(col.type, "list_size") \
-                else col.to_numpy()
+            col = t.column(name).take(sel).combine_chunks()
+            if pa.types.is_list(col.type) or pa.types.is_fixed_size_list(col.type) \
+                    or pa.types.is_large_list(col.type):
+                # keep the stored element type (float32 stays float32)
+                out[name] = col.flatten().to_numpy(zero_copy_only=False).reshape(len(sel), -1)
+            else:
+                out[name] = col.to_numpy(zero_copy_only=False)
         order = np.argsort(out["frame_index"], kind="stable")
         return {k: v[order] for k, v in out.items()}
 
@@ -224,7 +231,7 @@ class OurDataset:
         row = self.episodes[ep]
         rel = self.info["video_path"].format(video_key=key, chunk_index=int(row[f"videos/{key}/chunk_index"]),
                                              file_index=int(row[f"videos/{key}/file_index"]))
-        return self.root / rel, int(round(float(row[f"videos/{key}/from_timestamp"]) * self.fps))
+        return self.root / rel, round(float(row[f"videos/{key}/from_timestamp"]) * self.fps)
 
     def frames_by_count(self, ep: int, key: str) -> int:
         """v3.0: where the episode starts inside its MP4 derived from the lengths of the episodes
@@ -283,7 +290,7 @@ def mean_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def compare_values(res: Results, label: str, ours: dict[str, np.ndarray], got: dict[str, np.ndarray],
-                   keys: list[str], ep: int) -> None:
+                   keys: list[str], ep: int, atol64: float = 0.0) -> None:
     for k in keys:
         if k not in ours:
             res[f"{label}"].fail(f"episode {ep}: column {k!r} missing from our Parquet")
@@ -296,11 +303,24 @@ def compare_values(res: Results, label: str, ours: dict[str, np.ndarray], got: d
         b = b.reshape(a.shape) if b.size == a.size else b
         if a.shape != b.shape:
             res[label].fail(f"episode {ep} {k}: shape ours {a.shape} vs LeRobot {b.shape}")
-        elif not np.array_equal(a.astype(b.dtype) if a.dtype != b.dtype else a, b):
-            bad = np.nonzero(np.any((a != b).reshape(a.shape[0], -1), axis=1))[0] if a.ndim else [0]
-            i = int(bad[0]) if len(bad) else 0
-            res[label].fail(f"episode {ep} {k}: {len(bad)} frame(s) differ, first at frame {i}: "
-                            f"ours {a[i]!r} vs LeRobot {b[i]!r}")
+        elif a.dtype == np.float64 and b.dtype != np.float64:
+            # LeRobot's hf_transform_to_torch builds torch.tensor(python float) -> float32, so
+            # every float64 feature comes back as float32. Judge the loss against --float64-atol.
+            err = float(np.max(np.abs(a - b.astype(np.float64)))) if a.size else 0.0
+            c = res["float64 precision"]
+            c.worst = max(c.worst, err)
+            (c.ok() if err <= atol64 else
+             c.fail(f"episode {ep} {k}: LeRobot returns {b.dtype} for this float64 column; max abs error "
+                    f"{err:.6g} > {atol64:g} (e.g. frame 0: ours {a[0]!r}, LeRobot {b[0]!r})"))
+        elif not np.array_equal(a, b.astype(a.dtype)):
+            # Compared in OUR dtype: a float64 column that LeRobot hands back as float32 loses
+            # precision, and that is a finding, not something to cast away.
+            diff = (a != b.astype(a.dtype)).reshape(a.shape[0], -1)
+            bad = np.nonzero(np.any(diff, axis=1))[0]
+            i = int(bad[0])
+            err = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+            res[label].fail(f"episode {ep} {k}: {len(bad)}/{a.shape[0]} frame(s) differ (max abs error {err:.6g}); "
+                            f"first at frame {i}: ours {a[i]!r} ({a.dtype}) vs LeRobot {b[i]!r} ({b.dtype})")
         else:
             res[label].ok()
 
@@ -422,7 +442,7 @@ def run(args: argparse.Namespace) -> int:
         # ---- values and timestamps of every frame, through LeRobot's hf_dataset transform
         batch = ds.hf_dataset[frm:to]
         got = {k: np.stack([to_np(x) for x in v]) if isinstance(v, list) else to_np(v) for k, v in batch.items()}
-        compare_values(res, "values", cols, got, value_keys, ep)
+        compare_values(res, "values", cols, got, value_keys, ep, args.float64_atol)
         c = res["timestamps"]
         ts_ours = np.asarray(cols["timestamp"], dtype=np.float64)
         ts_lr = np.asarray(got["timestamp"], dtype=np.float64).reshape(-1)
@@ -491,7 +511,7 @@ def run(args: argparse.Namespace) -> int:
                 else:
                     c.fail(f"episode {ep} {key} frame {pos} (file frame {at} of {path.name}): "
                            f"mean abs diff {d:.2f} levels")
-                if src_cols is not None and source is not None:
+                if src_cols is not None and source is not None and src_ep is not None:
                     spath, _ = source.video_location(src_ep, key)
                     sframes = source.decode(spath)
                     sc = res["source frames"]
@@ -507,7 +527,7 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(f"{'check':<20} {'pass':>6} {'fail':>6}  worst")
     for c in res.checks.values():
-        worst = f"{c.worst:.3f}" if c.name in ("frames", "source frames", "timestamps") else ""
+        worst = f"{c.worst:.3g}" if c.name in ("frames", "source frames", "timestamps", "float64 precision") else ""
         print(f"{c.name:<20} {c.passed:>6} {c.failed:>6}  {worst}")
     for c in res.checks.values():
         for m in c.failures:
@@ -532,6 +552,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--source", default=None, help="v2.1 source dataset an export came from")
     ap.add_argument("--every-frame", action="store_true", help="check every frame's image, not first/middle/last")
     ap.add_argument("--max-mean-diff", type=float, default=3.0, help="mean abs diff limit in 8-bit levels")
+    ap.add_argument("--float64-atol", type=float, default=1e-3,
+                    help="largest abs error allowed when LeRobot returns a float64 column as float32 "
+                         "(default 1e-3, i.e. 1 ms for capture_time)")
     ap.add_argument("--json", default=None, help="also write the results as JSON here")
     args = ap.parse_args(argv)
     return run(args)

@@ -182,13 +182,13 @@ def align_offline(streams: Sequence[Sequence[tuple[float, float | None]]], fps: 
     events = sorted((recv, i, j, stamp) for i, msgs in enumerate(streams)
                     for j, (recv, stamp) in enumerate(msgs) if recv >= start)
     al = GridAligner(len(streams), fps, start, tolerance=tolerance, reference=reference, grace_s=grace_s)
+    al.stop(stop)
     slots: list[Slot] = []
     for recv, i, j, stamp in events:
-        if recv > stop + al.tol + 1.0:
+        if recv > stop + al.tol:
             break
         slots += al.poll(recv)
         slots += al.push(i, Sample(recv, stamp, (i, j)))
-    al.stop(stop)
     slots += al.poll(stop + al.tol + al.margin_s)
     slots += al.finish()
     return slots

@@ -50,6 +50,7 @@ class StreamCounters:
     run: int = 1
     max_run: int = 1
     overflow: int = 0
+    max_latency_s: float | None = None  # receive time minus header stamp (same host clock)
 
     def rate_hz(self) -> float:
         if self.received < 2 or self.first_recv is None or self.last_recv is None:
@@ -78,7 +79,7 @@ class EpisodeChecker:
 
     def __init__(self, names: Sequence[str], cameras: Sequence[bool], *, fps: float, start: float,
                  min_frames: int = 10, max_drop_ratio: float = 0.0, frozen_frames: int = 15,
-                 camera_skew_tolerance_s: float = 0.0) -> None:
+                 camera_skew_tolerance_s: float = 0.0, wall_offset: float | None = None) -> None:
         self.streams = [StreamCounters(n, c) for n, c in zip(names, cameras, strict=True)]
         self.fps = float(fps)
         self.start = start
@@ -86,6 +87,7 @@ class EpisodeChecker:
         self.max_drop_ratio = max_drop_ratio
         self.frozen_frames = max(2, frozen_frames)
         self.skew_tol = camera_skew_tolerance_s if camera_skew_tolerance_s > 0 else 1.0 / self.fps
+        self.wall_offset = wall_offset
         self.slots = 0
         self.skewed_slots = 0
         self.worst_skew_s = 0.0
@@ -104,6 +106,9 @@ class EpisodeChecker:
                 s.clock_back += 1
                 s.worst_back_s = max(s.worst_back_s, s.last_stamp - stamp)
             s.last_stamp = stamp
+            if self.wall_offset is not None:
+                lat = recv + self.wall_offset - stamp
+                s.max_latency_s = lat if s.max_latency_s is None else max(s.max_latency_s, lat)
 
     def on_non_finite(self, i: int) -> None:
         self.streams[i].non_finite += 1
@@ -198,6 +203,9 @@ class EpisodeChecker:
                           "max_gap_s": round(max(s.max_gap_s, stop - (s.last_recv or self.start)), 4),
                           "dropped": s.dropped}
                  for s in self.streams}
+        for s in self.streams:
+            if s.max_latency_s is not None:
+                stats[s.name]["max_latency_s"] = round(s.max_latency_s, 4)
         quality = "red" if any(i.severity == "error" for i in issues) else "green"
         return QualityResult(quality, issues, stats)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import queue
 import threading
 import time
@@ -263,6 +264,8 @@ class Recorder:
         self.wall = wall
         self.stats_file = Path(stats_file) if stats_file else None
         self.start_grace_s = start_grace_s
+        # diagnostic knob: slow every save down (tests kill the process in the middle of one)
+        self.save_delay_s = float(os.environ.get("EVA_CAPTURE_SAVE_DELAY_S", "0") or 0)
         cams = [i for i, s in enumerate(self.streams) if s.is_camera]
         self.reference = cams[0] if cams else None
         self._lock = threading.Lock()  # counters and state shared with offer()
@@ -370,7 +373,8 @@ class Recorder:
         checker = EpisodeChecker([s.name for s in self.streams], [s.is_camera for s in self.streams],
                                  fps=self.col.fps, start=now, min_frames=cap.min_frames,
                                  max_drop_ratio=cap.max_drop_ratio, frozen_frames=cap.frozen_frames,
-                                 camera_skew_tolerance_s=cap.camera_skew_tolerance_s)
+                                 camera_skew_tolerance_s=cap.camera_skew_tolerance_s,
+                                 wall_offset=self.wall() - now)
         with self._lock:
             self._epoch += 1
             ep = _Episode(self._epoch, spec.dataset_name, spec.task, dw, writer, aligner, checker, now,
@@ -522,8 +526,11 @@ class Recorder:
                     self._abort(ep, failed=str(exc))
 
     def _push(self, ep: _Episode, i: int, recv: float, stamp: float | None, payload: Any) -> None:
-        if ep.t_stop is not None and recv > ep.t_stop + ep.aligner.tol:
-            return
+        if ep.t_stop is not None:
+            if ep.aligner.t_stop is None:
+                ep.aligner.stop(ep.t_stop)
+            if recv > ep.t_stop + ep.aligner.tol:
+                return
         spec = self.streams[i]
         ep.checker.on_message(i, recv, stamp)
         value: Any = None
@@ -665,6 +672,8 @@ class Recorder:
             ep = job.ep
             try:
                 t_begin = self.clock()
+                if self.save_delay_s > 0:
+                    time.sleep(self.save_delay_s)
                 done = ep.writer.finish()
                 frames = {s.name: done.video_frames.get(s.feature, 0) for s in self.streams if s.is_camera}
                 assert ep.t_stop is not None

@@ -186,8 +186,9 @@ def unit_is_complete(staging: Path, p: PlannedEpisode, info: DatasetInfo) -> boo
                 p.source.index, p.new_index, p.source.rows, p.offset):
             return False
         data, videos = unit_files(staging, p, info)
-        if pq.ParquetFile(data).metadata.num_rows != p.source.rows:
-            return False
+        with pq.ParquetFile(data) as pf:
+            if pf.metadata.num_rows != p.source.rows:
+                return False
         for key, src in p.source.video_paths.items():
             if not videos[key].is_file() or videos[key].stat().st_size != src.stat().st_size:
                 return False
@@ -211,7 +212,8 @@ def build_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats
     src = p.source
     data, videos = unit_files(staging, p, info)
     try:
-        table = pq.read_table(src.data_path)
+        with pq.ParquetFile(src.data_path) as pf:
+            table = pf.read()
     except Exception as exc:  # noqa: BLE001
         raise DatasetError(f"episode {src.index}: cannot read {src.data_path}: {exc}") from exc
     n = table.num_rows

@@ -117,9 +117,11 @@ def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: di
             raise DatasetError(f"episode {ep}: camera file {vp} ({key}) is missing")
         videos[key] = vp
     try:
-        pf = pq.ParquetFile(data)
-        columns = list(pf.schema_arrow.names)
-        nrows = pf.metadata.num_rows
+        with pq.ParquetFile(data) as pf:
+            columns = list(pf.schema_arrow.names)
+            nrows = pf.metadata.num_rows
+            task_values = pf.read(columns=["task_index"]).column("task_index").to_numpy() \
+                if "task_index" in columns else None
     except Exception as exc:  # noqa: BLE001 - any Arrow error means an unreadable table
         raise DatasetError(f"episode {ep}: cannot read {data}: {exc}") from exc
     for col in REQUIRED_COLUMNS:
@@ -135,12 +137,8 @@ def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: di
     for task in row.tasks:
         if task not in task_ids:
             raise DatasetError(f"episode {ep}: task {task!r} is not in {root / TASKS}")
-    if "task_index" in columns:
-        try:
-            values = pq.read_table(data, columns=["task_index"]).column("task_index").to_numpy()
-        except Exception as exc:  # noqa: BLE001
-            raise DatasetError(f"episode {ep}: cannot read task_index of {data}: {exc}") from exc
-        tasks = sorted(int(t) for t in np.unique(values))
+    if task_values is not None:
+        tasks = sorted(int(t) for t in np.unique(task_values))
         for t in tasks:
             if t not in task_text:
                 raise DatasetError(f"episode {ep}: task_index {t} in {data} does not resolve through "
@@ -212,7 +210,8 @@ def verify_native(root: Path, count_video_frames: bool = True) -> NativeReport:
                           f"found {rep.episodes} / {rep.frames}")
     offset = 0
     for e in check.episodes:
-        t = pq.read_table(e.data_path, columns=["episode_index", "index"])
+        with pq.ParquetFile(e.data_path) as pf:
+            t = pf.read(columns=["episode_index", "index"])
         epi = t.column("episode_index").to_numpy()
         idx = t.column("index").to_numpy()
         if not (epi == e.index).all():

@@ -9,7 +9,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import queue
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -267,3 +269,73 @@ def check_sample(report: VerifyReport, state: Any, action: Any, frame: Any, wher
             parts.append(f"frame {arr.shape[1]}x{arr.shape[0]} rgb mean={float(arr.mean()):.1f}")
     if len(report.errors) == errors_before:
         report.checks.append(f"real read from {where}: " + ", ".join(parts))
+
+
+class Prefetch:
+    """Run a frame iterator in a background thread, at most ``depth`` frames ahead.
+
+    Decoding (PyAV releases the GIL) then overlaps with writing in the caller's thread while
+    memory stays bounded to ``depth`` frames. Errors of the iterator are re-raised by
+    ``next``; ``close`` stops the thread and drops what it had queued.
+    """
+
+    _END = object()
+
+    def __init__(self, it: Iterator[np.ndarray], depth: int = 4, name: str = "prefetch") -> None:
+        self._it = it
+        self._q: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for item in self._it:
+                while not self._stop.is_set():
+                    try:
+                        self._q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if self._stop.is_set():
+                    return
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            self._error = exc
+        finally:
+            close = getattr(self._it, "close", None)
+            if close is not None:
+                close()
+            while not self._stop.is_set():
+                try:
+                    self._q.put(self._END, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+
+    def __iter__(self) -> Prefetch:
+        return self
+
+    def __next__(self) -> np.ndarray:
+        item = self._q.get()
+        if item is self._END:
+            self._q.put(self._END)  # stay exhausted
+            if self._error is not None:
+                raise self._error
+            raise StopIteration
+        return item  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self._stop.set()
+        while True:
+            try:
+                self._q.get_nowait()
+            except queue.Empty:
+                break
+        self._thread.join()
+
+    def __enter__(self) -> Prefetch:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()

@@ -105,11 +105,12 @@ class Hdf5Exporter:
 
     name = FORMAT
 
-    def __init__(self, compression: str = "", gzip_level: int = 1) -> None:
+    def __init__(self, compression: str = "", gzip_level: int = 1, prefetch: int = 4) -> None:
         if compression not in COMPRESSIONS:
             raise ValueError(f"hdf5 compression {compression!r}: choose one of {COMPRESSIONS}")
         self.compression = compression
         self.gzip_level = gzip_level
+        self.prefetch = prefetch  # frames decoded ahead in a background thread (bounded memory)
         self.resumed: list[int] = []  # episodes kept from an interrupted run by the last export
 
     def export(self, native_subset: Path, out_dir: Path, progress: Progress | None = None) -> None:
@@ -157,8 +158,8 @@ class Hdf5Exporter:
                 g = imgs.create_group(item_name(i))
                 g.attrs["key"] = key
                 g.attrs["kind"] = "array"
-                self._append_frames(g, episode_index, key, iter_frames(meta.video_path(key, episode_index)),
-                                    table.num_rows)
+                with common.Prefetch(iter_frames(meta.video_path(key, episode_index)), self.prefetch) as frames:
+                    self._append_frames(g, episode_index, key, frames, table.num_rows)
 
     def _append_frames(self, g: h5py.Group, episode_index: int, key: str, frames: Iterable[np.ndarray],
                        rows: int) -> None:

@@ -106,8 +106,9 @@ class LeRobotV21Exporter:
         ep = meta.episodes[0].episode_index
         state_key, action_key = common.state_action_keys(meta.info)
         table = pq.read_table(meta.data_path(ep))
-        state = common.column_numpy(table, state_key)[0] if state_key in table.column_names else None
-        action = common.column_numpy(table, action_key)[0] if action_key in table.column_names else None
+        state = common.column_numpy(table, state_key)[0] if state_key in table.column_names and state_key else None
+        action = (common.column_numpy(table, action_key)[0]
+                  if action_key in table.column_names and action_key else None)
         frame = None
         if meta.info.video_keys:
             try:

@@ -426,22 +426,22 @@ class LeRobotV3Exporter:
         if missing:
             raise ExportError(f"no statistics for features {missing}")
         atomic_write_json(out / STATS, stats)
-        atomic_write_json(out / INFO, self._info(info, offset))
+        atomic_write_json(out / INFO, self._info(info, len(meta.episodes), offset, len(meta.tasks)))
         common.write_quality_split(src, out, self.name)
 
-    def _info(self, info: DatasetInfo, total_frames: int) -> dict[str, Any]:
+    def _info(self, info: DatasetInfo, episodes: int, total_frames: int, tasks: int) -> dict[str, Any]:
         src = info.to_dict()
         d: dict[str, Any] = {
             "codebase_version": CODEBASE_V30,
             "robot_type": info.robot_type,
-            "total_episodes": info.total_episodes,
+            "total_episodes": episodes,
             "total_frames": total_frames,
-            "total_tasks": info.total_tasks,
+            "total_tasks": tasks,
             "chunks_size": self.chunks_size,
             "data_files_size_in_mb": _mb(self.data_mb),
             "video_files_size_in_mb": _mb(self.video_mb),
             "fps": info.fps,
-            "splits": {"train": f"0:{info.total_episodes}"},
+            "splits": {"train": f"0:{episodes}"},
             "data_path": DATA_PATH_V30,
             "video_path": VIDEO_PATH_V30 if info.video_keys else None,
             "features": src["features"],
@@ -507,9 +507,12 @@ def decode_frame_at(path: Path, frame_number: int, fps: int) -> np.ndarray:
     target = Fraction(frame_number, fps)
     with av.open(str(path)) as c:
         s = c.streams.video[0]
-        c.seek(int(target / s.time_base), stream=s, backward=True, any_frame=False)
+        tb = s.time_base or Fraction(1, fps)
+        c.seek(int(target / tb), stream=s, backward=True, any_frame=False)
         for frame in c.decode(s):
-            t = Fraction(frame.pts) * s.time_base
+            if frame.pts is None:
+                continue
+            t = Fraction(frame.pts) * tb
             if abs(t - target) < Fraction(1, 10000):
                 return frame.to_ndarray(format="rgb24")
             if t > target:
