@@ -1,7 +1,9 @@
 """Per-episode statistics (streamed) and their aggregation into dataset statistics.
 
-Numbers follow LeRobot v2.1: min, max, mean, std, count per feature; camera statistics are
-per channel, shaped (3, 1, 1) and scaled to [0, 1].
+Numbers follow LeRobot: min, max, mean, std, count per feature, plus the quantiles q01, q10,
+q50, q90 and q99 that LeRobot 0.4 writes and its quantile normalisation (pi0.5) requires.
+Camera statistics are per channel, shaped (3, 1, 1) and scaled to [0, 1]; their quantiles come
+from a 256-bin histogram per channel, so they stay exact for 8-bit video in O(1) memory.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 import numpy as np
 
 STAT_KEYS = ("min", "max", "mean", "std", "count")
+QUANTILES = {"q01": 0.01, "q10": 0.10, "q50": 0.50, "q90": 0.90, "q99": 0.99}
 
 
 class RunningStats:
@@ -57,11 +60,14 @@ class ImageStats:
         self._seen = 0
         self._sampled = 0
         self._rs = RunningStats()
+        self._hist = np.zeros((3, 256), dtype=np.int64)
 
     def add(self, rgb: np.ndarray) -> None:
         if self._seen % self._every == 0:
-            sample = rgb[:: self._stride, :: self._stride].reshape(-1, 3).astype(np.float64) / 255.0
-            self._rs.add_batch(sample)
+            pixels = rgb[:: self._stride, :: self._stride].reshape(-1, 3)
+            self._rs.add_batch(pixels.astype(np.float64) / 255.0)
+            for c in range(3):
+                self._hist[c] += np.bincount(pixels[:, c], minlength=256)
             self._sampled += 1
         self._seen += 1
 
@@ -69,6 +75,10 @@ class ImageStats:
         d = self._rs.to_dict()
         out = {k: [[[x]] for x in d[k]] for k in ("min", "max", "mean", "std")}
         out["count"] = [self._sampled]
+        cdf = np.cumsum(self._hist, axis=1) / max(1, int(self._hist[0].sum()))
+        for name, q in QUANTILES.items():
+            levels = [int(np.searchsorted(cdf[c], q)) for c in range(3)]
+            out[name] = [[[lvl / 255.0]] for lvl in levels]
         return out
 
 
@@ -83,6 +93,9 @@ def column_stats(values: np.ndarray) -> dict[str, Any]:
     if np.issubdtype(np.asarray(values).dtype, np.integer):
         d["min"] = [int(x) for x in d["min"]]
         d["max"] = [int(x) for x in d["max"]]
+    finite = v.astype(np.float64)
+    for name, q in QUANTILES.items():
+        d[name] = np.quantile(finite, q, axis=0).tolist()
     return d
 
 
@@ -107,4 +120,9 @@ def aggregate(per_episode: Iterable[dict[str, dict[str, Any]]]) -> dict[str, dic
         maxs = np.stack([np.asarray(s["max"], dtype=np.float64) for s in items]).max(0)
         out[key] = {"min": mins.tolist(), "max": maxs.tolist(), "mean": mean.tolist(),
                     "std": np.sqrt(np.maximum(var, 0)).tolist(), "count": [int(total)]}
+        # Quantiles do not combine exactly; like LeRobot, take the count-weighted mean.
+        for name in QUANTILES:
+            if all(name in s for s in items):
+                qs = np.stack([np.asarray(s[name], dtype=np.float64) for s in items])
+                out[key][name] = (w * qs).sum(0).tolist()
     return out
