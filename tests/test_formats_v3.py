@@ -116,8 +116,7 @@ def _progress(seen: list[int]):  # type: ignore[no-untyped-def]
 
 
 def test_v3_ffprobe_counts_match_shard_lengths(tmp_path: Path) -> None:
-    if shutil.which("ffprobe") is None:
-        pytest.skip("Debian ffprobe not installed (apt-get install ffmpeg)")
+    assert shutil.which("ffprobe"), "Debian ffprobe missing: tools/setup.sh installs ffmpeg"
     lengths = [10, 14, 6, 9]
     src = subset(tmp_path / "src", [Ep(frames=n) for n in lengths])
     biggest = max(p.stat().st_size for p in (src / "videos").rglob("*.mp4"))
