@@ -106,7 +106,7 @@ class Client:
         self.types = {"start": StartCapture, "stop": StopCapture, "list_episodes": ListEpisodes}
         self.clients = {k: self.node.create_client(t, f"/bench_ns/eva_capture/{k}") for k, t in self.types.items()}
 
-    def call(self, name: str, timeout: float = 30.0):  # noqa: ANN201
+    def call(self, name: str, timeout: float = 30.0):
         cl = self.clients[name]
         if not cl.wait_for_service(timeout_sec=timeout):
             raise TimeoutError(f"service {name} not available")

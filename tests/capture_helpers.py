@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
-
 import rosharness
 
 DDS_PROFILE = rosharness.REPO_ROOT / "config" / "fastdds_shm.xml"

@@ -13,7 +13,13 @@ import pytest
 from eva_export.capture.align import GridAligner, Sample, align_offline
 from eva_export.capture.checks import EpisodeChecker
 from eva_export.capture.features import capture_features
-from eva_export.capture.recorder import ImageDecoder, RawImage, RawVector, Recorder, fingerprint
+from eva_export.capture.recorder import (
+    ImageDecoder,
+    RawImage,
+    RawVector,
+    Recorder,
+    fingerprint,
+)
 from eva_export.config import parse_config
 
 FPS = 30

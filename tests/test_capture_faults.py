@@ -8,8 +8,16 @@ import signal
 import time
 
 import pytest
-from capture_helpers import (DDS_ENV, check_dataset, episode_rows, record, start_pair, wait_episodes, wait_receiving,
-                             write_config)
+from capture_helpers import (
+    DDS_ENV,
+    check_dataset,
+    episode_rows,
+    record,
+    start_pair,
+    wait_episodes,
+    wait_receiving,
+    write_config,
+)
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -11,11 +11,28 @@ import time
 
 import numpy as np
 import pytest
-from capture_helpers import (CAMS, JOINTS, check_dataset, decode_video, episode_rows, read_table, record,
-                             start_pair, video_path, wait_episodes, wait_receiving, write_config)
+from capture_helpers import (
+    CAMS,
+    JOINTS,
+    check_dataset,
+    decode_video,
+    episode_rows,
+    read_table,
+    record,
+    start_pair,
+    video_path,
+    wait_episodes,
+    wait_receiving,
+    write_config,
+)
 from eva_export_interfaces.msg import CaptureStatus
-from eva_export_interfaces.srv import (CancelCapture, ListEpisodes, ReviewEpisode, StartCapture,
-                                       StopCapture)
+from eva_export_interfaces.srv import (
+    CancelCapture,
+    ListEpisodes,
+    ReviewEpisode,
+    StartCapture,
+    StopCapture,
+)
 
 from eva_export.nodes.teleop_sim import decode_counter
 

@@ -42,7 +42,14 @@ from ..dataset.writer import DatasetWriter, EpisodeWriter
 from ..errors import ConfigError, DatasetError, EvaError
 from .align import GridAligner, Sample, Slot
 from .checks import EpisodeChecker, QualityResult
-from .features import ACTION, CAPTURE_TIME, EE_POSE, STATE, capture_features, video_settings
+from .features import (
+    ACTION,
+    CAPTURE_TIME,
+    EE_POSE,
+    STATE,
+    capture_features,
+    video_settings,
+)
 
 log = logging.getLogger(__name__)
 
@@ -519,7 +526,7 @@ class Recorder:
                         continue  # drain what was received before STOP first
                     self._emit(ep, ep.aligner.finish())
                     self._finalize(ep)
-            except Exception as exc:  # noqa: BLE001 - one bad episode must not kill capture
+            except Exception as exc:
                 log.exception("capture worker failed")
                 if ep is not None and not ep.finalized.is_set():
                     self.last_quality, self.last_message = "failed", f"episode failed: {exc}"
@@ -690,7 +697,7 @@ class Recorder:
                         log.warning("episode saved as %d, announced as %d", row.episode_index, job.expected_index)
                     log.info(self.last_message)
                     self._write_stats(job, row, result, t_begin, committed)
-            except Exception as exc:  # noqa: BLE001 - report, keep the worker alive
+            except Exception as exc:
                 log.exception("saving an episode failed")
                 self.last_quality, self.last_message = "failed", f"saving failed: {exc}"
                 try:

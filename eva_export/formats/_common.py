@@ -12,7 +12,7 @@ import os
 import queue
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,8 @@ from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS, Dataset
 from ..dataset.records import CODEBASE_V21, FORMAT_V21, DatasetInfo, EpisodeRow
 from ..errors import DatasetError, ExportError
 from ..export.records import QUALITY_SPLIT_FILE, QualitySplit
-from ..fsutil import atomic_write_json, read_json
-from .base import VerifyReport
+from ..fsutil import atomic_write_json, fsync_dir, read_json
+from .base import Progress, VerifyReport
 
 COMMON_META = (EPISODES, TASKS, EPISODES_STATS, STATS)
 EPISODE_CHUNK_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}"
@@ -339,3 +339,48 @@ class Prefetch:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+def export_episode_files(
+    src: Path,
+    out: Path,
+    progress: Progress,
+    dataset_format: str,
+    extension: str,
+    write_episode: Callable[[Path, DatasetMeta, EpisodeRow, pa.Table], None],
+    is_complete: Callable[[Path, DatasetMeta, EpisodeRow], bool],
+) -> list[int]:
+    """The loop of the one-file-per-episode formats (hdf5, mcap); returns the resumed episodes.
+
+    Each episode is written under a hidden ``.partial`` name and renamed into place once
+    closed, so a file that exists is a finished episode: a rerun after a kill checks it with
+    ``is_complete`` and keeps it. The common meta files and the marker are written last.
+    """
+    meta = load_source(src)
+    out.mkdir(parents=True, exist_ok=True)
+    info = embedded_info(meta.info, dataset_format, extension)
+    resumed: list[int] = []
+    offset = 0
+    for ep in meta.episodes:
+        table = read_episode_table(meta, ep, first_index=offset)
+        offset += ep.length
+        path = out / episode_file(info, ep.episode_index)
+        if path.is_file() and is_complete(path, meta, ep):
+            resumed.append(ep.episode_index)
+            progress.on_episode(ep.episode_index, 0)
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.partial")
+        tmp.unlink(missing_ok=True)
+        try:
+            write_episode(tmp, meta, ep, table)
+            os.replace(tmp, path)
+            fsync_dir(path.parent)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        progress.on_episode(ep.episode_index, path.stat().st_size)
+    copy_common_meta(src, out)
+    atomic_write_json(out / INFO, info)
+    write_quality_split(src, out, dataset_format)
+    return resumed

@@ -22,7 +22,6 @@ episode files whose frame counts check out (resumable).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from ..dataset.meta import INFO, DatasetMeta
 from ..dataset.records import DatasetInfo
 from ..dataset.video import iter_frames
 from ..errors import ExportError, VideoError
-from ..fsutil import atomic_write_json, fsync_dir, read_json
+from ..fsutil import read_json
 from . import _common as common
 from .base import Progress, VerifyReport
 
@@ -114,35 +113,10 @@ class Hdf5Exporter:
         self.resumed: list[int] = []  # episodes kept from an interrupted run by the last export
 
     def export(self, native_subset: Path, out_dir: Path, progress: Progress | None = None) -> None:
-        progress = progress or Progress()
-        src, out = Path(native_subset), Path(out_dir)
-        meta = common.load_source(src)
-        out.mkdir(parents=True, exist_ok=True)
-        info = common.embedded_info(meta.info, self.name, "hdf5")
-        self.resumed = []
-        offset = 0
-        for ep in meta.episodes:
-            table = common.read_episode_table(meta, ep, first_index=offset)
-            offset += ep.length
-            path = out / common.episode_file(info, ep.episode_index)
-            if path.is_file() and _complete(path, ep.length, len(meta.info.video_keys)):
-                self.resumed.append(ep.episode_index)
-                progress.on_episode(ep.episode_index, 0)
-                continue
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.partial")
-            tmp.unlink(missing_ok=True)
-            try:
-                self._write_episode(tmp, meta, ep.episode_index, ep.to_dict(), table)
-                os.replace(tmp, path)
-                fsync_dir(path.parent)
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
-            progress.on_episode(ep.episode_index, path.stat().st_size)
-        common.copy_common_meta(src, out)
-        atomic_write_json(out / INFO, info)
-        common.write_quality_split(src, out, self.name)
+        self.resumed = common.export_episode_files(
+            Path(native_subset), Path(out_dir), progress or Progress(), self.name, "hdf5",
+            write_episode=lambda tmp, meta, ep, table: self._write_episode(tmp, meta, ep.episode_index, ep.to_dict(), table),
+            is_complete=lambda path, meta, ep: _complete(path, ep.length, len(meta.info.video_keys)))
 
     def _write_episode(self, tmp: Path, meta: DatasetMeta, episode_index: int, row: dict[str, Any],
                        table: Any) -> None:

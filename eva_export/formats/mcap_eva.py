@@ -37,7 +37,6 @@ them, fails the export with ExportError.
 from __future__ import annotations
 
 import json
-import os
 import struct
 from pathlib import Path
 from typing import Any
@@ -48,11 +47,10 @@ from mcap.exceptions import McapError
 from mcap.reader import make_reader
 from mcap.writer import CompressionType, Writer
 
-from ..dataset.meta import INFO, DatasetMeta
+from ..dataset.meta import DatasetMeta
 from ..dataset.records import DatasetInfo, EpisodeRow
 from ..dataset.video import iter_frames
 from ..errors import ExportError, VideoError
-from ..fsutil import atomic_write_json, fsync_dir
 from . import _common as common
 from .base import Progress, VerifyReport
 
@@ -149,35 +147,10 @@ class McapExporter:
         self.resumed: list[int] = []
 
     def export(self, native_subset: Path, out_dir: Path, progress: Progress | None = None) -> None:
-        progress = progress or Progress()
-        src, out = Path(native_subset), Path(out_dir)
-        meta = common.load_source(src)
-        out.mkdir(parents=True, exist_ok=True)
-        info = common.embedded_info(meta.info, self.name, "mcap")
-        self.resumed = []
-        offset = 0
-        for ep in meta.episodes:
-            table = common.read_episode_table(meta, ep, first_index=offset)
-            offset += ep.length
-            path = out / common.episode_file(info, ep.episode_index)
-            if path.is_file() and _complete(path, ep.length, meta.info.video_keys):
-                self.resumed.append(ep.episode_index)
-                progress.on_episode(ep.episode_index, 0)
-                continue
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.partial")
-            tmp.unlink(missing_ok=True)
-            try:
-                self._write_episode(tmp, meta, ep, table)
-                os.replace(tmp, path)
-                fsync_dir(path.parent)
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
-            progress.on_episode(ep.episode_index, path.stat().st_size)
-        common.copy_common_meta(src, out)
-        atomic_write_json(out / INFO, info)
-        common.write_quality_split(src, out, self.name)
+        self.resumed = common.export_episode_files(
+            Path(native_subset), Path(out_dir), progress or Progress(), self.name, "mcap",
+            write_episode=self._write_episode,
+            is_complete=lambda path, meta, ep: _complete(path, ep.length, meta.info.video_keys))
 
     def _write_episode(self, tmp: Path, meta: DatasetMeta, ep: EpisodeRow, table: Any) -> None:
         fps = meta.info.fps

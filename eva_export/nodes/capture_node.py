@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Any
 
+import rclpy
 from eva_export_interfaces.msg import CaptureStatus, EpisodeInfo, StreamStatus
 from eva_export_interfaces.srv import (
     CancelCapture,
@@ -30,7 +31,6 @@ from eva_export_interfaces.srv import (
     StartCapture,
     StopCapture,
 )
-import rclpy
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
