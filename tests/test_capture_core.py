@@ -21,6 +21,7 @@ from eva_export.capture.recorder import (
     fingerprint,
 )
 from eva_export.config import parse_config
+from eva_export.errors import DatasetError
 
 FPS = 30
 T = 1.0 / FPS
@@ -462,7 +463,7 @@ def test_review_keeps_quality_and_lists(tmp_path):
         assert row.qc_verdict == "pass" and row.note == "looks fine"
         row = rec.review("pick", 0, "clear", "")
         assert row.qc_verdict == "" and [i.code for i in row.quality_issues] == ["too_short"]
-        with pytest.raises(Exception):
+        with pytest.raises(DatasetError):
             rec.review("pick", 0, "maybe", None)
         _, rows = rec.list_episodes("")
         assert len(rows) == 1 and rows[0].quality == "red"

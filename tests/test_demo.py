@@ -1,0 +1,84 @@
+"""The main job end to end: `tools/demo.py` (what `make demo` runs), with short episodes.
+
+Runs the demo as its own process, then checks its summary against the files on disk: the raw
+dataset, every export's quality markers and totals, and the uploaded tree on the SFTP remote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from eva_export.dataset.meta import read_meta
+from eva_export.export.records import QualitySplit
+from eva_export.fsutil import read_json, tree_size
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("demo")
+    env = dict(os.environ)  # conftest set the loopback discovery range and this run's domain id
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "demo.py"), "--out", str(out),
+                           "--seconds", "1.5", "--width", "160", "--height", "120"],
+                          env=env, capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "eva_export demo summary" in proc.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    summary["_stdout"] = proc.stdout
+    return summary
+
+
+def test_summary_matches_raw_dataset(demo: dict) -> None:
+    meta = read_meta(Path(demo["source_dir"]))
+    assert [e.episode_index for e in meta.episodes] == [e["episode_index"] for e in demo["episodes"]]
+    on_disk = {e.episode_index: e for e in meta.episodes}
+    for e in demo["episodes"]:
+        row = on_disk[e["episode_index"]]
+        assert row.length == e["length"] and row.quality == e["quality"] and row.qc_verdict == e["qc_verdict"]
+    # the cancelled and the zero-frame takes wrote nothing: 4 good/faulty takes were saved
+    labels = {t["label"]: t for t in demo["takes"]}
+    assert labels["cancelled"]["cancelled"] and labels["zero_frames"]["episode_index"] == -1
+    assert len(meta.episodes) == 4
+    fault = on_disk[labels["fault_nan"]["episode_index"]]
+    assert fault.quality == "red" and "non_finite" in {i.code for i in fault.quality_issues}
+    assert fault.qc_verdict == "pass" and fault.note
+    failed_green = on_disk[labels["good_2"]["episode_index"]]
+    assert failed_green.quality == "green" and failed_green.qc_verdict == "fail"
+
+
+def test_exports_match_summary(demo: dict) -> None:
+    labels = {t["label"]: t["episode_index"] for t in demo["takes"] if "episode_index" in t}
+    want_accepted = sorted([labels["good_1"], labels["fault_nan"], labels["good_3"]])
+    want_rejected = [labels["good_2"]]
+    assert set(demo["exports"]) == {"lerobot_v21", "lerobot_v3", "hdf5", "mcap"}
+    for fmt, e in demo["exports"].items():
+        for subset, want in (("accepted", want_accepted), ("rejected", want_rejected)):
+            d = Path(e[f"{subset}_dir"])
+            q = QualitySplit.read(d)
+            assert q.subset == subset and q.dataset_format == fmt
+            assert q.source_episode_indices == want
+            assert Path(q.source_dir).resolve() == Path(demo["source_dir"]).resolve()
+            info = read_json(d / "meta" / "info.json")
+            assert info["total_episodes"] == e[f"{subset}_episodes"] == len(want)
+            assert info["total_frames"] == e[f"{subset}_frames"]
+            assert e["verified"][subset]["ok"]
+        assert Path(e["accepted_dir"]).parent.name == fmt
+
+
+def test_upload_matches_accepted_v3(demo: dict) -> None:
+    up = demo["upload"]
+    remote = Path(up["remote_path"])  # the SFTP remote is a directory on this machine
+    assert remote.is_dir() and remote.parent.name == "remote"
+    local = Path(demo["exports"]["lerobot_v3"]["accepted_dir"])
+    assert tree_size(remote) == tree_size(local) == (up["files"], up["bytes"])
+    assert QualitySplit.read(remote).subset == "accepted"
+    assert not [p for p in remote.parent.iterdir() if ".staging" in p.name]
+    assert str(remote) in demo["_stdout"]
