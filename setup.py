@@ -14,7 +14,7 @@ setup(
         ("share/ament_index/resource_index/packages", [f"resource/{PACKAGE}"]),
         (f"share/{PACKAGE}", ["package.xml"]),
         (f"share/{PACKAGE}/launch", sorted(glob("launch/*.launch.py"))),
-        (f"share/{PACKAGE}/config", sorted(glob("config/*.yaml"))),
+        (f"share/{PACKAGE}/config", sorted(glob("config/*.yaml") + glob("config/*.xml"))),
     ],
     install_requires=["setuptools"],
     python_requires=">=3.10",

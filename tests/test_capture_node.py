@@ -80,7 +80,9 @@ def test_records_episodes_that_match_what_was_published(tmp_path, node_factory, 
         assert int(np.sum(steps == 0)) == row["stream_stats"]["state"]["dropped"]
         assert np.array_equal(action - action[:, :1], np.tile(-0.25 * np.arange(4), (n, 1)))
         ct = t["capture_time"].reshape(-1)
-        assert np.all(np.diff(ct) >= 0) and abs(ct[0] - time.time()) < 120
+        # seconds since START (float32-safe for LeRobot), anchored by the row's wall-clock origin
+        assert np.all(np.diff(ct) >= 0) and 0 <= ct[0] < 5
+        assert abs(row["capture_time_origin_unix"] + ct[0] - time.time()) < 120
         assert int(np.sum(np.diff(ct) == 0)) == row["stream_stats"]["state"]["dropped"]
         counters = {}
         for cam in CAMS:

@@ -84,11 +84,7 @@ class Demo:
 
     def start_sim(self, **faults: Any) -> None:
         self.stop_sim()
-        params: dict[str, Any] = {
-            "joint_names": JOINTS, "state_topic": "/demo/joint_states", "action_topic": "/demo/action",
-            "camera_topics": [f"/demo/{c}/image_raw" for c in CAMERAS],
-            "width": self.width, "height": self.height,
-        }
+        params: dict[str, Any] = {"config_file": str(self.out / "config.yaml")}  # same topics as capture
         params.update(faults)
         self.sim = rosharness.NodeProcess("teleop_sim", self.out / "logs", name="teleop_sim", namespace="/",
                                           params=params, prefer_script=True).start()
@@ -157,7 +153,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         takes.append(record("good_1", args.seconds))
         takes.append(record("good_2", args.seconds))
         takes.append(record("cancelled", args.seconds / 2, cancel=True))
-        demo.start_sim(fault_nan_after_s=0.5)  # the state stream turns to NaN: comes out red
+        demo.start_sim(nan_after_s=0.5)  # the state stream turns to NaN: comes out red
         takes.append(record("fault_nan", args.seconds))
         demo.stop_sim()  # nobody publishes: the next take has zero frames and writes nothing
         takes.append(record("zero_frames", 0.5))

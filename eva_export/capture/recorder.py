@@ -609,7 +609,10 @@ class Recorder:
                         ep.held[i] = np.zeros(n, np.float32)
                     values[spec.feature] = ep.held[i]
             ep.checker.on_slot(slot)
-            values[CAPTURE_TIME] = np.array([ep.wall_offset + self._capture_recv(slot)], np.float64)
+            # Seconds since START, not epoch seconds: LeRobot hands columns out as float32, which
+            # keeps ~1e-5 s here but only 128 s steps for epoch values. The episode row carries
+            # capture_time_origin_unix, so origin + capture_time is the observed wall time.
+            values[CAPTURE_TIME] = np.array([self._capture_recv(slot) - ep.start], np.float64)
             ep.writer.add_frame(values, images)
 
     def _capture_recv(self, slot: Slot) -> float:
@@ -685,7 +688,8 @@ class Recorder:
                 frames = {s.name: done.video_frames.get(s.feature, 0) for s in self.streams if s.is_camera}
                 assert ep.t_stop is not None
                 result = ep.checker.finish(done.rows, ep.t_stop, frames)
-                row = ep.dw.commit(ep.writer, result.row_extra())
+                row = ep.dw.commit(ep.writer, {**result.row_extra(),
+                                               "capture_time_origin_unix": ep.wall_offset + ep.start})
                 committed = self.clock()
                 if row is None:
                     self.last_quality, self.last_message = "empty", "zero-frame episode: nothing written"
