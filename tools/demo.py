@@ -42,6 +42,7 @@ class Demo:
         self.timings: dict[str, float] = {}
         self.procs: list[rosharness.NodeProcess] = []
         self.sim: rosharness.NodeProcess | None = None
+        self.client: Any = None
 
     # ---- set-up ------------------------------------------------------------------------------
     def write_config(self, sftp: Any) -> Path:
@@ -83,12 +84,28 @@ class Demo:
             self.procs.append(proc.start())
 
     def start_sim(self, **faults: Any) -> None:
+        """(Re)start the simulated teleop publisher and wait until capture receives every stream."""
         self.stop_sim()
+        before = self.received()
         params: dict[str, Any] = {"config_file": str(self.out / "config.yaml")}  # same topics as capture
         params.update(faults)
         self.sim = rosharness.NodeProcess("teleop_sim", self.out / "logs", name="teleop_sim", namespace="/",
                                           params=params, prefer_script=True).start()
-        time.sleep(1.5)  # discovery + the first frames
+        deadline = time.monotonic() + 30
+        while True:  # discovery of a new publisher takes 0.3 to 2 s
+            now = self.received()
+            if now and all(now[k] > before.get(k, 0) for k in now):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"capture did not receive every stream from the simulator: {now}")
+            time.sleep(0.2)
+
+    def received(self) -> dict[str, int]:
+        """Messages received per stream, from the capture node's status topic."""
+        from eva_export_interfaces.msg import CaptureStatus
+
+        status = self.client.wait_for_message(CaptureStatus, "/eva_capture/status", timeout=10)
+        return {s.name: int(s.received) for s in status.streams}
 
     def stop_sim(self) -> None:
         if self.sim is not None:
@@ -120,6 +137,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sshd = SshServer.start(out / "sshd")
     rosharness.rclpy_init_once()
     client = rosharness.RosClient("eva_demo")
+    demo.client = client
     summary: dict[str, Any] = {"out": str(out), "ros_domain_id": os.environ["ROS_DOMAIN_ID"]}
     try:
         config = demo.write_config(sshd)
@@ -251,7 +269,7 @@ def print_summary(s: dict[str, Any]) -> None:
     print(f"raw dataset : {s['source_dir']}")
     print("episodes    :")
     for e in s["episodes"]:
-        codes = ",".join(e["quality_codes"]) or "-"
+        codes = ",".join(dict.fromkeys(e["quality_codes"])) or "-"
         print(f"  #{e['episode_index']}: {e['length']:4d} frames  quality={e['quality']:<5} "
               f"issues={codes:<28} verdict={e['qc_verdict'] or '-':<4} note={e['note']!r}")
     skipped = [t for t in s["takes"] if t.get("cancelled") or t.get("episode_index", 0) < 0]
