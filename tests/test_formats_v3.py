@@ -22,7 +22,7 @@ from eva_export.errors import ExportError
 from eva_export.export.records import QualitySplit
 from eva_export.formats.lerobot_v3 import LeRobotV3Exporter, tasks_table
 
-FIXTURE = Path("/work/shared/fixtures/lerobot-written/v30")
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "lerobot-written" / "v30"  # LeRobot-written reference (copied from shared/fixtures)
 W, H, FPS = 64, 48, 30
 TOL = 5  # H.264 keeps flat colours within a few levels
 
