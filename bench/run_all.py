@@ -53,7 +53,7 @@ def main() -> int:
         took = time.monotonic() - t0
         sys.stdout.write(proc.stdout)
         sys.stderr.write(proc.stderr[-4000:])
-        table = [ln for ln in proc.stdout.splitlines() if ln.startswith("|") or ln.startswith("goal") or ln.startswith("#")]
+        table = [ln for ln in proc.stdout.splitlines() if ln.startswith(("|", "#", "median", "best-of")) or "goal" in ln]
         status = "ok" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
         if proc.returncode != 0:
             failed.append(name)
