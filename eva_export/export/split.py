@@ -18,6 +18,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -258,23 +259,44 @@ def build_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats
     return data.stat().st_size + sum(sizes.values())
 
 
+BUILD_WORKERS = 2  # Parquet I/O, numpy and hard links release the GIL; two cores here
+
+
 def build_units(plan: SplitPlan, staging: Path, progress: SplitProgress, faults: Faults) -> tuple[int, int]:
-    """Build every unit without a valid record, in source order; returns (reused, built)."""
+    """Build every unit without a valid record; returns (reused, built).
+
+    Units are independent (each has its own files and record), so they are built by a small
+    thread pool; progress is still reported in source order, from this thread. A failure
+    stops the export after the units already running finish: those are kept for the rerun.
+    """
     info = plan.check.meta.info
     ep_stats = plan.check.meta.episodes_stats
     reused = built = 0
+    todo = []
     for p in plan.in_source_order:
-        files = 1 + len(p.source.video_paths)
         if unit_record(staging, p).is_file() and unit_is_complete(staging, p, info):
             reused += 1
-            progress.on_unit(p, files, p.source.bytes, True)
+            progress.on_unit(p, 1 + len(p.source.video_paths), p.source.bytes, True)
             continue
         unit_record(staging, p).unlink(missing_ok=True)
+        todo.append(p)
+
+    def build(p: PlannedEpisode) -> None:
         faults.check(f"unit:{p.source.index}")
         src_stats = ep_stats[p.source.index].stats if p.source.index in ep_stats else {}
         build_unit(staging, p, info, src_stats)
-        built += 1
-        progress.on_unit(p, files, p.source.bytes, False)
+
+    with ThreadPoolExecutor(max_workers=BUILD_WORKERS, thread_name_prefix="split-unit") as pool:
+        futures = [(p, pool.submit(build, p)) for p in todo]
+        try:
+            for p, fut in futures:
+                fut.result()
+                built += 1
+                progress.on_unit(p, 1 + len(p.source.video_paths), p.source.bytes, False)
+        except BaseException:
+            for _, f in futures:
+                f.cancel()
+            raise
     return reused, built
 
 
