@@ -312,10 +312,11 @@ def compare_values(res: Results, label: str, ours: dict[str, np.ndarray], got: d
             (c.ok() if err <= atol64 else
              c.fail(f"episode {ep} {k}: LeRobot returns {b.dtype} for this float64 column; max abs error "
                     f"{err:.6g} > {atol64:g} (e.g. frame 0: ours {a[0]!r}, LeRobot {b[0]!r})"))
-        elif not np.array_equal(a, b.astype(a.dtype)):
+        elif not np.array_equal(a, b.astype(a.dtype), equal_nan=a.dtype.kind == "f"):  # NaN recorded is NaN read
             # Compared in OUR dtype: a float64 column that LeRobot hands back as float32 loses
             # precision, and that is a finding, not something to cast away.
-            diff = (a != b.astype(a.dtype)).reshape(a.shape[0], -1)
+            diff = ((a != b.astype(a.dtype)) & ~(np.isnan(a) & np.isnan(b)) if a.dtype.kind == "f"
+                    else a != b.astype(a.dtype)).reshape(a.shape[0], -1)
             bad = np.nonzero(np.any(diff, axis=1))[0]
             i = int(bad[0])
             err = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
