@@ -18,10 +18,16 @@ QUANTILES = {"q01": 0.01, "q10": 0.10, "q50": 0.50, "q90": 0.90, "q99": 0.99}
 
 
 class RunningStats:
-    """Element-wise statistics of a stream of equally shaped arrays, in O(1) memory."""
+    """Element-wise statistics of a stream of equally shaped arrays, in O(1) memory.
+
+    Non-finite values (a NaN burst the checks flagged red, which a reviewer may still pass)
+    are left out of min/max/mean/std, so one glitch does not turn a whole dataset's
+    normalisation statistics into NaN; ``count`` stays the number of samples, as in LeRobot.
+    """
 
     def __init__(self) -> None:
         self.count = 0
+        self._n: np.ndarray | None = None  # finite samples per element
         self._sum: np.ndarray | None = None
         self._sumsq: np.ndarray | None = None
         self._min: np.ndarray | None = None
@@ -32,10 +38,17 @@ class RunningStats:
         v = np.asarray(values, dtype=np.float64)
         if v.shape[0] == 0:
             return
-        s, sq, mn, mx = v.sum(0), (v * v).sum(0), v.min(0), v.max(0)
-        if self._sum is None:
-            self._sum, self._sumsq, self._min, self._max = s, sq, mn, mx
+        finite = np.isfinite(v)
+        if finite.all():
+            n, s, sq, mn, mx = np.full(v.shape[1:], v.shape[0]), v.sum(0), (v * v).sum(0), v.min(0), v.max(0)
         else:
+            z = np.where(finite, v, 0.0)
+            n, s, sq = finite.sum(0), z.sum(0), (z * z).sum(0)
+            mn, mx = np.where(finite, v, np.inf).min(0), np.where(finite, v, -np.inf).max(0)
+        if self._sum is None:
+            self._n, self._sum, self._sumsq, self._min, self._max = n, s, sq, mn, mx
+        else:
+            self._n = self._n + n
             self._sum += s
             self._sumsq += sq
             self._min = np.minimum(self._min, mn)
@@ -45,9 +58,12 @@ class RunningStats:
     def to_dict(self) -> dict[str, Any]:
         if self._sum is None or self.count == 0:
             raise ValueError("no samples")
-        mean = self._sum / self.count
-        var = np.maximum(self._sumsq / self.count - mean * mean, 0.0)
-        return {"min": self._min.tolist(), "max": self._max.tolist(), "mean": mean.tolist(),
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = self._sum / self._n  # NaN only where an element never had a finite value
+            var = np.maximum(self._sumsq / self._n - mean * mean, 0.0)
+        none = self._n == 0
+        mn, mx = np.where(none, np.nan, self._min), np.where(none, np.nan, self._max)
+        return {"min": mn.tolist(), "max": mx.tolist(), "mean": mean.tolist(),
                 "std": np.sqrt(var).tolist(), "count": [self.count]}
 
 
@@ -93,7 +109,11 @@ def column_stats(values: np.ndarray) -> dict[str, Any]:
     if np.issubdtype(np.asarray(values).dtype, np.integer):
         d["min"] = [int(x) for x in d["min"]]
         d["max"] = [int(x) for x in d["max"]]
-    qs = np.quantile(v.astype(np.float64), list(QUANTILES.values()), axis=0)  # one sort for all five
+    f = v.astype(np.float64)
+    quantile = np.quantile if np.isfinite(f).all() else np.nanquantile  # one sort for all five
+    with np.errstate(invalid="ignore"):
+        f[~np.isfinite(f)] = np.nan
+        qs = quantile(f, list(QUANTILES.values()), axis=0)
     for name, row in zip(QUANTILES, qs):
         d[name] = row.tolist()
     return d
