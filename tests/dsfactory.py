@@ -73,3 +73,15 @@ def make_dataset(root: Path, episodes: list[Ep], cameras: int = 2, width: int = 
         if row is not None and (ep.verdict or ep.note is not None):
             dw.review(row.episode_index, ep.verdict, ep.note)
     return Path(root)
+
+
+def make_subset(root: Path, episodes: list[Ep], subset: str = "accepted", **kw: Any) -> Path:
+    """A v2.1 dataset shaped like a staged quality-split subset: with its meta/quality_split.json."""
+    from eva_export.dataset.meta import read_meta
+    from eva_export.export.records import QualitySplit
+
+    make_dataset(root, episodes, **kw)
+    meta = read_meta(root)
+    QualitySplit(str(root), subset, "lerobot_v21", [e.episode_index for e in meta.episodes],
+                 episode_count=len(meta.episodes), frame_count=sum(e.length for e in meta.episodes)).write(root)
+    return root

@@ -9,11 +9,10 @@ import msgpack
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from dsfactory import Ep, image, make_dataset, state_value
+from dsfactory import Ep, image, state_value, make_subset
 from mcap.exceptions import DecoderNotFoundError
 from mcap.reader import make_reader
 
-from eva_export.dataset.meta import read_meta
 from eva_export.dataset.table import to_numpy
 from eva_export.dataset.video import VideoEncoder, VideoSettings
 from eva_export.errors import ExportError
@@ -25,11 +24,7 @@ TOL = 5
 
 
 def subset(root: Path, eps: list[Ep], **kw: object) -> Path:
-    make_dataset(root, eps, **kw)  # type: ignore[arg-type]
-    meta = read_meta(root)
-    QualitySplit(str(root), "accepted", "lerobot_v21", [e.episode_index for e in meta.episodes],
-                 episode_count=len(meta.episodes), frame_count=sum(e.length for e in meta.episodes)).write(root)
-    return root
+    return make_subset(root, eps, "accepted", **kw)
 
 
 @pytest.mark.parametrize("compression", ["lz4", "zstd", "none"])

@@ -13,9 +13,8 @@ import av
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from dsfactory import Ep, image, make_dataset, state_value
+from dsfactory import Ep, image, make_dataset, state_value, make_subset
 
-from eva_export.dataset.meta import read_meta
 from eva_export.dataset.table import to_numpy
 from eva_export.dataset.video import VideoEncoder, VideoSettings
 from eva_export.errors import ExportError
@@ -28,11 +27,7 @@ TOL = 5  # H.264 keeps flat colours within a few levels
 
 
 def subset(root: Path, eps: list[Ep], **kw: object) -> Path:
-    make_dataset(root, eps, **kw)  # type: ignore[arg-type]
-    meta = read_meta(root)
-    QualitySplit(str(root), "accepted", "lerobot_v21", [e.episode_index for e in meta.episodes],
-                 episode_count=len(meta.episodes), frame_count=sum(e.length for e in meta.episodes)).write(root)
-    return root
+    return make_subset(root, eps, "accepted", **kw)
 
 
 def decode_all(path: Path) -> list[np.ndarray]:

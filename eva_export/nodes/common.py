@@ -14,7 +14,7 @@ from typing import Any
 
 import rclpy
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.executors import Executor, ExternalShutdownException, MultiThreadedExecutor
 from rclpy.node import Node
 from rclpy.publisher import Publisher
 from rclpy.timer import Timer
@@ -76,6 +76,7 @@ def run_node(
     factory: Callable[[], Node],
     args: Sequence[str] | None = None,
     num_threads: int | None = None,
+    executor_factory: Callable[[], Executor] | None = None,
 ) -> int:
     """Create the node with ``factory`` and spin it until shutdown. Returns the exit code.
 
@@ -85,7 +86,7 @@ def run_node(
     """
     rclpy.init(args=list(args) if args is not None else sys.argv)
     node: Node | None = None
-    executor = MultiThreadedExecutor(num_threads=num_threads)
+    executor = executor_factory() if executor_factory else MultiThreadedExecutor(num_threads=num_threads)
     try:
         node = factory()
         executor.add_node(node)

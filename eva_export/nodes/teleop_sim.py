@@ -28,14 +28,14 @@ import time
 from typing import Any
 
 import numpy as np
-import rclpy
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 
 from eva_export.capture.recorder import streams_from_config
 from eva_export.config import load_config
 from eva_export.nodes import ros_convert
+from eva_export.nodes.common import run_node
 
 NODE_NAME = "teleop_sim"
 COUNTER_BITS = 16
@@ -230,22 +230,7 @@ def main(args: list[str] | None = None) -> int:
     fire in bursts here. SIGINT ends it with exit code 0.
     """
     ros_convert.use_shipped_dds_profile()
-    rclpy.init(args=list(args) if args is not None else sys.argv)
-    node = None
-    executor = SingleThreadedExecutor()
-    try:
-        node = TeleopSim()
-        executor.add_node(node)
-        node.get_logger().info("ready")
-        executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        executor.shutdown(timeout_sec=2.0)
-        if node is not None:
-            node.destroy_node()
-        rclpy.try_shutdown()
-    return 0
+    return run_node(TeleopSim, args, executor_factory=SingleThreadedExecutor)
 
 
 if __name__ == "__main__":
