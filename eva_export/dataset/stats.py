@@ -8,6 +8,7 @@ from a 256-bin histogram per channel, so they stay exact for 8-bit video in O(1)
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -111,8 +112,9 @@ def column_stats(values: np.ndarray) -> dict[str, Any]:
         d["max"] = [int(x) for x in d["max"]]
     f = v.astype(np.float64)
     quantile = np.quantile if np.isfinite(f).all() else np.nanquantile  # one sort for all five
-    with np.errstate(invalid="ignore"):
-        f[~np.isfinite(f)] = np.nan
+    f[~np.isfinite(f)] = np.nan
+    with warnings.catch_warnings():  # an element that is NaN in every row stays NaN, quietly
+        warnings.simplefilter("ignore", RuntimeWarning)
         qs = quantile(f, list(QUANTILES.values()), axis=0)
     for name, row in zip(QUANTILES, qs):
         d[name] = row.tolist()
