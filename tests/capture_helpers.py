@@ -19,6 +19,7 @@ JOINTS = ("j0", "j1", "j2", "j3")
 
 def write_config(tmp_path: Path, *, cameras: tuple[str, ...] = CAMS, width: int = 320, height: int = 240,
                  camera_type: str = "Image", action_type: str = "Float64MultiArray", extra_capture: str = "",
+                 ee_pose: bool = False,
                  tasks: tuple[tuple[str, str], ...] = (("pick", "pick the cube"), ("place", "place it"))) -> Path:
     log_dir = tmp_path / "datasets"
     log_dir.mkdir(exist_ok=True)
@@ -34,6 +35,7 @@ def write_config(tmp_path: Path, *, cameras: tuple[str, ...] = CAMS, width: int 
         "  streams:\n"
         f"    state: {{topic: /sim/joint_states, type: JointState, names: [{', '.join(JOINTS)}]}}\n"
         f"    action: {{topic: /sim/action, type: {action_type}, names: [{', '.join(JOINTS)}]}}\n"
+        + ("    ee_pose: {topic: /sim/ee_pose}\n" if ee_pose else "") +
         "    cameras:\n" + cams +
         "  capture:\n"
         "    min_frames: 10\n"

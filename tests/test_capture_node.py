@@ -7,6 +7,7 @@ sim's deterministic signals and frame counters.
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -187,3 +188,30 @@ def test_review_during_concurrent_saves(tmp_path, node_factory, ros_client):
     assert rows[0]["qc_verdict"] == "fail" and rows[0]["note"] == notes[-1]
     assert all("quality" in r and "quality_issues" in r for r in rows)
     assert check_dataset(root) == []
+
+
+def test_compressed_cameras_and_ee_pose(tmp_path, node_factory, ros_client):
+    """sensor_msgs/CompressedImage (JPEG) cameras and a geometry_msgs/PoseStamped end-effector."""
+    cfg = write_config(tmp_path, cameras=("front",), camera_type="CompressedImage", ee_pose=True)
+    cap, sim = start_pair(node_factory, ros_client, cfg)
+    wait_receiving(ros_client, cap)
+    stop = record(ros_client, cap, 2.0)
+    wait_episodes(ros_client, cap, 1)
+    root = tmp_path / "datasets" / "pick" / "raw"
+    row = episode_rows(root)[0]
+    info = json.loads((root / "meta" / "info.json").read_text())
+    assert info["features"]["observation.ee_pose"]["shape"] == [7]
+    assert set(row["stream_stats"]) == {"state", "action", "ee_pose", "front"}
+    t = read_table(root, 0)
+    n = row["length"]
+    assert n == stop.frames and check_dataset(root) == []
+    pose = t["observation.ee_pose"]
+    # the sim's pose k is [k/1000, 0, 0, 0, 0, 0, 1]: a moving x and the identity rotation
+    assert pose.shape == (n, 7) and np.all(pose[:, 6] == 1) and np.all(np.diff(pose[:, 0]) >= 0)
+    assert pose[-1, 0] > pose[0, 0]
+    frames = decode_video(video_path(root, "observation.images.front", 0))
+    assert len(frames) == n and frames[0].shape == (240, 320, 3)
+    counters = [decode_counter(f) for f in frames]  # JPEG then H.264: the counter still reads back
+    assert np.diff(counters).min() >= 0 and counters[-1] > counters[0]
+    assert cap.stop() == 0, cap.log_tail()
+    assert sim.stop() == 0, sim.log_tail()
