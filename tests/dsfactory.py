@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from eva_export.dataset.records import Feature
-from eva_export.dataset.video import VideoSettings
+from eva_export.dataset.video import VideoEncoder, VideoSettings
 from eva_export.dataset.writer import DatasetWriter, make_features
 
 JOINTS = [f"joint_{i}" for i in range(6)]
@@ -85,3 +85,13 @@ def make_subset(root: Path, episodes: list[Ep], subset: str = "accepted", **kw: 
     QualitySplit(str(root), subset, "lerobot_v21", [e.episode_index for e in meta.episodes],
                  episode_count=len(meta.episodes), frame_count=sum(e.length for e in meta.episodes)).write(root)
     return root
+
+
+def replace_video(root: Path, key: str, episode: int, frames: int, width: int = 64, height: int = 48,
+                  fps: int = 30, settings: VideoSettings = VideoSettings(crf=10)) -> None:
+    """Re-encode one episode's camera MP4 with another frame count or size (fault injection)."""
+    path = root / f"videos/chunk-000/{key}/episode_{episode:06d}.mp4"
+    path.unlink()
+    with VideoEncoder(path, width, height, fps, settings) as enc:
+        for i in range(frames):
+            enc.add(image(episode, i, int(key[-1]), width, height))

@@ -11,10 +11,9 @@ import h5py
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from dsfactory import Ep, image, state_value, make_subset
+from dsfactory import Ep, image, state_value, make_subset, replace_video
 
 from eva_export.dataset.table import to_numpy
-from eva_export.dataset.video import VideoEncoder, VideoSettings
 from eva_export.errors import ExportError
 from eva_export.export.records import QualitySplit
 from eva_export.formats import hdf5 as hdf5_mod
@@ -94,24 +93,16 @@ def test_hdf5_metadata_kinds_none_bytes_mappings(tmp_path: Path) -> None:
         assert hdf5_mod.read_value(f["item_000000"]) == b"\x00\x01abc"
 
 
-def _replace_video(src: Path, key: str, episode: int, frames: int) -> None:
-    path = src / f"videos/chunk-000/{key}/episode_{episode:06d}.mp4"
-    path.unlink()
-    with VideoEncoder(path, W, H, FPS, VideoSettings(crf=10)) as enc:
-        for i in range(frames):
-            enc.add(image(episode, i, int(key[-1]), W, H))
-
-
 def test_hdf5_frame_count_mismatch_raises(tmp_path: Path) -> None:
     src = subset(tmp_path / "src", [Ep(frames=6), Ep(frames=8)])
-    _replace_video(src, "observation.images.cam1", 1, 5)
+    replace_video(src, "observation.images.cam1", 1, 5)
     out = tmp_path / "out"
     with pytest.raises(ExportError, match=r"episode 1: observation.images.cam1 has 5 frames, the table has 8 rows"):
         Hdf5Exporter().export(src, out)
     assert (out / "data/chunk-000/episode_000000.hdf5").is_file()
     assert not (out / "data/chunk-000/episode_000001.hdf5").exists()
     assert not list(out.rglob("*.partial"))
-    _replace_video(src, "observation.images.cam1", 1, 10)
+    replace_video(src, "observation.images.cam1", 1, 10)
     with pytest.raises(ExportError, match=r"episode 1: observation.images.cam1 has more frames"):
         Hdf5Exporter().export(src, tmp_path / "out2")
 

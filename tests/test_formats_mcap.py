@@ -9,12 +9,11 @@ import msgpack
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from dsfactory import Ep, image, state_value, make_subset
+from dsfactory import Ep, image, state_value, make_subset, replace_video
 from mcap.exceptions import DecoderNotFoundError
 from mcap.reader import make_reader
 
 from eva_export.dataset.table import to_numpy
-from eva_export.dataset.video import VideoEncoder, VideoSettings
 from eva_export.errors import ExportError
 from eva_export.export.records import QualitySplit
 from eva_export.formats.mcap_eva import McapExporter, decode_image
@@ -100,17 +99,9 @@ def test_mcap_is_refused_by_the_ros2_bag_reader(tmp_path: Path) -> None:
         assert make_reader(fh).get_header().profile != "ros2"
 
 
-def _replace_video(src: Path, key: str, episode: int, frames: int) -> None:
-    path = src / f"videos/chunk-000/{key}/episode_{episode:06d}.mp4"
-    path.unlink()
-    with VideoEncoder(path, W, H, FPS, VideoSettings(crf=10)) as enc:
-        for i in range(frames):
-            enc.add(image(episode, i, int(key[-1]), W, H))
-
-
 def test_mcap_camera_ending_early_fails(tmp_path: Path) -> None:
     src = subset(tmp_path / "src", [Ep(frames=6), Ep(frames=8)])
-    _replace_video(src, "observation.images.cam1", 1, 6)
+    replace_video(src, "observation.images.cam1", 1, 6)
     out = tmp_path / "out"
     with pytest.raises(ExportError, match="episode 1: camera observation.images.cam1 ends early at frame 6 of 8"):
         McapExporter().export(src, out)
@@ -120,7 +111,7 @@ def test_mcap_camera_ending_early_fails(tmp_path: Path) -> None:
 
 def test_mcap_camera_with_trailing_frames_fails(tmp_path: Path) -> None:
     src = subset(tmp_path / "src", [Ep(frames=6)])
-    _replace_video(src, "observation.images.cam0", 0, 7)
+    replace_video(src, "observation.images.cam0", 0, 7)
     with pytest.raises(ExportError, match="episode 0: camera observation.images.cam0 has frames after"):
         McapExporter().export(src, tmp_path / "out")
 

@@ -13,10 +13,10 @@ import av
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from dsfactory import Ep, image, make_dataset, state_value, make_subset
+from dsfactory import Ep, image, make_dataset, state_value, make_subset, replace_video
 
 from eva_export.dataset.table import to_numpy
-from eva_export.dataset.video import VideoEncoder, VideoSettings
+from eva_export.dataset.video import VideoSettings
 from eva_export.errors import ExportError
 from eva_export.export.records import QualitySplit
 from eva_export.formats.lerobot_v3 import LeRobotV3Exporter, tasks_table
@@ -225,25 +225,16 @@ def test_v3_every_episode_field_survives(tmp_path: Path) -> None:
     assert str(sch.field("ratio").type) == "double"
 
 
-def _replace_video(src: Path, key: str, episode: int, frames: int, settings: VideoSettings = VideoSettings(crf=10),
-                   width: int = W, height: int = H) -> None:
-    path = src / f"videos/chunk-000/{key}/episode_{episode:06d}.mp4"
-    path.unlink()
-    with VideoEncoder(path, width, height, FPS, settings) as enc:
-        for i in range(frames):
-            enc.add(image(episode, i, int(key[-1]), width, height))
-
-
 def test_v3_frame_count_mismatch_aborts_naming_the_episode(tmp_path: Path) -> None:
     src = subset(tmp_path / "src", [Ep(frames=8), Ep(frames=9), Ep(frames=7)])
-    _replace_video(src, "observation.images.cam1", 1, 7)
+    replace_video(src, "observation.images.cam1", 1, 7)
     with pytest.raises(ExportError, match=r"episode 1: observation.images.cam1 video has 7 frames.*9 rows"):
         LeRobotV3Exporter().export(src, tmp_path / "out")
 
 
 def test_v3_resolution_mismatch_aborts(tmp_path: Path) -> None:
     src = subset(tmp_path / "src", [Ep(frames=5), Ep(frames=5)])
-    _replace_video(src, "observation.images.cam0", 1, 5, width=32, height=32)
+    replace_video(src, "observation.images.cam0", 1, 5, width=32, height=32)
     with pytest.raises(ExportError, match="episode 1: observation.images.cam0 video is 32x32"):
         LeRobotV3Exporter().export(src, tmp_path / "out")
 

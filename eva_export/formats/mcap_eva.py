@@ -223,8 +223,6 @@ def verify_mcap(root: Path) -> VerifyReport:
     report, info = common.start_report(root, FORMAT)
     if info is None:
         return report
-    if not info.get("embedded_images") or info.get("total_videos") != 0 or "video_path" in info:
-        report.errors.append("info.json must have embedded_images true, total_videos 0 and no video_path")
     fps = int(info["fps"])
     image_keys = [k for k, f in info["features"].items() if f["dtype"] == "image"]
     feats = DatasetInfo.from_dict(info)
