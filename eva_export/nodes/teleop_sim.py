@@ -168,12 +168,7 @@ class TeleopSim(Node):
             values = n + 0.25 * np.arange(len(spec.names))
             if 0 <= self.nan_after <= self._t():
                 values[0] = np.nan
-            if spec.msg_type == "JointState":
-                msg = ros_convert.joint_state_msg(spec.names, values, spec.field)
-                self._stamp(msg)
-            else:
-                msg = ros_convert.float_array_msg(values)
-            self.pubs["state"].publish(msg)
+            self.pubs["state"].publish(self._vector_msg(spec, values))
         if "ee_pose" in self.streams and not self._silent("ee_pose"):
             msg = ros_convert.pose_msg([n * 0.001, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0])
             self._stamp(msg)
@@ -186,12 +181,15 @@ class TeleopSim(Node):
             return
         spec = self.streams["action"]
         values = -(n + 0.25 * np.arange(len(spec.names)))
+        self.pubs["action"].publish(self._vector_msg(spec, values))
+
+    def _vector_msg(self, spec: Any, values: np.ndarray) -> Any:
+        """A JointState (stamped, by joint name) or a Float64MultiArray, as the config says."""
         if spec.msg_type == "JointState":
             msg = ros_convert.joint_state_msg(spec.names, values, spec.field)
             self._stamp(msg)
-        else:
-            msg = ros_convert.float_array_msg(values)
-        self.pubs["action"].publish(msg)
+            return msg
+        return ros_convert.float_array_msg(values)
 
     def _tick_cameras(self) -> None:
         m = self.m

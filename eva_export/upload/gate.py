@@ -32,6 +32,20 @@ def _export_of(export_jobs: JobStore, directory: str) -> tuple[Job, str] | None:
     return found
 
 
+def _refuse_foreign(other: tuple[Job, str] | None, accepted_dir: str, fmt: str, source: str,
+                    hint: str) -> None:
+    """Refuse a directory that some other export (another format or source) produced."""
+    if other is None:
+        return
+    job = other[0]
+    if job.format != fmt:
+        raise UploadRefused(f"{accepted_dir} was exported as {job.format}, not {fmt} (a {job.format} "
+                            f"directory is never uploaded as {fmt}); {hint}")
+    if _resolved(job.source_dir) != source:
+        raise UploadRefused(f"{accepted_dir} was exported from {job.source_dir}, not from the current "
+                            f"source {source}; {hint}")
+
+
 def check_upload(
     request_source_dir: str,
     fmt: str,
@@ -66,17 +80,8 @@ def check_upload(
 
     latest = export_jobs.latest_completed("export", source, fmt)
     if latest is None:
-        other = _export_of(export_jobs, target)
-        if other is not None and other[0].format != fmt:
-            raise UploadRefused(
-                f"{accepted_dir} was exported as {other[0].format}, not {fmt}: "
-                f"export {source} as {fmt} first (a {other[0].format} directory is never uploaded as {fmt})"
-            )
-        if other is not None and _resolved(other[0].source_dir) != source:
-            raise UploadRefused(
-                f"{accepted_dir} was exported from {other[0].source_dir}, not from the current source "
-                f"{source}; select that source or export this one"
-            )
+        _refuse_foreign(_export_of(export_jobs, target), accepted_dir, fmt, source,
+                        f"export {source} as {fmt} first")
         raise UploadRefused(
             f"{source} has never been exported as {fmt} (no completed export job): export it first"
         )
@@ -87,16 +92,8 @@ def check_upload(
                 f"directory ({latest.accepted_dir}) is uploaded"
             )
         other = _export_of(export_jobs, target)
-        if other is not None and other[0].format != fmt:
-            raise UploadRefused(
-                f"{accepted_dir} belongs to a {other[0].format} export, not {fmt}; the current {fmt} "
-                f"accepted directory is {latest.accepted_dir}"
-            )
-        if other is not None and _resolved(other[0].source_dir) != source:
-            raise UploadRefused(
-                f"{accepted_dir} was exported from {other[0].source_dir}, not from the current source "
-                f"{source}; the current {fmt} accepted directory is {latest.accepted_dir}"
-            )
+        _refuse_foreign(other, accepted_dir, fmt, source,
+                        f"the current {fmt} accepted directory is {latest.accepted_dir}")
         if other is not None and other[1] == "rejected":
             raise UploadRefused(
                 f"{accepted_dir} is a rejected subset; only accepted directories are uploaded"
