@@ -50,6 +50,9 @@ class Job:
     error: str = ""
     created_at: float = field(default_factory=time.time)
     finished_at: float = 0.0
+    unrated_episodes: int = 0  # export: no quality field and no verdict (rejected by the rule)
+    attempts: int = 0  # upload: connection attempts so far
+    last_error: str = ""  # upload: error of the last failed attempt, kept while retrying
 
     @classmethod
     def new(cls, kind: str, source_dir: str, fmt: str, **kw: Any) -> Job:
