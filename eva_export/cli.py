@@ -87,6 +87,20 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _report(args: argparse.Namespace) -> int:
+    from .console.report import write_report
+
+    src = Path(args.dir).absolute()
+    # beside the dataset, never inside it (a raw dataset's files are the capture node's)
+    out = Path(args.output) if args.output else src.parent / f"{src.name}_report.html"
+    try:
+        print(write_report(Path(args.dir), out))
+    except (EvaError, OSError) as exc:
+        print(f"eva-export: report: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eva-export", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -101,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("verify", help="verify an exported subset (or a <format> dir holding the pair)")
     p.add_argument("dir")
     p.set_defaults(func=_verify)
+    p = sub.add_parser("report", help="write a raw dataset's health report as one static HTML file")
+    p.add_argument("dir", help="the raw v2.1 dataset directory")
+    p.add_argument("-o", "--output", help="the HTML file (default: DIR_report.html beside DIR)")
+    p.set_defaults(func=_report)
     try:
         upload_cli: Any = importlib.import_module("eva_export.upload.cli")
     except ImportError:

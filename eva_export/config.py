@@ -167,11 +167,21 @@ class UploadConfig:
 
 
 @dataclass(frozen=True)
+class ConsoleConfig:
+    """The review console (eva_console): off unless enabled; loopback unless configured."""
+
+    enabled: bool = False
+    bind: str = "127.0.0.1"
+    port: int = 8765
+
+
+@dataclass(frozen=True)
 class Config:
     collection: CollectionConfig
     export: ExportConfig
     upload: UploadConfig
     path: Path | None = None
+    console: ConsoleConfig = ConsoleConfig()
 
 
 def _take(d: dict[str, Any], where: str, allowed: set[str]) -> dict[str, Any]:
@@ -209,7 +219,7 @@ def default_log_dir() -> Path:
 
 
 def parse_config(raw: dict[str, Any], path: Path | None = None) -> Config:
-    raw = _take(raw or {}, "config", {"collection", "export", "upload"})
+    raw = _take(raw or {}, "config", {"collection", "export", "upload", "console"})
     col = _take(raw.get("collection") or {}, "collection",
                 {"log_dir", "fps", "robot_type", "tasks", "streams", "capture", "storage"})
     log_dir_s = str(col.get("log_dir") or "")
@@ -268,7 +278,19 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> Config:
         raise ConfigError("export.hdf5_compression must be '', 'lzf' or 'gzip'")
     up = _take(raw.get("upload") or {}, "upload", {"jobs_dir"})
     upload = UploadConfig(jobs_dir=Path(up.get("jobs_dir") or log_dir / ".jobs" / "upload"))
-    return Config(collection=collection, export=export, upload=upload, path=path)
+    return Config(collection=collection, export=export, upload=upload, path=path,
+                  console=_console(raw.get("console")))
+
+
+def _console(d: Any) -> ConsoleConfig:
+    c = _take(d or {}, "console", {"enabled", "bind", "port"})
+    enabled = c.get("enabled", False)
+    if not isinstance(enabled, bool):
+        raise ConfigError("console.enabled must be true or false")
+    cc = ConsoleConfig(enabled=enabled, bind=str(c.get("bind") or "127.0.0.1"), port=int(c.get("port", 8765)))
+    if not 0 <= cc.port <= 65535:
+        raise ConfigError(f"console.port {cc.port} must be 0..65535 (0 = any free port)")
+    return cc
 
 
 def load_config(path: str | Path | None) -> Config:

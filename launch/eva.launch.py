@@ -1,4 +1,7 @@
-"""Start the three eva_export nodes: eva_capture, eva_export and eva_upload.
+"""Start the eva_export nodes: eva_capture, eva_export, eva_upload and eva_console.
+
+eva_console always starts but serves its page only when the config's ``console.enabled`` is
+true (off by default: it opens a TCP port that can change verdicts and start jobs).
 
     ros2 launch eva_export eva.launch.py config:=/path/to/config.yaml
 
@@ -21,6 +24,7 @@ NODES = (
     ("capture_node", "eva_capture"),
     ("export_node", "eva_export"),
     ("upload_node", "eva_upload"),
+    ("console_node", "eva_console"),
 )
 
 

@@ -35,6 +35,7 @@ NODE_MODULES = {
     "export_node": "eva_export.nodes.export_node",
     "upload_node": "eva_export.nodes.upload_node",
     "teleop_sim": "eva_export.nodes.teleop_sim",
+    "console_node": "eva_export.nodes.console_node",
 }
 #: Default node names of the executables.
 NODE_NAMES = {
@@ -42,6 +43,7 @@ NODE_NAMES = {
     "export_node": "eva_export",
     "upload_node": "eva_upload",
     "teleop_sim": "teleop_sim",
+    "console_node": "eva_console",
 }
 
 DEFAULT_STOP_TIMEOUT = 10.0
