@@ -32,7 +32,15 @@ NODE_SERVICES = {
     "capture_node": ("ListEpisodes", "list_episodes"),
     "export_node": ("GetJob", "get_job"),
     "upload_node": ("GetJob", "get_job"),
+    # the console has no eva service (it is an HTTP page); its parameter service shows it is up
+    "console_node": ("rcl_interfaces.srv.GetParameters", "get_parameters"),
 }
+
+
+def srv_class(name: str) -> Any:
+    """An eva_export_interfaces service by name, or any service by its dotted module path."""
+    module, _, cls = name.rpartition(".")
+    return getattr(importlib.import_module(module or "eva_export_interfaces.srv"), cls)
 
 
 def load_launch_description(monkeypatch: pytest.MonkeyPatch) -> Any:
@@ -89,12 +97,11 @@ def test_launch_file_matches_setup_and_package_xml(monkeypatch):
         assert isinstance(params[0]["config_file"], FakeLaunchConfiguration)
         assert params[0]["config_file"].variable_name == "config"
         names.add(kw["name"])
-    assert names == {"eva_capture", "eva_export", "eva_upload"}
+    assert names == {"eva_capture", "eva_export", "eva_upload", "eva_console"}
 
 
 def test_launched_nodes_answer(monkeypatch, tmp_path, ros_client, config_file):
     """Start what the launch file asks for (with config:=<tmp config>) and talk to it."""
-    import eva_export_interfaces.srv as srvs
 
     ld = load_launch_description(monkeypatch)
     _declared, nodes = recorded(ld)
@@ -117,7 +124,7 @@ def test_launched_nodes_answer(monkeypatch, tmp_path, ros_client, config_file):
             )
             procs.append(proc.start())
         wanted = {
-            p.service(NODE_SERVICES[p.executable][1]): getattr(srvs, NODE_SERVICES[p.executable][0])
+            p.service(NODE_SERVICES[p.executable][1]): srv_class(NODE_SERVICES[p.executable][0])
             for p in procs
         }
         ros_client.wait_for_services(wanted, procs=procs)
@@ -127,6 +134,8 @@ def test_launched_nodes_answer(monkeypatch, tmp_path, ros_client, config_file):
         for proc in procs:
             # the node logs the parameter it got (the command line echo has ":=" instead)
             assert f"config_file={str(config_file)!r}" in proc.log_text(), proc.log_tail()
+        console = next(p for p in procs if p.executable == "console_node")
+        assert "console disabled" in console.log_text(), console.log_tail()  # off by default
     finally:
         codes = {p.fqn: p.stop() for p in procs}
     assert all(c == 0 for c in codes.values()), codes
