@@ -7,7 +7,7 @@ PY := .venv/bin/python
 export ROS_AUTOMATIC_DISCOVERY_RANGE := LOCALHOST
 export RMW_IMPLEMENTATION := rmw_fastrtps_cpp
 
-.PHONY: setup test demo bench clean
+.PHONY: setup test demo console bench clean
 
 setup:
 	tools/setup.sh
@@ -17,6 +17,11 @@ test: setup
 
 demo: setup
 	$(PY) tools/demo.py $(DEMO_ARGS)
+
+# The review console (eva_console) and the nodes it talks to, until Ctrl-C; prints the URL.
+# CONSOLE_ARGS="--log-dir OUT/datasets" shows the datasets of a `make demo` run.
+console: setup
+	$(PY) tools/console.py $(CONSOLE_ARGS)
 
 bench: setup
 	$(PY) bench/run_all.py $(if $(QUICK),--quick,)

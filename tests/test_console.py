@@ -26,6 +26,7 @@ from dsfactory import Ep, make_dataset
 from eva_export_interfaces.srv import GetJob, ListEpisodes, StartUpload
 
 from eva_export.dataset.meta import read_meta
+from eva_export.dataset.video import VideoSettings
 from eva_export.export.records import QualitySplit
 
 pytestmark = pytest.mark.timeout(300)
@@ -70,6 +71,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory, rclpy_context: None) -> Iter
                                             "jitter_p50_ms": 1.5, "jitter_p99_ms": 9.0}}}),
         Ep(frames=20, quality="green", verdict="pass", note="fine </td><b>bold</b>"),
     ], cameras=2, width=64, height=48)
+    # a camera in a codec this browser cannot play (HEVC), encoded for real
+    hevc = make_dataset(log_dir / "hevc_cam" / "raw", [Ep(frames=12)], cameras=1, width=64, height=48,
+                        settings=VideoSettings(codec="libx265", crf=28))
+    info = json.loads((hevc / "meta/info.json").read_text())
+    info["features"]["observation.images.cam0"]["info"]["video.codec"] = "hevc"
+    (hevc / "meta/info.json").write_text(json.dumps(info, indent=4))
     config = root / "config.yaml"
     config.write_text(
         f'collection:\n  log_dir: "{log_dir}"\n  fps: 30\n'
@@ -175,6 +182,15 @@ def test_watch_an_episode_and_fail_it(stack: Stack, page: Any, tmp_path: Path) -
         shutil.copyfile(shot, os.environ[SCREENSHOT_ENV])
     print(f"screenshot: {shot}")
     assert page.errors == []  # type: ignore[attr-defined]
+
+
+def test_unplayable_codec_says_so(stack: Stack, page: Any) -> None:
+    page.goto(stack.url + "d/hevc_cam/e/0")
+    page.wait_for_selector("#plot[data-rendered='1']", timeout=20000)
+    msg = page.inner_text(".codec-msg")
+    assert "cannot play hevc" in msg and "nothing is transcoded" in msg, msg
+    assert page.locator("video").count() == 0
+    assert int(page.eval_on_selector("#plot", "c => c.dataset.points")) == 2 * 12 * 6
 
 
 def test_keyboard_review_pass(stack: Stack, page: Any) -> None:

@@ -94,6 +94,7 @@ const CODEC_TYPES = {
   av1: 'video/mp4; codecs="av01.0.05M.08"', libsvtav1: 'video/mp4; codecs="av01.0.05M.08"',
   hevc: 'video/mp4; codecs="hvc1.1.6.L93.B0"', h265: 'video/mp4; codecs="hvc1.1.6.L93.B0"',
   vp9: 'video/mp4; codecs="vp09.00.10.08"', libx264: 'video/mp4; codecs="avc1.42E01E"',
+  libx265: 'video/mp4; codecs="hvc1.1.6.L93.B0"',
 };
 const COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
   "#bcbd22", "#17becf"];
