@@ -355,3 +355,26 @@ def test_console_talks_through_services_only(stack: Stack, rclpy_context: None) 
         assert status == 200 and json.loads(body)["job"]["state"] == job.job.state
     finally:
         client.close()
+
+
+def test_make_console_prints_the_url_and_stops_cleanly(tmp_path: Path) -> None:
+    """tools/console.py (what `make console` runs): sample dataset, four nodes, the URL, Ctrl-C."""
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, str(rosharness.REPO_ROOT / "tools" / "console.py"),
+                             "--work", str(tmp_path), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        m = re.match(r"eva console: (http://127\.0\.0\.1:\d+/) ", line)
+        assert m, line + proc.stdout.read() if proc.poll() is not None else line  # type: ignore[union-attr]
+        status, body = _http("GET", m.group(1) + "d/sample")
+        assert status == 200 and body.count("data-episode=") == 3
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rest = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0, rest
+    logs = list((tmp_path / "logs").glob("*.log"))
+    assert len(logs) == 4

@@ -94,6 +94,15 @@ def main() -> int:
         if not url:
             print("the console did not start; logs in", work / "logs", file=sys.stderr)
             return 1
+        # the URL is printed once the page's peers answer, so the first load shows the episodes
+        rosharness.rclpy_init_once()
+        client = rosharness.RosClient("console_tool")
+        try:
+            client.wait_for_services([procs[0].service("list_episodes"), procs[0].service("review"),
+                                      procs[1].service("get_job"), procs[2].service("get_job")],
+                                     timeout=60, procs=procs)
+        finally:
+            client.close()
         print(f"eva console: {url}   (config {config}; logs {work / 'logs'}; Ctrl-C stops)", flush=True)
         while all(p.alive() for p in procs):
             time.sleep(1.0)
@@ -105,6 +114,7 @@ def main() -> int:
     finally:
         for p in reversed(procs):
             p.stop()
+        rosharness.rclpy_shutdown()
     return 0
 
 

@@ -81,7 +81,7 @@ def episodes_page(name: str, ok: bool, message: str, rows: Sequence[dict[str, An
             + jobs + table + "</body></html>")
 
 
-def episode_page(name: str, index: int, csrf: str, formats: Sequence[str]) -> str:
+def episode_page(name: str, index: int, csrf: str) -> str:
     q = _q(name)
     return (_head(f"{name} episode {index}", csrf)
             + f'<body data-page="episode" data-dataset="{esc(name)}" data-episode="{int(index)}">'

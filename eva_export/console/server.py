@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..config import FORMATS
-from ..errors import DatasetError, EvaError, UnsafeNameError
+from ..errors import DatasetError, UnsafeNameError
 from ..export.paths import ExportPaths
 from . import data, pages
 from .report import build_report
@@ -129,6 +129,8 @@ class ConsoleHandler(BaseHTTPRequestHandler):
             else:
                 raise Refused(HTTPStatus.NOT_FOUND, "no such action")
         except Refused as exc:
+            # the body may be unread: never parse its bytes as the next request on this connection
+            self.close_connection = True
             self._send_json({"ok": False, "message": str(exc)}, exc.status)
 
     def _handle(self, head: bool) -> None:
@@ -224,7 +226,7 @@ class ConsoleHandler(BaseHTTPRequestHandler):
                                             self.server.csrf_token, FORMATS))
 
     def _episode_page(self, name: str, index: int) -> None:
-        self._send_html(pages.episode_page(name, index, self.server.csrf_token, FORMATS))
+        self._send_html(pages.episode_page(name, index, self.server.csrf_token))
 
     def _api_episode(self, query: dict[str, list[str]]) -> None:
         name = _one(query, "dataset")
@@ -374,4 +376,4 @@ def _parse_range(header: str, size: int) -> tuple[int, int] | None:
     return start, min(end, size - 1)
 
 
-__all__ = ["Backend", "ConsoleServer", "EvaError"]
+__all__ = ["Backend", "ConsoleServer"]
