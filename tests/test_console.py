@@ -160,6 +160,18 @@ def test_watch_an_episode_and_fail_it(stack: Stack, page: Any, tmp_path: Path) -
     page.mouse.move(box["x"] + 50 + (box["width"] - 60) * 11 / 39, box["y"] + 100)
     readout = page.inner_text("#cursor-readout")
     assert readout.startswith("frame 11 ") and "1011.000" in readout and "[dropped_frames]" in readout
+    # ...and every camera shows that frame: dsfactory paints red = 8 * frame, camera c blue = 60 * c
+    pixels = page.evaluate("""async () => {
+        const out = [];
+        for (const v of document.querySelectorAll('video')) {
+            while (v.seeking) await new Promise(r => setTimeout(r, 20));
+            const c = document.createElement('canvas'); c.width = v.videoWidth; c.height = v.videoHeight;
+            const g = c.getContext('2d'); g.drawImage(v, 0, 0);
+            out.push([v.currentTime, ...g.getImageData(c.width / 2, c.height / 2, 1, 1).data.slice(0, 3)]);
+        }
+        return out; }""")
+    for cam, (t, red, _green, blue) in enumerate(pixels):
+        assert abs(t - 11.5 / 30) < 1e-3 and abs(red - 88) <= 6 and abs(blue - 60 * cam) <= 6, pixels
     # play to the end: the video element reaches its last frame
     page.mouse.move(1, 1)
     page.keyboard.press("Space")

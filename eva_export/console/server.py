@@ -117,6 +117,7 @@ class ConsoleHandler(BaseHTTPRequestHandler):
         self._handle(head=True)
 
     def do_POST(self) -> None:  # noqa: N802
+        self._head = False  # one handler serves every request of a keep-alive connection
         try:
             self._check_host()
             self._check_same_origin()
