@@ -35,6 +35,7 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 HOSTILE = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
+WAIT_MS = 60_000  # generous: the machine may be busy; nothing here is a speed assertion
 SCREENSHOT_ENV = "EVA_CONSOLE_SCREENSHOT"  # also copy the screenshot there (docs/console.png)
 
 
@@ -92,7 +93,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory, rclpy_context: None) -> Iter
     try:
         client.wait_for_services([procs["capture_node"].service("list_episodes"),
                                   procs["export_node"].service("get_job"),
-                                  procs["upload_node"].service("get_job")], procs=list(procs.values()))
+                                  procs["upload_node"].service("get_job")], timeout=120,
+                                 procs=list(procs.values()))
         url = _wait_url(procs["console_node"])
         yield Stack(root, url, log_dir, procs)
     finally:
@@ -116,6 +118,7 @@ def browser() -> Iterator[Any]:
 def page(browser: Any) -> Iterator[Any]:
     ctx = browser.new_context(viewport={"width": 1280, "height": 1000})
     pg = ctx.new_page()
+    pg.set_default_timeout(WAIT_MS)
     pg.errors = []  # type: ignore[attr-defined]
     pg.on("pageerror", lambda e: pg.errors.append(str(e)))
     pg.on("dialog", lambda d: (pg.errors.append(f"dialog {d.message}"), d.dismiss()))
@@ -145,10 +148,10 @@ def test_watch_an_episode_and_fail_it(stack: Stack, page: Any, tmp_path: Path) -
     assert page.locator("#datasets a", has_text="demo").count() == 1
     page.click("#datasets a >> text=demo")
     page.click("#episodes a >> text=1")
-    page.wait_for_selector("#plot[data-rendered='1']", timeout=20000)
+    page.wait_for_selector("#plot[data-rendered='1']", timeout=WAIT_MS)
     # every camera loads, at the episode's length (40 frames at 30 fps)
     page.wait_for_function("() => { const v = [...document.querySelectorAll('video')];"
-                           " return v.length === 2 && v.every(x => x.readyState >= 2); }", timeout=20000)
+                           " return v.length === 2 && v.every(x => x.readyState >= 2); }", timeout=WAIT_MS)
     vids = page.evaluate("() => [...document.querySelectorAll('video')].map(v => [v.duration, v.videoWidth])")
     assert [round(d, 2) for d, _w in vids] == [1.33, 1.33] and {w for _d, w in vids} == {64}
     plot = page.eval_on_selector("#plot", "c => [Number(c.dataset.points), Number(c.dataset.markers)]")
@@ -175,14 +178,16 @@ def test_watch_an_episode_and_fail_it(stack: Stack, page: Any, tmp_path: Path) -
     # play to the end: the video element reaches its last frame
     page.mouse.move(1, 1)
     page.keyboard.press("Space")
-    page.wait_for_selector("body[data-ended='1']", timeout=20000)
+    page.wait_for_selector("body[data-ended='1']", timeout=WAIT_MS)
+    page.wait_for_function("() => [...document.querySelectorAll('video')].every(v => v.ended && !v.seeking)",
+                           timeout=WAIT_MS)
     end = page.evaluate("() => [...document.querySelectorAll('video')].map(v => [v.ended, v.currentTime, v.duration])")
     assert all(e and abs(t - d) < 1e-3 for e, t, d in end), end
     assert page.inner_text("#frame-readout").startswith("frame 39 / 39")
     # FAIL with a note (button), then the raw row on disk says so
     page.fill("#note", "gripper slipped <b>")
     page.click("#fail-btn")
-    page.wait_for_selector("#review-result.ok", timeout=20000)
+    page.wait_for_selector("#review-result.ok", timeout=WAIT_MS)
     row = stack.row(1)
     assert (row.qc_verdict, row.note, row.quality) == ("fail", "gripper slipped <b>", "red")
     assert [i.code for i in row.quality_issues] == ["dropped_frames"]  # automatic reasons stay
@@ -198,7 +203,7 @@ def test_watch_an_episode_and_fail_it(stack: Stack, page: Any, tmp_path: Path) -
 
 def test_unplayable_codec_says_so(stack: Stack, page: Any) -> None:
     page.goto(stack.url + "d/hevc_cam/e/0")
-    page.wait_for_selector("#plot[data-rendered='1']", timeout=20000)
+    page.wait_for_selector("#plot[data-rendered='1']", timeout=WAIT_MS)
     msg = page.inner_text(".codec-msg")
     assert "cannot play hevc" in msg and "nothing is transcoded" in msg, msg
     assert page.locator("video").count() == 0
@@ -207,20 +212,20 @@ def test_unplayable_codec_says_so(stack: Stack, page: Any) -> None:
 
 def test_keyboard_review_pass(stack: Stack, page: Any) -> None:
     page.goto(stack.url + "d/demo/e/0")
-    page.wait_for_selector("#plot[data-rendered='1']", timeout=20000)
+    page.wait_for_selector("#plot[data-rendered='1']", timeout=WAIT_MS)
     page.keyboard.press("n")
     page.keyboard.type("looks good")
     page.keyboard.press("Escape")
     page.keyboard.press("p")
-    page.wait_for_selector("#review-result.ok", timeout=20000)
+    page.wait_for_selector("#review-result.ok", timeout=WAIT_MS)
     row = stack.row(0)
     assert (row.qc_verdict, row.note) == ("pass", "looks good")
     page.keyboard.press("c")
     page.wait_for_function("() => document.getElementById('verdict').textContent.startsWith('verdict: none')",
-                           timeout=20000)
+                           timeout=WAIT_MS)
     assert stack.row(0).qc_verdict == "" and stack.row(0).note == "looks good"
     page.keyboard.press("j")
-    page.wait_for_url(re.compile(r".*/d/demo/e/1$"), timeout=20000)
+    page.wait_for_url(re.compile(r".*/d/demo/e/1$"), timeout=WAIT_MS)
 
 
 def test_episode_list_filters_and_hostile_strings(stack: Stack, page: Any) -> None:
@@ -233,7 +238,7 @@ def test_episode_list_filters_and_hostile_strings(stack: Stack, page: Any) -> No
     assert [int(x) for x in page.locator("#episodes tr[data-episode]").evaluate_all(
         "rows => rows.map(r => r.dataset.episode)")] == [1]
     page.goto(stack.url + "d/demo/e/1")
-    page.wait_for_selector("#plot[data-rendered='1']", timeout=20000)
+    page.wait_for_selector("#plot[data-rendered='1']", timeout=WAIT_MS)
     assert page.inner_text("#task") == "task: " + HOSTILE
     assert page.evaluate("() => window.__pwned") is None and page.errors == []  # type: ignore[attr-defined]
     page.goto(stack.url + "d/demo?unreviewed=1")
@@ -257,7 +262,7 @@ def test_export_and_upload_from_the_page(stack: Stack, page: Any) -> None:
         r.episode_index for r in rows if (r.qc_verdict or ("pass" if r.quality == "green" else "fail")) == "pass"]
     # upload: no storage configured, so the gate refuses, and the page says why in words
     page.click("#upload-btn")
-    page.wait_for_function("() => document.getElementById('job-error').textContent.length > 0", timeout=20000)
+    page.wait_for_function("() => document.getElementById('job-error').textContent.length > 0", timeout=WAIT_MS)
     assert "no upload backend is configured" in page.inner_text("#job-error")
     assert page.inner_text("#job-status") == "upload refused"
 

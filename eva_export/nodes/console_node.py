@@ -27,7 +27,7 @@ from eva_export.errors import ConfigError
 from eva_export.nodes.common import STATUS_QOS_DEPTH, declare_common_parameters, run_node
 
 NODE_NAME = "eva_console"
-CALL_TIMEOUT = 10.0
+CALL_TIMEOUT = 20.0
 WAIT_SERVICE = 2.0
 
 

@@ -164,6 +164,8 @@ function setupEpisode() {
     if (state.master) {
       state.master.addEventListener("ended", () => {
         setPlaying(false);
+        // a camera that lagged behind (busy machine) is moved to its end too: all show the last frame
+        for (const v of state.videos) if (v !== state.master && !v.ended) v.currentTime = v.duration;
         setFrame(length() - 1, false);
         document.body.dataset.ended = "1";
       });
