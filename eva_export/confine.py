@@ -51,7 +51,7 @@ _V3_DATA = ({"file_index"}, {"chunk_index", "file_index"})
 _V3_VIDEO = ({"file_index", "video_key"}, {"chunk_index", "file_index", "video_key"})
 
 
-def _short(value: str, limit: int = 40) -> str:
+def short_repr(value: str, limit: int = 40) -> str:
     """A value as it may appear in a reply: repr'd and cut (never echo 10 KB back)."""
     r = repr(value)
     return r if len(r) <= limit else r[:limit] + "...'"
@@ -64,7 +64,7 @@ def check_name(name: str, what: str = "dataset name") -> str:
     if len(name) > NAME_MAX:
         raise UnsafeNameError(f"{what} is {len(name)} characters long; at most {NAME_MAX} are allowed")
     if not _NAME_RE.fullmatch(name):
-        raise UnsafeNameError(f"{what} {_short(name)} is refused: use only ASCII letters, digits, '.', '_' "
+        raise UnsafeNameError(f"{what} {short_repr(name)} is refused: use only ASCII letters, digits, '.', '_' "
                               f"and '-', not starting with '.' (no path separators, '..' or absolute paths)")
     return name
 
@@ -74,14 +74,14 @@ def check_job_id(job_id: str) -> str:
     if not isinstance(job_id, str) or not job_id:
         raise UnsafeNameError("job id must be a non-empty string")
     if len(job_id) > JOB_ID_MAX or not _JOB_ID_RE.fullmatch(job_id):
-        raise UnsafeNameError(f"job id {_short(job_id)} is not a valid job id")
+        raise UnsafeNameError(f"job id {short_repr(job_id)} is not a valid job id")
     return job_id
 
 
 def check_key(key: str, what: str = "feature key") -> str:
     """A feature key that is substituted into a path (``{video_key}``)."""
     if not isinstance(key, str) or len(key) > NAME_MAX or not _KEY_RE.fullmatch(key) or ".." in key:
-        raise UnsafeNameError(f"{what} {_short(key)} cannot be used in a file path")
+        raise UnsafeNameError(f"{what} {short_repr(key)} cannot be used in a file path")
     return key
 
 
@@ -107,22 +107,22 @@ def check_template(template: object, kind: str, what: str = "info.json") -> str:
     if len(template) > TEMPLATE_MAX:
         raise UnsafeNameError(f"{what}: {field} is longer than {TEMPLATE_MAX} characters")
     if template.startswith("/") or "\\" in template:
-        raise UnsafeNameError(f"{what}: {field} {_short(template, 80)} must be a relative path")
+        raise UnsafeNameError(f"{what}: {field} {short_repr(template, 80)} must be a relative path")
     parts = template.split("/")
     if any(p in ("", ".", "..") for p in parts):
-        raise UnsafeNameError(f"{what}: {field} {_short(template, 80)} has an empty, '.' or '..' component")
+        raise UnsafeNameError(f"{what}: {field} {short_repr(template, 80)} has an empty, '.' or '..' component")
     top, suffixes = ("data", DATA_SUFFIXES) if kind == "data" else ("videos", (".mp4",))
     if parts[0] != top or not template.endswith(suffixes):
-        raise UnsafeNameError(f"{what}: {field} {_short(template, 80)} must start with '{top}/' and end "
+        raise UnsafeNameError(f"{what}: {field} {short_repr(template, 80)} must start with '{top}/' and end "
                               f"with {' or '.join(suffixes)}")
     fields: set[str] = set()
     try:
         parsed = list(string.Formatter().parse(template))
     except ValueError as exc:
-        raise UnsafeNameError(f"{what}: {field} {_short(template, 80)} is not a valid template ({exc})") from exc
+        raise UnsafeNameError(f"{what}: {field} {short_repr(template, 80)} is not a valid template ({exc})") from exc
     for literal, name, spec, conv in parsed:
         if not _LITERAL_RE.fullmatch(literal):
-            raise UnsafeNameError(f"{what}: {field} {_short(template, 80)} has characters outside "
+            raise UnsafeNameError(f"{what}: {field} {short_repr(template, 80)} has characters outside "
                                   f"[A-Za-z0-9._/-]")
         if name is None:
             continue
@@ -131,7 +131,7 @@ def check_template(template: object, kind: str, what: str = "info.json") -> str:
         fields.add(name)
     shapes = (_V21_DATA, _V3_DATA) if kind == "data" else (_V21_VIDEO, _V3_VIDEO)
     if not any(req <= fields <= allowed for req, allowed in shapes):
-        raise UnsafeNameError(f"{what}: {field} {_short(template, 80)} uses placeholders {sorted(fields)}, "
+        raise UnsafeNameError(f"{what}: {field} {short_repr(template, 80)} uses placeholders {sorted(fields)}, "
                               f"which match neither the LeRobot v2.1 nor the v3 template")
     return template
 
