@@ -169,7 +169,7 @@ def _check_info(root: Path, raw: dict[str, Any], info: DatasetInfo) -> None:
         if not key or any(s <= 0 for s in feat.shape) or not feat.shape:
             raise DatasetError(f"{where}: feature {key!r} has the shape {list(feat.shape)}")
         if feat.dtype == "video":
-            confine.check_key(key, "video key")
+            confine.check_key(key, f"{where}: video key")
             if len(feat.shape) != 3:
                 raise DatasetError(f"{where}: video feature {key!r} has the shape {list(feat.shape)}, "
                                    f"expected [height, width, channels]")
