@@ -305,6 +305,9 @@ def baselines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for name, log in out.items():
         job = _service(log).run(log / "demo" / "raw", "lerobot_v21")
         assert job.state == COMPLETED, f"{name}: {job.error}"
+        pair = log / "demo" / "export" / "lerobot_v21"
+        modes = {p.stat().st_mode & 0o777 for p in pair.rglob("*") if p.is_file()}
+        assert modes == {0o644}, f"{name}: meta and data files differ in mode: {sorted(map(oct, modes))}"
     return out
 
 
@@ -366,3 +369,6 @@ def test_good_sources_still_export(baselines: dict[str, Path], tmp_path: Path) -
         shutil.copytree(base, log, symlinks=True)
         job = _service(log).run(log / "demo" / "raw", "lerobot_v21")
         assert job.state == COMPLETED, f"{name}: {job.error}"
+        pair = log / "demo" / "export" / "lerobot_v21"
+        modes = {p.stat().st_mode & 0o777 for p in pair.rglob("*") if p.is_file()}
+        assert modes == {0o644}, f"{name}: meta and data files differ in mode: {sorted(map(oct, modes))}"

@@ -32,7 +32,7 @@ from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS
 from ..dataset.records import FORMAT_V21, DatasetInfo, EpisodeRow
 from ..dataset.table import to_numpy
 from ..errors import DatasetError, ExportError
-from ..fsutil import atomic_write_json, dumps_json, jsonl_dumps, read_json
+from ..fsutil import atomic_write_json, dumps_json, jsonl_dumps, read_json, set_file_mode
 from .records import ACCEPTED, QUALITY_SPLIT_FILE, REJECTED, QualitySplit
 from .. import confine
 from .validate import SourceCheck, SourceEpisode
@@ -171,6 +171,7 @@ def _write_text(path: Path, text: str) -> None:
     """Write then rename: a killed process leaves the old file or the new one (no fsync)."""
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
+    set_file_mode(tmp)  # meta files get the data files' mode
     os.replace(tmp, path)
 
 
