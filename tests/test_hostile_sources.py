@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,6 +140,16 @@ def at(i: int, value: float) -> Callable[[np.ndarray], np.ndarray]:
     return fn
 
 
+def faststart(rel: str) -> Callable[[Path], None]:
+    """Rewrite an MP4 with its index (moov) first, as a web-optimised copy would be."""
+    def apply(raw: Path) -> None:
+        tmp = raw / "faststart.tmp.mp4"
+        subprocess.run(["ffmpeg", "-v", "error", "-y", "-i", str(raw / rel), "-c", "copy", "-movflags", "faststart",
+                        str(tmp)], check=True)
+        os.replace(tmp, raw / rel)
+    return apply
+
+
 def stray(rel: str, like: str) -> Callable[[Path], None]:
     def apply(raw: Path) -> None:
         (raw / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -186,6 +197,8 @@ CASES = [
     Case("zero_length_row", episode_row(2, length=0), _ep2("episodes.jsonl", "empty")),
     # MP4 files
     Case("mp4_truncated", truncate(V2), _ep2(V2)),
+    Case("mp4_tail_cut", truncate(V2, 0.98), _ep2(V2)),
+    Case("mp4_faststart_mdat_cut", both(faststart(V2), truncate(V2, 0.9)), _ep2(V2, "needs")),
     Case("mp4_garbage", garbage(V2), _ep2(V2)),
     Case("mp4_empty", empty(V2), _ep2(V2)),
     Case("mp4_missing", remove(V2), _ep2(V2, "missing")),
