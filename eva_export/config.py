@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from . import confine
 from .errors import ConfigError, UnsafeNameError
 
 FORMATS = ("lerobot_v21", "lerobot_v3", "hdf5", "mcap")
@@ -22,16 +23,8 @@ IMAGE_TYPES = ("Image", "CompressedImage")
 
 
 def check_name(name: str, what: str = "dataset name") -> str:
-    """Refuse a name that could leave its parent directory (separator, '..', absolute)."""
-    if not isinstance(name, str) or not name.strip():
-        raise UnsafeNameError(f"{what} must be a non-empty string")
-    if name in (".", "..") or "/" in name or "\\" in name or "\x00" in name:
-        raise UnsafeNameError(
-            f"{what} {name!r} is refused: it must not contain a path separator, '..' or be absolute"
-        )
-    if name.startswith("."):
-        raise UnsafeNameError(f"{what} {name!r} is refused: it must not start with '.'")
-    return name
+    """Refuse a name that could leave its parent directory (see eva_export.confine)."""
+    return confine.check_name(name, what)
 
 
 def inside(root: Path, path: Path) -> bool:
@@ -147,8 +140,10 @@ class CollectionConfig:
         """``<log_dir>/<dataset-name>/raw``; the name is checked to stay inside log_dir."""
         check_name(dataset_name)
         path = self.log_dir / dataset_name / "raw"
-        if not inside(self.log_dir, path.parent):
-            raise UnsafeNameError(f"dataset {dataset_name!r} resolves outside log_dir {self.log_dir}")
+        # The dataset directory itself (a symlinked <name> or raw pointing out) must stay inside.
+        if not inside(self.log_dir, path):
+            raise UnsafeNameError(f"dataset {dataset_name!r} resolves outside log_dir {self.log_dir} "
+                                  f"(symlink); refused")
         return path
 
 

@@ -19,11 +19,25 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+#: Mode of every file we write (data and meta alike): mkstemp's 0600 would make meta files
+#: unreadable to the consumers that can read the data files beside them.
+FILE_MODE = 0o644
+
+
+def set_file_mode(fd_or_path: int | Path) -> None:
+    """Give a written file the common FILE_MODE (by descriptor or by path)."""
+    if isinstance(fd_or_path, int):
+        os.fchmod(fd_or_path, FILE_MODE)
+    else:
+        os.chmod(fd_or_path, FILE_MODE)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data``: readers see the old or the new file, never a mix."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        set_file_mode(fd)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .confine import check_job_id
+from .errors import UnsafeNameError
 from .fsutil import atomic_write_json, read_json
 
 QUEUED = "queued"
@@ -65,6 +67,8 @@ class Job:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Job:
         names = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(d, dict):
+            raise TypeError("a job record is a JSON object")
         return cls(**{k: v for k, v in d.items() if k in names})
 
     @property
@@ -88,10 +92,20 @@ class JobStore:
             atomic_write_json(self.path(job.job_id), job.to_dict())
 
     def get(self, job_id: str) -> Job | None:
-        p = self.path(job_id)
-        if not p.is_file():
+        """The job record named ``job_id``; None for an invalid id, a missing file or a file
+        that is not this job's record (ids are checked, so nothing outside ``dir`` is read)."""
+        try:
+            check_job_id(job_id)
+        except UnsafeNameError:
             return None
-        return Job.from_dict(read_json(p))
+        p = self.path(job_id)
+        if not p.is_file() or p.is_symlink():
+            return None
+        try:
+            job = Job.from_dict(read_json(p))
+        except (OSError, ValueError, TypeError, AttributeError):
+            return None  # a foreign or damaged JSON file is not a job
+        return job if job.job_id == job_id else None
 
     def all(self) -> list[Job]:
         """Every recorded job, oldest first."""

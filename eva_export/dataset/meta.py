@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import confine
 from ..errors import DatasetError
 from ..fsutil import iter_jsonl, read_json
 from .records import DatasetInfo, EpisodeRow, EpisodeStats, TaskRow
@@ -33,16 +34,22 @@ class DatasetMeta:
         return {t.task_index: t.task for t in self.tasks}
 
     def data_path(self, episode_index: int) -> Path:
-        return self.root / self.info.data_file(episode_index)
+        """The episode's data file; the template and the resolved file are confined to root."""
+        confine.check_template(self.info.data_path, "data", str(self.root / INFO))
+        return confine.confined(self.root, self.info.data_file(episode_index), "data file")
 
     def video_path(self, key: str, episode_index: int) -> Path:
-        return self.root / self.info.video_file(key, episode_index)
+        """The episode's camera file; template, key and resolved file are confined to root."""
+        confine.check_template(self.info.video_path, "video", str(self.root / INFO))
+        confine.check_key(key, "video key")
+        return confine.confined(self.root, self.info.video_file(key, episode_index), "video file")
 
 
 def read_info(root: Path) -> DatasetInfo:
     path = Path(root) / INFO
     if not path.is_file():
         raise DatasetError(f"{path} is missing: not a LeRobot dataset")
+    confine.confined(Path(root), INFO, "meta file")  # a symlinked info.json pointing out
     try:
         return DatasetInfo.from_dict(read_json(path))
     except (ValueError, KeyError, TypeError) as exc:
@@ -54,6 +61,7 @@ def _rows(path: Path, required: bool):
         if required:
             raise DatasetError(f"{path} is missing")
         return []
+    confine.confined(path.parent.parent, f"meta/{path.name}", "meta file")
     try:
         return list(iter_jsonl(path))
     except (OSError, ValueError) as exc:

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import confine
 from .records import ACCEPTED, REJECTED
 
 
@@ -39,6 +40,7 @@ class ExportPaths:
 
     @classmethod
     def of(cls, source_dir: Path, fmt: str) -> ExportPaths:
+        confine.check_name(fmt, "format")  # it names directories and lock files beside the pair
         return cls(Path(os.path.realpath(source_dir)), fmt, export_root(source_dir))
 
     @property

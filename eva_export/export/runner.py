@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .. import confine
 from ..config import FORMATS, Config, inside
 from ..dataset.records import FORMAT_V21
 from ..errors import ConfigError, EvaError, ExportError, UnsafeNameError
@@ -100,6 +101,7 @@ class ExportService:
             raise ConfigError(f"unknown format {fmt!r}; choose one of {list(FORMATS)}")
         if not str(source_dir):
             raise ConfigError("source_dir is required")
+        confine.check_request_path(str(source_dir))  # NUL, over-long names: refused, not OSError
         source = Path(os.path.realpath(os.path.abspath(source_dir)))
         roots = self.config.export.data_roots
         if not any(inside(r, source) for r in roots):
@@ -107,6 +109,7 @@ class ExportService:
                                   f"{[str(r) for r in roots]}; refused")
         if not source.is_dir():
             raise ConfigError(f"source {source} is not a directory")
+        confine.check_is_source(source)  # an export is never the source of another export
         with self._lock:
             for job in self._jobs.values():
                 if job.state in (QUEUED, RUNNING) and job.source_dir == str(source):

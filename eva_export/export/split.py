@@ -32,8 +32,9 @@ from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS
 from ..dataset.records import FORMAT_V21, DatasetInfo, EpisodeRow
 from ..dataset.table import to_numpy
 from ..errors import DatasetError, ExportError
-from ..fsutil import atomic_write_json, dumps_json, jsonl_dumps, read_json
+from ..fsutil import atomic_write_json, dumps_json, jsonl_dumps, read_json, set_file_mode
 from .records import ACCEPTED, QUALITY_SPLIT_FILE, REJECTED, QualitySplit
+from .. import confine
 from .validate import SourceCheck, SourceEpisode
 
 MANIFEST = "manifest.json"
@@ -158,15 +159,19 @@ def unit_record(staging: Path, p: PlannedEpisode) -> Path:
 
 
 def unit_files(staging: Path, p: PlannedEpisode, info: DatasetInfo) -> tuple[Path, dict[str, Path]]:
+    # The templates were checked by validation; confining again keeps a write inside staging
+    # even if a caller skipped it.
     root = native_dir(staging, p.subset)
-    return (root / info.data_file(p.new_index),
-            {k: root / info.video_file(k, p.new_index) for k in p.source.video_paths})
+    return (confine.confined(root, info.data_file(p.new_index), "staged data file"),
+            {k: confine.confined(root, info.video_file(k, p.new_index), "staged video file")
+             for k in p.source.video_paths})
 
 
 def _write_text(path: Path, text: str) -> None:
     """Write then rename: a killed process leaves the old file or the new one (no fsync)."""
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
+    set_file_mode(tmp)  # meta files get the data files' mode
     os.replace(tmp, path)
 
 

@@ -11,17 +11,27 @@ import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from typing import Any
+
+import av
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import DatasetError, EvaError
+from .. import confine
+from ..errors import DatasetError, EvaError, UnsafeNameError
+from ..fsutil import read_json
 from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, TASKS, DatasetMeta, read_meta
-from ..dataset.records import CODEBASE_V21, FORMAT_V21, EpisodeRow
+from ..dataset.records import CODEBASE_V21, FORMAT_V21, DatasetInfo, EpisodeRow, Feature
+from ..dataset.table import arrow_type
 from ..dataset.stats import STAT_KEYS
 from ..dataset.video import count_frames
 from .records import QualitySplit
 
 REQUIRED_COLUMNS = ("episode_index", "index")
+SMALL_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
+#: How far a stored timestamp may be from frame_index / fps (LeRobot's own tolerance).
+GRID_TOLERANCE_S = 1e-4
 
 
 @dataclass
@@ -35,6 +45,7 @@ class SourceEpisode:
     task_indices: list[int]  # distinct task_index values of its table (or of its row's tasks)
     columns: list[str]
     bytes: int
+    schema: pa.Schema | None = None
 
     @property
     def index(self) -> int:
@@ -71,12 +82,21 @@ def source_hash(root: Path) -> str:
     return h.hexdigest()
 
 
-def validate_source(root: Path, *, allow_empty_dataset: bool = True) -> SourceCheck:
-    """Validate a raw v2.1 dataset as an export source; raise DatasetError on the first fault."""
+def validate_source(root: Path, *, allow_empty_dataset: bool = True, as_source: bool = True) -> SourceCheck:
+    """Validate a raw v2.1 dataset as an export source; raise DatasetError on the first fault.
+
+    Reads metadata, Parquet footers and the small index columns, and demuxes (never decodes)
+    every MP4. Every message names the raw file and the raw episode index at fault. With
+    ``as_source`` an export (anything inside an export tree or carrying quality_split.json)
+    is refused; ``verify_native`` checks exported subsets with ``as_source=False``.
+    """
     root = Path(root)
+    if as_source:
+        confine.check_is_source(root)
     for name in (EPISODES, INFO):
         if not (root / name).is_file():
             raise DatasetError(f"{root / name} is missing: {root} is not a LeRobot v2.1 dataset")
+    raw = _raw_info(root)
     meta = read_meta(root)
     info = meta.info
     if info.codebase_version != CODEBASE_V21:
@@ -85,6 +105,7 @@ def validate_source(root: Path, *, allow_empty_dataset: bool = True) -> SourceCh
     if info.dataset_format != FORMAT_V21:
         raise DatasetError(f"{root / INFO}: dataset_format is {info.dataset_format!r}, expected "
                            f"{FORMAT_V21!r} (an export cannot be the source of another export)")
+    _check_info(root, raw, info)
     if not meta.episodes and not allow_empty_dataset:
         raise DatasetError(f"{root / EPISODES} lists no episodes: nothing to export")
     seen: set[int] = set()
@@ -92,36 +113,240 @@ def validate_source(root: Path, *, allow_empty_dataset: bool = True) -> SourceCh
         if row.episode_index in seen:
             raise DatasetError(f"{root / EPISODES}: episode_index {row.episode_index} appears twice")
         seen.add(row.episode_index)
+    indices = [row.episode_index for row in meta.episodes]
+    if indices != list(range(len(indices))):
+        top = min(max(indices, default=-1) + 1, len(indices) + 1000)  # a row may claim 10**12
+        missing = sorted(set(range(top)) - seen)
+        raise DatasetError(f"{root / EPISODES}: episode indices must be 0..{len(indices) - 1} in order; found "
+                           f"{_cut(indices)}" + (f" (missing {_cut(missing)})" if missing else ""))
+    _check_stray_files(root, meta)
     task_text = meta.task_text
     task_ids = meta.task_index
     check = SourceCheck(root=root, meta=meta, source_hash=source_hash(root))
+    offset = 0
     for row in meta.episodes:
-        check.episodes.append(_check_episode(root, meta, row, task_text, task_ids))
+        ep = _check_episode(root, meta, row, task_text, task_ids, offset)
+        for key, vp in ep.video_paths.items():
+            _check_video(meta, ep, key, vp)
+        offset += ep.rows
+        check.episodes.append(ep)
     return check
 
 
+def _cut(values: list[int], n: int = 10) -> str:
+    return str(values) if len(values) <= n else f"{values[:n]}..."
+
+
+def _raw_info(root: Path) -> dict[str, Any]:
+    """info.json as stored: typed parsing would turn fps 29.97 into 29 silently."""
+    try:
+        raw = read_json(confine.confined(root, INFO, "meta file"))
+    except (OSError, ValueError) as exc:
+        raise DatasetError(f"{root / INFO}: unreadable ({exc})") from exc
+    if not isinstance(raw, dict):
+        raise DatasetError(f"{root / INFO}: expected a JSON object")
+    return raw
+
+
+def _positive_int(raw: dict[str, Any], key: str, where: Path, why: str) -> None:
+    value = raw.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise DatasetError(f"{where}: {key} is {value!r}; it must be a positive integer ({why})")
+
+
+def _check_info(root: Path, raw: dict[str, Any], info: DatasetInfo) -> None:
+    """info.json fields the export relies on: fps, chunks_size, templates, feature declarations."""
+    where = root / INFO
+    _positive_int(raw, "fps", where, "timestamps are frame_index / fps; a rate like 29.97 or 0 "
+                                     "cannot be exported")
+    if "chunks_size" in raw:
+        _positive_int(raw, "chunks_size", where, "episode chunk = episode_index // chunks_size")
+    confine.check_template(info.data_path, "data", str(where))
+    if not info.data_path.endswith(".parquet"):
+        raise DatasetError(f"{where}: data_path {info.data_path!r} must name .parquet files in a raw v2.1 dataset")
+    if info.video_keys:
+        confine.check_template(info.video_path, "video", str(where))
+    for key, feat in info.features.items():
+        if not key or any(s <= 0 for s in feat.shape) or not feat.shape:
+            raise DatasetError(f"{where}: feature {key!r} has the shape {list(feat.shape)}")
+        if feat.dtype == "video":
+            confine.check_key(key, f"{where}: video key")
+            if len(feat.shape) != 3:
+                raise DatasetError(f"{where}: video feature {key!r} has the shape {list(feat.shape)}, "
+                                   f"expected [height, width, channels]")
+        elif not feat.is_visual:
+            try:
+                arrow_type(feat)
+            except ValueError as exc:
+                raise DatasetError(f"{where}: feature {key!r}: {exc}") from exc
+
+
+def _check_stray_files(root: Path, meta: DatasetMeta) -> None:
+    """Files under data/ or videos/ that no episodes.jsonl row names (an interrupted capture)."""
+    info = meta.info
+    listed = {info.data_file(e.episode_index) for e in meta.episodes}
+    listed |= {info.video_file(k, e.episode_index) for e in meta.episodes for k in info.video_keys}
+    stray = []
+    for top in ("data", "videos"):
+        base = root / top
+        if base.is_dir():
+            stray += [str(p.relative_to(root)) for p in sorted(base.rglob("*"))
+                      if (p.is_file() or p.is_symlink()) and str(p.relative_to(root)) not in listed]
+    if stray:
+        raise DatasetError(f"{root}: {len(stray)} file(s) under data/ or videos/ belong to no episode in "
+                           f"{EPISODES} (e.g. {stray[0]}), left by an interrupted capture or copied in. "
+                           f"To recover: start the capture node on this dataset (it moves stray files to "
+                           f"raw/.orphans/), or move them out of data/ and videos/ yourself, then export again")
+
+
+def _type_ok(stored: pa.DataType, feat: Feature) -> bool:
+    want = arrow_type(feat)
+    if stored.equals(want):
+        return True
+    # LeRobot may store a shape-[1] feature as a one-element list.
+    return feat.shape == (1,) and pa.types.is_fixed_size_list(stored) and stored.list_size == 1 \
+        and stored.value_type.equals(want)
+
+
+def _check_columns(root: Path, meta: DatasetMeta, ep: SourceEpisode, offset: int, t: pa.Table) -> None:
+    """Stored column types against info.json; timestamps finite and on the fps grid; indices."""
+    info = meta.info
+    e, data = ep.index, ep.data_path
+    for key in info.table_keys:
+        feat = info.features[key]
+        if feat.is_visual:
+            continue
+        stored = ep.schema.field(key).type
+        if not _type_ok(stored, feat):
+            raise DatasetError(f"episode {e}: {data}: column {key!r} is stored as {stored}, but {root / INFO} "
+                               f"declares dtype {feat.dtype} shape {list(feat.shape)}")
+    wanted = t.column_names
+    n = ep.rows
+    epi = t.column("episode_index").to_numpy(zero_copy_only=False)
+    if not (epi == e).all():
+        bad = sorted(set(np.unique(epi).tolist()) - {e})
+        raise DatasetError(f"episode {e}: {data}: episode_index column holds {_cut(bad)}, expected {e} "
+                           f"(a file of another episode?)")
+    idx = t.column("index").to_numpy(zero_copy_only=False)
+    if not np.array_equal(idx, np.arange(offset, offset + n)):
+        raise DatasetError(f"episode {e}: {data}: index column is not {offset}..{offset + n - 1} "
+                           f"(duplicate or missing frame indices)")
+    if "frame_index" in wanted:
+        fi = t.column("frame_index").to_numpy(zero_copy_only=False)
+        if not np.array_equal(fi, np.arange(n)):
+            raise DatasetError(f"episode {e}: {data}: frame_index column is not 0..{n - 1}")
+    else:
+        fi = np.arange(n)
+    if "timestamp" in wanted:
+        ts = t.column("timestamp").to_numpy(zero_copy_only=False).astype(np.float64)
+        bad = np.flatnonzero(~np.isfinite(ts))
+        if bad.size:
+            raise DatasetError(f"episode {e}: {data}: timestamp is not finite at frame {int(bad[0])} "
+                               f"({ts[bad[0]]}); {bad.size} such frames")
+        grid = fi / info.fps
+        off = np.abs(ts - grid) > (GRID_TOLERANCE_S + np.abs(grid) * 2.5e-7)  # float32 rounding
+        if off.any():
+            k = int(np.flatnonzero(off)[0])
+            raise DatasetError(f"episode {e}: {data}: timestamp {ts[k]:.6f} at frame {k} is off the "
+                               f"{info.fps} fps grid (expected {grid[k]:.6f})")
+
+
+def mp4_truncation(path: Path) -> str:
+    """Why the MP4's top-level boxes do not tile the file exactly ("" when they do).
+
+    A file cut short (a copy interrupted, a full disk) leaves its last box claiming more bytes
+    than exist, even when the index (moov) at the front still lists every frame; garbage has
+    no box structure. Reads 8 to 16 bytes per top-level box, nothing else.
+    """
+    size = path.stat().st_size
+    if size < 8:
+        return f"{size} bytes"
+    pos = 0
+    with open(path, "rb") as fh:
+        while pos < size:
+            fh.seek(pos)
+            head = fh.read(16)
+            if len(head) < 8:
+                return f"a box header is cut at byte {pos}"
+            box = int.from_bytes(head[:4], "big")
+            kind = head[4:8]
+            if not all(32 <= b < 127 for b in kind):
+                return f"no MP4 box at byte {pos}"
+            if box == 1:
+                if len(head) < 16:
+                    return f"a box header is cut at byte {pos}"
+                box = int.from_bytes(head[8:16], "big")
+            elif box == 0:
+                box = size - pos  # "to the end of the file"
+            if box < 8:
+                return f"box {kind!r} at byte {pos} has the impossible size {box}"
+            if pos + box > size:
+                return f"box {kind.decode()!r} at byte {pos} needs {pos + box} bytes, the file has {size}"
+            pos += box
+    return ""
+
+
+def _check_video(meta: DatasetMeta, ep: SourceEpisode, key: str, path: Path) -> None:
+    """Frame count against the rows, and frame size against info.json, without decoding.
+
+    The count comes from the container index (the MP4 sample table, exact) when present, else
+    from demuxing the packets; a truncated or garbage file is refused from its box structure.
+    """
+    e = ep.index
+    feat = meta.info.features[key]
+    why = mp4_truncation(path)
+    if why:
+        raise DatasetError(f"episode {e}: {path} ({key}) is not a complete MP4 (truncated, empty or "
+                           f"garbage: {why})")
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.video:
+                raise DatasetError(f"episode {e}: {path} ({key}) has no video stream")
+            stream = container.streams.video[0]
+            width, height = stream.codec_context.width, stream.codec_context.height
+            frames = int(stream.frames or 0)
+            if frames <= 0:  # no index: count the packets (demux only)
+                frames = sum(1 for p in container.demux(stream) if p.size > 0)
+    except DatasetError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any demuxer error means an unreadable file
+        raise DatasetError(f"episode {e}: {path} ({key}) is not a readable MP4 (truncated, empty or "
+                           f"garbage): {exc}") from exc
+    if frames != ep.rows:
+        raise DatasetError(f"episode {e}: {path} ({key}) has {frames} frames but {ep.data_path} has "
+                           f"{ep.rows} rows")
+    if (height, width) != tuple(feat.shape[:2]):
+        raise DatasetError(f"episode {e}: {path} ({key}) is {width}x{height}, but {meta.root / INFO} "
+                           f"declares {feat.shape[1]}x{feat.shape[0]}")
+
+
 def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: dict[int, str],
-                   task_ids: dict[str, int]) -> SourceEpisode:
+                   task_ids: dict[str, int], offset: int = 0) -> SourceEpisode:
     info = meta.info
     ep = row.episode_index
     if row.length <= 0:
         raise DatasetError(f"{root / EPISODES}: episode {ep} is empty (length {row.length}); "
                            f"remove it from episodes.jsonl before exporting")
-    data = meta.data_path(ep)
+    try:
+        data = meta.data_path(ep)
+        video_paths = {key: meta.video_path(key, ep) for key in info.video_keys}
+    except (UnsafeNameError, ValueError) as exc:
+        raise DatasetError(f"episode {ep}: {exc}") from exc
     if not data.is_file():
         raise DatasetError(f"episode {ep}: Parquet file {data} is missing")
     videos = {}
-    for key in info.video_keys:
-        vp = meta.video_path(key, ep)
+    for key, vp in video_paths.items():
         if not vp.is_file():
             raise DatasetError(f"episode {ep}: camera file {vp} ({key}) is missing")
         videos[key] = vp
     try:
         with pq.ParquetFile(data) as pf:
-            columns = list(pf.schema_arrow.names)
+            schema = pf.schema_arrow
+            columns = list(schema.names)
             nrows = pf.metadata.num_rows
-            task_values = pf.read(columns=["task_index"]).column("task_index").to_numpy() \
-                if "task_index" in columns else None
+            # One read of the small columns every check needs (not the vectors or images).
+            small = pf.read(columns=[c for c in SMALL_COLUMNS if c in columns])
+            task_values = small.column("task_index").to_numpy() if "task_index" in columns else None
     except Exception as exc:  # noqa: BLE001 - any Arrow error means an unreadable table
         raise DatasetError(f"episode {ep}: cannot read {data}: {exc}") from exc
     for col in REQUIRED_COLUMNS:
@@ -155,14 +380,15 @@ def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: di
             continue  # computed from the table during the split
         raise DatasetError(f"episode {ep}: no statistics for {key!r}: absent from {root / EPISODES_STATS} "
                            f"and not a table column")
+    _check_columns(root, meta, SourceEpisode(row, data, videos, nrows, tasks, columns, 0, schema), offset, small)
     size = data.stat().st_size + sum(v.stat().st_size for v in videos.values())
     return SourceEpisode(row=row, data_path=data, video_paths=videos, rows=nrows, task_indices=tasks,
-                         columns=columns, bytes=size)
+                         columns=columns, bytes=size, schema=schema)
 
 
 def validate_dataset(root: Path) -> SourceCheck:
     """Validate any raw v2.1 dataset (e.g. after a capture crash); raises DatasetError."""
-    return validate_source(root, allow_empty_dataset=True)
+    return validate_source(root, allow_empty_dataset=True, as_source=False)
 
 
 @dataclass
@@ -194,7 +420,7 @@ def verify_native(root: Path, count_video_frames: bool = True) -> NativeReport:
         rep.errors.append(f"{root}/meta/quality_split.json unreadable: {exc}")
         return rep
     try:
-        check = validate_source(root)
+        check = validate_source(root, as_source=False)
     except EvaError as exc:
         rep.errors.append(str(exc))
         return rep

@@ -36,6 +36,7 @@ from rclpy.node import Node
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 from eva_export.capture.recorder import Recorder
+from eva_export import confine
 from eva_export.config import load_config
 from eva_export.dataset.records import EpisodeRow
 from eva_export.errors import EvaError
@@ -43,6 +44,7 @@ from eva_export.nodes import ros_convert
 from eva_export.nodes.common import (
     DEFAULT_STATUS_PERIOD,
     STATUS_QOS_DEPTH,
+    create_guarded_service,
     create_status_timer,
     declare_common_parameters,
     run_node,
@@ -87,11 +89,11 @@ class CaptureNode(Node):
         if self.recorder is not None:
             self._subscribe(self.recorder, col.capture.reliable_qos)
         group = service_group()
-        self.create_service(StartCapture, "~/start", self._on_start, callback_group=group)
-        self.create_service(StopCapture, "~/stop", self._on_stop, callback_group=group)
-        self.create_service(CancelCapture, "~/cancel", self._on_cancel, callback_group=group)
-        self.create_service(ListEpisodes, "~/list_episodes", self._on_list_episodes, callback_group=group)
-        self.create_service(ReviewEpisode, "~/review", self._on_review, callback_group=group)
+        create_guarded_service(self, StartCapture, "~/start", self._on_start, group)
+        create_guarded_service(self, StopCapture, "~/stop", self._on_stop, group)
+        create_guarded_service(self, CancelCapture, "~/cancel", self._on_cancel, group)
+        create_guarded_service(self, ListEpisodes, "~/list_episodes", self._on_list_episodes, group)
+        create_guarded_service(self, ReviewEpisode, "~/review", self._on_review, group)
         self.status_pub = self.create_publisher(CaptureStatus, "~/status", STATUS_QOS_DEPTH)
         self.status_timer = create_status_timer(self, self.status_pub, self.build_status, status_period)
         self.get_logger().info(f"config_file={self.config_file!r} dds_profile="
@@ -225,6 +227,8 @@ class CaptureNode(Node):
         if self.recorder is None:
             response.success, response.message = False, self.config_error
             return response
+        if request.set_note:
+            confine.check_note(request.note)  # refused over 4 KiB (the reply says so)
         try:
             row = self.recorder.review(request.dataset_name, request.episode_index, request.verdict,
                                        request.note if request.set_note else None)

@@ -9,6 +9,7 @@ the status timer or another service.
 from __future__ import annotations
 
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,6 +19,8 @@ from rclpy.executors import Executor, ExternalShutdownException, MultiThreadedEx
 from rclpy.node import Node
 from rclpy.publisher import Publisher
 from rclpy.timer import Timer
+
+from eva_export.errors import EvaError
 
 
 #: Default period of the ``~/status`` topics, seconds (parameter ``status_period``).
@@ -45,6 +48,52 @@ def declare_common_parameters(node: Node) -> tuple[str, float]:
 def service_group() -> ReentrantCallbackGroup:
     """Callback group for services: reentrant, so calls can run in parallel."""
     return ReentrantCallbackGroup()
+
+
+#: Longest ``message`` a service reply carries (a hostile request must not be echoed in full).
+REPLY_MESSAGE_MAX = 400
+
+
+def short_reason(text: str, limit: int = REPLY_MESSAGE_MAX) -> str:
+    """A reply message cut to ``limit`` characters."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def guarded(node: Node, name: str, handler: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """Wrap a service handler so that no exception ever leaves it.
+
+    A service callback that raises takes the whole node down with it (rclpy re-raises in the
+    executor), and anyone on the ROS graph can call our services. An ``EvaError`` becomes
+    ``success=false`` with its message; anything else becomes ``success=false`` with a short
+    reason, the traceback going to the node log only (it may hold paths and hosts).
+    """
+
+    def call(request: Any, response: Any) -> Any:
+        try:
+            out = handler(request, response)
+            if hasattr(out, "message"):
+                out.message = short_reason(str(out.message))
+            return out
+        except EvaError as exc:
+            node.get_logger().warning(f"{name}: refused: {exc}")
+            reason = f"refused: {exc}"
+        except Exception as exc:  # noqa: BLE001 - the node must survive any request
+            node.get_logger().error(f"{name}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+            reason = f"refused: internal error ({type(exc).__name__}) handling the request; see the node log"
+        if hasattr(response, "success"):
+            response.success = False
+        if hasattr(response, "message"):
+            response.message = short_reason(reason)
+        return response
+
+    call.__name__ = getattr(handler, "__name__", name)
+    return call
+
+
+def create_guarded_service(node: Node, srv_type: Any, name: str, handler: Callable[[Any, Any], Any],
+                           group: Any) -> Any:
+    """``node.create_service`` with the handler wrapped by ``guarded``."""
+    return node.create_service(srv_type, name, guarded(node, name, handler), callback_group=group)
 
 
 def create_status_timer(

@@ -18,12 +18,14 @@ from eva_export_interfaces.msg import JobQueueStatus
 from eva_export_interfaces.srv import GetJob, StartExport
 from rclpy.node import Node
 
+from eva_export import confine
 from eva_export.config import load_config
 from eva_export.errors import EvaError
 from eva_export.export.runner import ExportService
 from eva_export.jobs import Job
 from eva_export.nodes.common import (
     STATUS_QOS_DEPTH,
+    create_guarded_service,
     create_status_timer,
     declare_common_parameters,
     run_node,
@@ -54,8 +56,8 @@ class ExportNode(Node):
         super().__init__(NODE_NAME)
         self.config_file, status_period = declare_common_parameters(self)
         group = service_group()
-        self.create_service(StartExport, "~/start", self._on_start, callback_group=group)
-        self.create_service(GetJob, "~/get_job", self._on_get_job, callback_group=group)
+        create_guarded_service(self, StartExport, "~/start", self._on_start, group)
+        create_guarded_service(self, GetJob, "~/get_job", self._on_get_job, group)
         self.status_pub = self.create_publisher(JobQueueStatus, "~/status", STATUS_QOS_DEPTH)
         self.status_timer = create_status_timer(
             self, self.status_pub, self.build_status, status_period
@@ -99,8 +101,8 @@ class ExportNode(Node):
         job = self.service.get(request.job_id) if request.job_id else self.service.latest()
         if job is None:
             response.success = False
-            response.message = f"no job {request.job_id!r}" if request.job_id else "no job yet"
-            response.job.job_id = request.job_id
+            # An invalid id (traversal, 256+ chars) is just not a job: no path is ever read for it.
+            response.message = f"no job {confine.short_repr(request.job_id)}" if request.job_id else "no job yet"
             response.job.kind = "export"
             return response
         response.success = True

@@ -17,11 +17,13 @@ from eva_export_interfaces.msg import JobQueueStatus
 from eva_export_interfaces.srv import GetJob, StartUpload
 from rclpy.node import Node
 
+from eva_export import confine
 from eva_export.config import load_config
 from eva_export.errors import EvaError
 from eva_export.jobs import Job
 from eva_export.nodes.common import (
     STATUS_QOS_DEPTH,
+    create_guarded_service,
     create_status_timer,
     declare_common_parameters,
     run_node,
@@ -58,6 +60,10 @@ class UploadNode(Node):
         self.config_file, status_period = declare_common_parameters(self)
         config = load_config(self.config_file)
         self.uploads = UploadService(config)
+        sftp = config.collection.sftp
+        self.secrets = [] if sftp is None else [
+            f"{sftp.user}@{sftp.host}:{sftp.port}", f"{sftp.user}@{sftp.host}", f"{sftp.host}:{sftp.port}",
+            sftp.host, sftp.identity_file, sftp.known_hosts, sftp.remote_dir]
         for job in self.uploads.interrupted:
             self.get_logger().warning(f"upload {job.job_id} was left unfinished; marked failed")
         if config.collection.sftp is None:
@@ -65,8 +71,8 @@ class UploadNode(Node):
                 "no upload backend configured (collection.storage.sftp); every upload is refused"
             )
         group = service_group()
-        self.create_service(StartUpload, "~/start", self._on_start, callback_group=group)
-        self.create_service(GetJob, "~/get_job", self._on_get_job, callback_group=group)
+        create_guarded_service(self, StartUpload, "~/start", self._on_start, group)
+        create_guarded_service(self, GetJob, "~/get_job", self._on_get_job, group)
         self.status_pub = self.create_publisher(JobQueueStatus, "~/status", STATUS_QOS_DEPTH)
         self.status_timer = create_status_timer(
             self, self.status_pub, self.build_status, status_period
@@ -88,7 +94,7 @@ class UploadNode(Node):
             job = self.uploads.start(request.source_dir, request.format, request.accepted_dir)
         except EvaError as exc:  # UploadRefused: the gate said no; no job was created
             response.success = False
-            response.message = str(exc)
+            response.message = confine.redact(str(exc), self.secrets)
             self.get_logger().warning(f"upload refused: {exc}")
             return response
         response.success = True
@@ -101,13 +107,17 @@ class UploadNode(Node):
         job = self.uploads.get(request.job_id)
         if job is None:
             response.success = False
-            response.message = f"no upload job {request.job_id!r}" if request.job_id else "no upload job yet"
+            response.message = (f"no upload job {confine.short_repr(request.job_id)}" if request.job_id
+                                else "no upload job yet")
             response.job = job_to_msg(None)
-            response.job.job_id = request.job_id
             return response
         response.success = True
         response.message = job.state
         response.job = job_to_msg(job)
+        # Anyone on the graph may ask: errors keep their reason but not user@host:port, the
+        # remote directory or key file paths (the node log has the full text).
+        response.job.error = confine.redact(job.error, self.secrets)
+        response.job.last_error = confine.redact(job.last_error, self.secrets)
         return response
 
     def close(self) -> None:
