@@ -251,8 +251,21 @@ def check_totals(report: VerifyReport, info: dict[str, Any], episodes: int, fram
         report.checks.append(f"info.json totals match {what}: {episodes} episodes, {frames} frames")
 
 
-def check_sample(report: VerifyReport, state: Any, action: Any, frame: Any, where: str) -> None:
-    """Record the real read of one state value, one action value and one image frame."""
+def check_sample(report: VerifyReport, state: Any, action: Any, frame: Any, where: str,
+                 empty: bool = False) -> None:
+    """Record the real read of one state value, one action value and one image frame.
+
+    ``empty``: the subset physically holds no episode (every episode landed on the other side
+    of the split). That is a valid output when info.json says 0 episodes and 0 frames; there
+    is nothing to read, and check_totals has already compared the claim with the files.
+    """
+    if empty:
+        if report.episodes == 0 and report.frames == 0:
+            report.checks.append(f"empty subset: 0 episodes, 0 frames; nothing to read in {where}")
+        else:
+            report.errors.append(f"real read: no episode to read in {where}, but info.json claims "
+                                 f"{report.episodes} episodes / {report.frames} frames")
+        return
     parts = []
     errors_before = len(report.errors)
     if state is None:

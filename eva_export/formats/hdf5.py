@@ -228,7 +228,7 @@ def verify_hdf5(root: Path) -> VerifyReport:
         report.checks.append(f"{len(episodes)} episode files: columns/images/metadata present, axis 0 of every "
                              "images/*/value equals the rows")
     common.check_totals(report, info, len(episodes), rows_total, "the HDF5 files")
-    common.check_sample(report, *sample, where="episode 0 (h5py)")
+    common.check_sample(report, *sample, where="episode 0 (h5py)", empty=not episodes)
     return report
 
 

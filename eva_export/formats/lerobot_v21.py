@@ -101,7 +101,7 @@ class LeRobotV21Exporter:
 
     def _sample(self, meta: DatasetMeta, report: VerifyReport) -> None:
         if not meta.episodes:
-            report.errors.append("no episodes to read")
+            common.check_sample(report, None, None, None, "the episode tables", empty=True)
             return
         ep = meta.episodes[0].episode_index
         state_key, action_key = common.state_action_keys(meta.info)

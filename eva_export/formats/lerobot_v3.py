@@ -220,8 +220,16 @@ class _CodecParams:
 
 
 def _params(stream: av.video.stream.VideoStream) -> _CodecParams:
+    """The stream's codec parameters, named by codec id (AV1, H.264...), never by the decoder.
+
+    PyAV opens AV1 with the decoder ``libdav1d``; its name is not a codec anything can mux.
+    Two streams are joinable when the codec id and these parameters agree, whichever decoder
+    PyAV picked for them.
+    """
     cc = stream.codec_context
-    return _CodecParams(cc.name, cc.width, cc.height, str(cc.pix_fmt), bytes(cc.extradata or b""))
+    codec = cc.codec
+    return _CodecParams(f"id{codec.id}:{codec.type}", cc.width, cc.height, str(cc.pix_fmt),
+                        bytes(cc.extradata or b""))
 
 
 class _VideoShards:
@@ -250,7 +258,10 @@ class _VideoShards:
                                                 file_index=self.loc.file_index)
         path.parent.mkdir(parents=True, exist_ok=True)
         self.container = av.open(str(path), mode="w", format="mp4", options={"movflags": "faststart"})
-        self.stream = self.container.add_stream_from_template(template)
+        # opaque=True copies the input's codec parameters (codec id, extradata, size, pix_fmt)
+        # without opening an encoder; the default looks a codec up by the DECODER's name, which
+        # fails for AV1 (libdav1d) and any other codec PyAV decodes with a named library.
+        self.stream = self.container.add_stream_from_template(template, opaque=True)
         self.params, self.frames, self.size = params, 0, 0
         self.files.append(path)
 
@@ -423,7 +434,7 @@ class LeRobotV3Exporter:
         common.copy_common_meta(src, out)
         stats = common.dataset_stats(meta, {ep.episode_index: s for ep, s in zip(meta.episodes, ep_stats)})
         missing = [k for k in info.features if k not in stats]
-        if missing:
+        if missing and meta.episodes:  # an empty subset has no values to describe: stats {}
             raise ExportError(f"no statistics for features {missing}")
         atomic_write_json(out / STATS, stats)
         atomic_write_json(out / INFO, self._info(info, len(meta.episodes), offset, len(meta.tasks)))
@@ -455,7 +466,10 @@ class LeRobotV3Exporter:
                         ep_stats: list[dict[str, Any]]) -> None:
         cols: dict[str, pa.Array] = {}
         n = len(rows)
-        for name in rows[0] if rows else _LOCATOR_COLUMNS:
+        names = list(rows[0]) if rows else list(_LOCATOR_COLUMNS) + [
+            f"videos/{k}/{c}" for k in meta.info.video_keys
+            for c in ("chunk_index", "file_index", "from_timestamp", "to_timestamp")]
+        for name in names:
             values = [r.get(name) for r in rows]
             if name == "tasks":
                 cols[name] = pa.array(values, pa.list_(pa.string()))
@@ -608,7 +622,9 @@ def verify_v3(root: Path) -> VerifyReport:
     try:
         stats = read_json(root / STATS)
         missing = [k for k in info["features"] if k not in stats]
-        if missing:
+        if not eps and not stats:
+            report.checks.append("stats.json is empty, as an empty subset's must be")
+        elif missing:
             report.errors.append(f"stats.json lacks {missing}")
         else:
             report.checks.append("stats.json covers every feature (cameras included)")
@@ -635,4 +651,6 @@ def verify_v3(root: Path) -> VerifyReport:
         except (OSError, pa.ArrowException, VideoError, KeyError) as exc:
             report.errors.append(f"real read failed: {exc}")
         common.check_sample(report, state, action, frame, "episode 0 via the locator (pyarrow + PyAV)")
+    else:
+        common.check_sample(report, None, None, None, "the episode metadata", empty=True)
     return report

@@ -290,5 +290,5 @@ def verify_mcap(root: Path) -> VerifyReport:
         report.checks.append(f"{len(episodes)} MCAP files: CRCs valid, one episode message each, every "
                              f"camera {image_keys} with sequences 0..n-1 and shared timestamps")
     common.check_totals(report, info, len(episodes), rows_total, "the MCAP files")
-    common.check_sample(report, *sample, where="episode 0 (mcap reader, validate_crcs=True)")
+    common.check_sample(report, *sample, where="episode 0 (mcap reader, validate_crcs=True)", empty=not episodes)
     return report
