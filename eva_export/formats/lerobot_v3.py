@@ -74,11 +74,17 @@ def _hf_value(typ: pa.DataType) -> dict[str, Any]:
     return {"dtype": _HF_DTYPES.get(str(typ), str(typ)), "_type": "Value"}
 
 
+def _is_image_struct(typ: pa.DataType) -> bool:
+    return pa.types.is_struct(typ) and {typ.field(i).name for i in range(typ.num_fields)} == {"bytes", "path"}
+
+
 def v3_data_schema(src: pa.Schema) -> pa.Schema:
     """The source schema with the 'huggingface' metadata LeRobot 0.4 writes (``_type: List``)."""
     feats: dict[str, Any] = {}
     for f in src:
-        if pa.types.is_fixed_size_list(f.type):
+        if _is_image_struct(f.type):  # LeRobot's image feature: PNG bytes + path, HF type "Image"
+            feats[f.name] = {"_type": "Image"}
+        elif pa.types.is_fixed_size_list(f.type):
             feats[f.name] = {"feature": _hf_value(f.type.value_type), "length": f.type.list_size, "_type": "List"}
         elif pa.types.is_list(f.type) or pa.types.is_large_list(f.type):
             feats[f.name] = {"feature": _hf_value(f.type.value_type), "_type": "List"}
@@ -405,7 +411,7 @@ class LeRobotV3Exporter:
                     written += meta.video_path(key, ep.episode_index).stat().st_size
                 st = common.episode_stats(meta, ep, table)
                 for key in common.missing_image_stats(meta, ep):
-                    st[key] = common.image_stats_of(iter_frames(meta.video_path(key, ep.episode_index)))
+                    st[key] = common.image_stats_of(common.camera_frames(meta, ep.episode_index, table, key))
                     computed.setdefault(ep.episode_index, {})[key] = st[key]
                 for key in info.table_keys:
                     if key not in st:
@@ -643,12 +649,16 @@ def verify_v3(root: Path) -> VerifyReport:
             r = e["dataset_from_index"] - first
             state = common.column_numpy(t, state_key)[r] if state_key else None
             action = common.column_numpy(t, action_key)[r] if action_key else None
-            if video_keys:
+            image_keys = [k for k, f in info["features"].items() if f["dtype"] == "image"]
+            if not video_keys and image_keys:
+                col = pq.read_table(path, columns=[image_keys[0]]).column(image_keys[0])[r].as_py()
+                frame = common.decode_png(col["bytes"], f"{path.name} row {r}")
+            elif video_keys:
                 k = video_keys[0]
                 vpath = root / str(info["video_path"]).format(video_key=k, chunk_index=e[f"videos/{k}/chunk_index"],
                                                               file_index=e[f"videos/{k}/file_index"])
                 frame = decode_frame_at(vpath, round(e[f"videos/{k}/from_timestamp"] * fps), fps)
-        except (OSError, pa.ArrowException, VideoError, KeyError) as exc:
+        except (OSError, pa.ArrowException, VideoError, KeyError, TypeError, ExportError) as exc:
             report.errors.append(f"real read failed: {exc}")
         common.check_sample(report, state, action, frame, "episode 0 via the locator (pyarrow + PyAV)")
     else:
