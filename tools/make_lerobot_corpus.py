@@ -33,7 +33,7 @@ class Spec:
     width: int = 64
     height: int = 48
     use_videos: bool = True  # False: images stored in Parquet (dtype "image")
-    vcodec: str = "libsvtav1"  # LeRobot's default
+    vcodec: str = "libsvtav1"  # LeRobot's default; "a,b" = one codec per episode (mixed codecs)
     quality: tuple[str, ...] = ()  # per episode; () leaves LeRobot's rows untouched (unrated)
     state_dim: int = 6
     tasks: tuple[str, ...] = ("pick the cube", "place the cube")
@@ -47,6 +47,8 @@ SPECS = (
     Spec("av1-red", (10, 10), quality=("red", "red")),
     Spec("images-parquet-mixed", (10, 12), use_videos=False, quality=("green", "red")),
     Spec("images-parquet-unrated-2cam", (8, 9), fps=15, cameras=2, width=32, height=24, use_videos=False),
+    Spec("hevc-av1-mixed-codecs", (10, 11), fps=25, width=80, height=60, vcodec="hevc,libsvtav1",
+         quality=("green", "green")),
     Spec("h264-one-episode-green", (14,), vcodec="h264", quality=("green",), state_dim=14,
          extra={"observation.effort": 14}),
 )
@@ -88,6 +90,17 @@ def write_quality(root: Path, quality: tuple[str, ...]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+def _declare_torchvision_ops() -> None:
+    """The torchvision wheel here is a CUDA build: on CPU torch its import fails unless these two
+    op schemas exist (see tools/lerobot_venvs.sh). LeRobot never calls them."""
+    import torch
+
+    lib = torch.library.Library("torchvision", "FRAGMENT")
+    lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    _declare_torchvision_ops.lib = lib  # type: ignore[attr-defined]  # keep the fragment alive
+
+
 def make(spec: Spec, out: Path) -> None:
     from lerobot.datasets import lerobot_dataset, video_utils
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
@@ -95,13 +108,14 @@ def make(spec: Spec, out: Path) -> None:
     root = out / spec.name
     if root.exists():
         shutil.rmtree(root)
-    # LeRobot's own encoder, asked for another codec (its default is libsvtav1).
-    encoder = functools.partial(video_utils.encode_video_frames, vcodec=spec.vcodec)
-    lerobot_dataset.encode_video_frames = encoder
+    codecs = spec.vcodec.split(",")
     ds = LeRobotDataset.create(repo_id=f"eva/{spec.name}", fps=spec.fps, root=root, robot_type="synthetic",
                                features=features(spec), use_videos=spec.use_videos, image_writer_threads=0)
     rng = np.random.default_rng(len(spec.name))
     for ep, n in enumerate(spec.episodes):
+        # LeRobot's own encoder, asked for another codec (its default is libsvtav1).
+        lerobot_dataset.encode_video_frames = functools.partial(video_utils.encode_video_frames,
+                                                                vcodec=codecs[ep % len(codecs)])
         for i in range(n):
             frame: dict[str, object] = {
                 "observation.state": rng.standard_normal(spec.state_dim).astype(np.float32),
@@ -127,6 +141,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", help="names of the datasets to (re)make")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    _declare_torchvision_ops()
     for spec in SPECS:
         if not args.only or spec.name in args.only:
             make(spec, args.out)
