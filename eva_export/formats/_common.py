@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from ..dataset import stats as stats_mod
 from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS, DatasetMeta, read_meta
 from ..dataset.records import CODEBASE_V21, FORMAT_V21, DatasetInfo, EpisodeRow
+from ..dataset.video import iter_frames
 from ..errors import DatasetError, ExportError
 from ..export.records import QUALITY_SPLIT_FILE, QualitySplit
 from ..fsutil import atomic_write_json, fsync_dir, read_json
@@ -149,8 +150,6 @@ def iter_table_images(table: pa.Table, key: str, where: str) -> Iterator[np.ndar
 
 def camera_frames(meta: DatasetMeta, episode_index: int, table: pa.Table, key: str) -> Iterator[np.ndarray]:
     """One camera's frames of one episode, from its MP4 or from its Parquet image column."""
-    from ..dataset.video import iter_frames
-
     if meta.info.features[key].dtype == "image":
         return iter_table_images(table, key, f"episode {episode_index}")
     return iter_frames(meta.video_path(key, episode_index))
