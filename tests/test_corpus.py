@@ -332,3 +332,29 @@ def test_cli_export_without_config_warns_about_unrated_and_review_accepts(tmp_pa
     assert "qc_verdict" not in list(iter_jsonl(src / "meta/episodes.jsonl"))[1]
     v = cli("verify", str(tmp_path / "data/images-parquet-unrated-2cam_export/lerobot_v3"))
     assert v.returncode == 0, v.stdout
+
+
+def test_v3_stream_copies_vp9(tmp_path: Path) -> None:
+    """VP9 (LeRobot 0.3.3's recorder cannot write it; re-encoded here with PyAV's libvpx-vp9)."""
+    from eva_export.dataset.video import VideoEncoder, VideoSettings, iter_frames
+
+    src = copy_source(tmp_path, "h264-1cam-green")
+    job = service(tmp_path).run(src, "lerobot_v21")
+    assert job.state == COMPLETED, job.error
+    subset = tmp_path / "vp9"
+    shutil.copytree(job.accepted_dir, subset)  # a copy: the published files are hard links
+    mp4s = sorted((subset / "videos").rglob("*.mp4"))
+    for p in mp4s:
+        frames = list(iter_frames(p))
+        p.unlink()
+        enc = VideoEncoder(p, 96, 72, 15, VideoSettings(codec="libvpx-vp9", gop=5))
+        for f in frames:
+            enc.add(f)
+        assert enc.close() == len(frames)
+    assert all(codec_of(p) == "vp9" for p in mp4s)
+    exp = LeRobotV3Exporter()
+    exp.export(subset, tmp_path / "v3")
+    assert exp.last_reencoded == {}
+    assert [codec_of(p) for p in sorted((tmp_path / "v3/videos").rglob("*.mp4"))] == ["vp9"]
+    rep = verify_export(tmp_path / "v3")
+    assert rep.ok, rep.errors
