@@ -10,29 +10,117 @@ import argparse
 import importlib
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from .config import FORMATS, load_config
+from .config import FORMATS, Config, load_config, parse_config
 from .errors import EvaError
 from .jobs import COMPLETED, JobStore
+
+
+def standalone_config(source: str) -> Config:
+    """Defaults for ``export SRC`` without --config: the source's parent is the data root (and
+    holds the job records in .jobs/); nothing else of a config matters to an export."""
+    parent = Path(os.path.realpath(os.path.abspath(source))).parent
+    return parse_config({"collection": {"log_dir": str(parent)}})
 
 
 def _export(args: argparse.Namespace) -> int:
     from .export.runner import ExportService
 
+    source = args.source or args.source_opt
+    if not source:
+        print("eva-export: export needs the source directory (eva-export export SRC --format F)", file=sys.stderr)
+        return 2
     try:
-        config = load_config(args.config)
+        config = load_config(args.config) if args.config else standalone_config(source)
         svc = ExportService(config, background=False, recover=False)
-        job = svc.run(args.source, args.fmt)
+        job = svc.run(source, args.fmt)
     except EvaError as exc:
         print(f"eva-export: refused: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(job.to_dict(), indent=2))
+    if job.unrated_episodes:
+        total = job.accepted_episodes + job.rejected_episodes
+        print(f"eva-export: warning: {job.unrated_episodes} of {total} episodes have no quality field and no "
+              "verdict, so the rule put them in rejected. To accept them, rate them and export again: "
+              f"eva-export review {source} --episodes all --verdict pass", file=sys.stderr)
     if job.state != COMPLETED:
         print(f"eva-export: export failed: {job.error}", file=sys.stderr)
         return 1
+    return 0
+
+
+def parse_episodes(text: str) -> list[int] | None:
+    """'0,2,5-7' -> [0, 2, 5, 6, 7]; 'all' -> None (every episode)."""
+    if text.strip().lower() == "all":
+        return None
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"episodes {text!r}: use indices and ranges like 0,2,5-7, or all")
+        a, b = int(lo), int(hi) if sep else int(lo)
+        if b < a:
+            raise ValueError(f"episodes {text!r}: range {part} runs backwards")
+        out.extend(range(a, b + 1))
+    if not out:
+        raise ValueError("no episodes given")
+    return sorted(set(out))
+
+
+def _review(args: argparse.Namespace) -> int:
+    """Rate episodes of a v2.1 dataset through the capture node's single writer (no ROS)."""
+    from .dataset.meta import read_info
+    from .dataset.writer import DatasetWriter
+
+    root = Path(args.dir)
+    try:
+        wanted = parse_episodes(args.episodes)
+        writer = DatasetWriter(root, read_info(root))
+        indices = [e.episode_index for e in writer.episodes] if wanted is None else wanted
+        known = {e.episode_index for e in writer.episodes}
+        unknown = [i for i in indices if i not in known]
+        if unknown:  # check all before writing any: a typo rates nothing
+            raise ValueError(f"{root}: no episode(s) {unknown}; the dataset has {sorted(known)}")
+        for i in indices:
+            writer.review(i, args.verdict, args.note)
+    except (EvaError, ValueError, OSError) as exc:
+        print(f"eva-export: review refused: {exc}", file=sys.stderr)
+        return 2
+    print(f"{root}: {len(indices)} episode(s) set to verdict {args.verdict}"
+          + (f" with note {args.note!r}" if args.note is not None else ""))
+    return 0
+
+
+def _clean(args: argparse.Namespace) -> int:
+    from .export.clean import clean, parse_age
+
+    try:
+        age = parse_age(args.older_than)
+        if args.dirs:
+            roots = [Path(d) for d in args.dirs]
+            config = load_config(args.config) if args.config else None
+        else:
+            config = load_config(args.config)
+            roots = list(config.export.data_roots)
+        jobs = [config.export.jobs_dir] if config else [r / ".jobs" / "export" for r in roots]
+        rep = clean(roots, jobs, age)
+    except EvaError as exc:
+        print(f"eva-export: clean refused: {exc}", file=sys.stderr)
+        return 2
+    for line in rep.restored:
+        print(f"restored  {line}")
+    for line in rep.removed:
+        print(f"removed   {line}")
+    for line in rep.skipped:
+        print(f"skipped   {line}")
+    print(f"freed {rep.freed_bytes} bytes of staging")
     return 0
 
 
@@ -105,10 +193,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eva-export", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("export", help="quality-split and export a raw v2.1 dataset (synchronous)")
-    p.add_argument("--config", required=True, help="the eva_export YAML config")
-    p.add_argument("--source", required=True, help="the raw v2.1 dataset directory")
+    p.add_argument("source", nargs="?", help="the raw v2.1 dataset directory")
+    p.add_argument("--source", dest="source_opt", help="the same, as an option")
+    p.add_argument("--config", help="the eva_export YAML config (default: data root = the source's parent)")
     p.add_argument("--format", required=True, dest="fmt", choices=FORMATS)
     p.set_defaults(func=_export)
+    p = sub.add_parser("review", help="set or clear the operator verdict of episodes (no ROS needed)")
+    p.add_argument("dir", help="the raw v2.1 dataset directory")
+    p.add_argument("--episodes", required=True, help="indices and ranges (0,2,5-7) or all")
+    p.add_argument("--verdict", required=True, choices=("pass", "fail", "clear"))
+    p.add_argument("--note", default=None, help="replace the episode note")
+    p.set_defaults(func=_review)
+    p = sub.add_parser("clean", help="remove old staging, publication backups and finished job records")
+    p.add_argument("dirs", nargs="*", help="data roots (default: the config's export.data_roots)")
+    p.add_argument("--older-than", default="7d", help="age, e.g. 12h, 7d (default 7d); 0 removes all")
+    p.add_argument("--config", help="the eva_export YAML config")
+    p.set_defaults(func=_clean)
     p = sub.add_parser("jobs", help="list recorded export jobs as JSON")
     p.add_argument("--config", required=True)
     p.set_defaults(func=_jobs)

@@ -8,6 +8,8 @@ still known (the upload gate depends on it).
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
 import threading
 import time
 import uuid
@@ -23,7 +25,8 @@ QUEUED = "queued"
 RUNNING = "running"
 COMPLETED = "completed"
 FAILED = "failed"
-JOB_STATES = (QUEUED, RUNNING, COMPLETED, FAILED)
+INTERRUPTED = "interrupted"  # the process running it died (pid/host recorded); never resumed by itself
+JOB_STATES = (QUEUED, RUNNING, COMPLETED, FAILED, INTERRUPTED)
 
 
 @dataclass
@@ -55,6 +58,10 @@ class Job:
     unrated_episodes: int = 0  # export: no quality field and no verdict (rejected by the rule)
     attempts: int = 0  # upload: connection attempts so far
     last_error: str = ""  # upload: error of the last failed attempt, kept while retrying
+    pid: int = 0  # the process running the job (0: not recorded), to detect a dead runner
+    host: str = ""
+    staging_dir: str = ""  # export: staging left by a failed job (reused or removed by the next run)
+    staging_bytes: int = 0
 
     @classmethod
     def new(cls, kind: str, source_dir: str, fmt: str, **kw: Any) -> Job:
@@ -73,7 +80,11 @@ class Job:
 
     @property
     def finished(self) -> bool:
-        return self.state in (COMPLETED, FAILED)
+        return self.state in (COMPLETED, FAILED, INTERRUPTED)
+
+    def claim(self) -> None:
+        """Record this process as the job's runner (see JobStore.mark_dead_runners)."""
+        self.pid, self.host = os.getpid(), socket.gethostname()
 
 
 class JobStore:
@@ -83,6 +94,7 @@ class JobStore:
         self.dir = Path(jobs_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self.mark_dead_runners()
 
     def path(self, job_id: str) -> Path:
         return self.dir / f"{job_id}.json"
@@ -135,6 +147,29 @@ class JobStore:
                 best = job
         return best
 
+    def mark_dead_runners(self) -> list[Job]:
+        """Mark ``interrupted`` the unfinished jobs whose recorded process is gone.
+
+        Runs whenever a process opens the store (CLI or node), so a killed ``eva-export
+        export`` does not leave its job ``running`` forever. Only jobs of this host with a
+        recorded pid are judged; a pid that is alive (possibly reused) is left alone.
+        """
+        out = []
+        host = socket.gethostname()
+        for job in self.all():
+            if job.finished or not job.pid or job.host != host or _alive(job.pid):
+                continue
+            job.state = INTERRUPTED
+            job.error = (f"interrupted: process {job.pid} on {job.host} died before the job finished; "
+                         "start the export again (its staging is reused)")
+            job.finished_at = time.time()
+            try:
+                self.save(job)
+            except OSError:
+                continue  # a read-only store: report it as it is
+            out.append(job)
+        return out
+
     def mark_interrupted(self) -> list[Job]:
         """Fail the jobs a previous process left queued or running (called at start-up)."""
         out = []
@@ -146,3 +181,13 @@ class JobStore:
                 self.save(job)
                 out.append(job)
         return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True

@@ -316,6 +316,8 @@ def _refusal_cases(tmp_path: Path, cfg: Config) -> Export:
     ("marker_rejected", r"says subset 'rejected': a rejected directory is never uploaded"),
     ("no_backend", r"no upload backend is configured"),
     ("unknown_format", r"format 'parquet' is not one of"),
+    ("empty_accepted", r"accepted subset is empty \(0 of 2 episodes accepted\): nothing to upload; 2 episode\(s\) "
+                       r"have no quality field and no verdict"),
 ])
 def test_gate_refusals(tmp_path: Path, case: str, message: str) -> None:
     sftp = None if case == "no_backend" else SftpSettings(
@@ -357,6 +359,9 @@ def test_gate_refusals(tmp_path: Path, case: str, message: str) -> None:
                      source_episode_indices=[0]).write(exp.accepted)
     elif case == "unknown_format":
         fmt = "parquet"
+    elif case == "empty_accepted":  # e.g. a LeRobot dataset without quality fields
+        QualitySplit(source_dir=source, subset="accepted", dataset_format="hdf5", source_episode_indices=[],
+                     rejected_count=2, unrated_count=2).write(exp.accepted)
     service = UploadService(cfg)
     with pytest.raises(UploadRefused, match=message):
         service.start(source, fmt, accepted)

@@ -152,6 +152,13 @@ def to_np(x: Any) -> np.ndarray:
 # our side: metadata, Parquet and PyAV, read without LeRobot
 
 
+def decode_png(data: bytes) -> np.ndarray:
+    """An image stored in Parquet, decoded with PyAV (independent of LeRobot's PIL path)."""
+    import av
+
+    return av.CodecContext.create("png", "r").decode(av.Packet(data))[0].to_ndarray(format="rgb24")
+
+
 class OurDataset:
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -161,6 +168,8 @@ class OurDataset:
         self.features = self.info["features"]
         self.video_keys = [k for k, f in self.features.items() if f.get("dtype") == "video"]
         self.value_keys = [k for k, f in self.features.items() if f.get("dtype") not in ("video", "image")]
+        # images stored in Parquet (LeRobot's use_videos=False): a column, and a camera for LeRobot
+        self.image_keys = [k for k, f in self.features.items() if f.get("dtype") == "image"]
         self.tasks = self._tasks()
         self.episodes = self._episodes()  # episode_index -> row dict
         self._tables: dict[Path, Any] = {}
@@ -339,6 +348,11 @@ def check_schema(res: Results, ours: OurDataset) -> None:
     for f in files:
         schema = pq.read_schema(f)
         names = set(schema.names) - {"__index_level_0__"}
+        for k in ours.image_keys:
+            t = schema.field(k).type if k in names else None
+            if t is None or not pa.types.is_struct(t) or {t.field(i).name for i in range(t.num_fields)} != {"bytes", "path"}:
+                c.fail(f"{f.relative_to(ours.root)}: image feature {k} is {t}, not struct<bytes, path>")
+        names -= set(ours.image_keys)
         if names != set(ours.value_keys):
             c.fail(f"{f.relative_to(ours.root)}: columns {sorted(names)} != non-video features "
                    f"{sorted(ours.value_keys)}")
@@ -393,7 +407,8 @@ def run(args: argparse.Namespace) -> int:
     for what, got, want in (("num_episodes", ds.num_episodes, len(ours.episodes)),
                             ("num_frames", ds.num_frames, int(ours.info["total_frames"])),
                             ("fps", ds.fps, ours.info["fps"]),
-                            ("camera_keys", sorted(ds.meta.camera_keys), sorted(ours.video_keys))):
+                            ("camera_keys", sorted(ds.meta.camera_keys),
+                             sorted(ours.video_keys + ours.image_keys))):
         (c.ok() if got == want else c.fail(f"{what}: LeRobot {got!r} vs ours {want!r}"))
 
     check_schema(res, ours)
@@ -492,6 +507,17 @@ def run(args: argparse.Namespace) -> int:
                        f"ours {want} task {task_want!r}")
             else:
                 c.ok()
+            for key in ours.image_keys:  # PNG in our Parquet row vs the image LeRobot returns
+                c = res["images"]
+                ref = decode_png(cols[key][pos]["bytes"])
+                lr_img = lerobot_image_to_hwc_uint8(item[key])
+                if ref.shape != lr_img.shape:
+                    c.fail(f"episode {ep} {key} frame {pos}: shape LeRobot {lr_img.shape} vs ours {ref.shape}")
+                    continue
+                d = mean_abs_diff(ref, lr_img)
+                c.worst = max(c.worst, d)
+                (c.ok() if d < args.max_mean_diff else
+                 c.fail(f"episode {ep} {key} frame {pos}: mean abs diff {d:.2f} levels"))
             for key in ours.video_keys:
                 path, _ = ours.video_location(ep, key)
                 frames = ours.decode(path)
@@ -528,7 +554,7 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(f"{'check':<20} {'pass':>6} {'fail':>6}  worst")
     for c in res.checks.values():
-        worst = f"{c.worst:.3g}" if c.name in ("frames", "source frames", "timestamps", "float64 precision") else ""
+        worst = f"{c.worst:.3g}" if c.name in ("frames", "images", "source frames", "timestamps", "float64 precision") else ""
         print(f"{c.name:<20} {c.passed:>6} {c.failed:>6}  {worst}")
     for c in res.checks.values():
         for m in c.failures:

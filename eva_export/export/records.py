@@ -37,6 +37,7 @@ class QualitySplit:
     rejected_count: int = 0
     created_at: str = ""
     job_id: str = ""
+    unrated_count: int = 0  # source episodes with no quality field and no verdict (all rejected)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -221,6 +221,8 @@ class ExportService:
                 setattr(job, k, v)
 
     def _execute(self, job: Job) -> None:
+        with self._lock:
+            job.claim()  # pid/host: a later JobStore marks the job interrupted if this process dies
         self._set(job, state=RUNNING)
         self._save(job, force=True)
         try:
@@ -231,6 +233,8 @@ class ExportService:
         except Exception as exc:  # noqa: BLE001 - a job never takes the worker down
             log.exception("export job %s crashed", job.job_id)
             self._set(job, state=FAILED, error=f"{type(exc).__name__}: {exc}", finished_at=time.time())
+        if job.state == FAILED:
+            self._record_staging(job)
         self._save(job, force=True)
         with self._lock:
             self._lock.notify_all()
@@ -241,7 +245,21 @@ class ExportService:
         paths = ExportPaths.of(source, fmt)
         exporter = None if fmt == FORMAT_V21 else (self.exporters[fmt]() if fmt in self.exporters
                                                    else load_exporter(fmt, **exporter_options(self.config, fmt)))
-        check = validate_source(source, allow_empty_dataset=False)  # before anything is written
+        if paths.backups():
+            with export_lock(paths):
+                # A kill between the two publication renames left the old pair in .backup-*:
+                # put it back first, so a validation failure below cannot leave it there.
+                recover_pair(paths)
+        try:
+            check = validate_source(source, allow_empty_dataset=False)  # before anything is written
+        except EvaError:
+            # The source changed into something invalid: an earlier run's staging of it can
+            # never be reused. Remove it rather than keep it (it may be large).
+            if paths.staging.exists():
+                with export_lock(paths):
+                    log.warning("%s: removing stale staging %s", source, paths.staging)
+                    shutil.rmtree(paths.staging, ignore_errors=True)
+            raise
         faults.check("validate")
         n = len(check.episodes)
         self._set(job, episodes_total=n if exporter is None else 2 * n, files_total=check.files_total,
@@ -261,15 +279,24 @@ class ExportService:
             prepare_staging(paths.staging, check.root, fmt, check.source_hash)
             split = NativeSplit(check, paths.staging, job.job_id, progress=SplitProgress(on_unit),
                                 faults=faults).run()
+            self._set(job, unrated_episodes=len(split.unrated))
             pair = paths.staging / "native"
             if exporter is not None:
                 pair = self._convert(job, exporter, paths.staging, faults)
+            verify_staged(fmt, pair, exporter)  # publish only what verifies
+            faults.check("verified")
             publish_pair(paths, pair, job.job_id, faults)
             shutil.rmtree(paths.staging, ignore_errors=True)
         acc, rej = split.subsets[ACCEPTED], split.subsets[REJECTED]
         self._set(job, accepted_dir=str(paths.accepted), rejected_dir=str(paths.rejected),
                   accepted_episodes=acc.episodes, accepted_frames=acc.frames,
                   rejected_episodes=rej.episodes, rejected_frames=rej.frames)
+
+    def _record_staging(self, job: Job) -> None:
+        """A failed job names the staging it leaves (kept for resume) and its size."""
+        staging = ExportPaths.of(Path(job.source_dir), job.format).staging
+        if staging.is_dir():
+            self._set(job, staging_dir=str(staging), staging_bytes=tree_bytes(staging))
 
     def _convert(self, job: Job, exporter: Any, staging: Path, faults: Faults) -> Path:
         from ..formats.base import Progress  # no ROS, no heavy imports
@@ -288,6 +315,36 @@ class ExportService:
             if p.name not in SUBSETS:
                 shutil.rmtree(p) if p.is_dir() else p.unlink()
         return out
+
+
+def tree_bytes(root: Path) -> int:
+    total = 0
+    for dirpath, _dirs, names in os.walk(root):
+        for n in names:
+            try:
+                total += os.lstat(os.path.join(dirpath, n)).st_size
+            except OSError:
+                continue
+    return total
+
+
+def verify_staged(fmt: str, pair: Path, exporter: Any = None) -> None:
+    """Run the format's verifier (``eva-export verify``) on both staged subsets; raise on findings.
+
+    Cheap by design: totals against the files, frame counts from the container index or by
+    demuxing (lerobot_v21: no full decode), and one sample read per subset.
+    """
+    verifier = exporter  # the object that wrote it knows its layout (also an injected backend)
+    if verifier is None or not hasattr(verifier, "verify"):
+        registry: Any = importlib.import_module("eva_export.formats.registry")
+        verifier = registry.get_exporter(fmt, **({"decode_frames": False} if fmt == FORMAT_V21 else {}))
+    findings = []
+    for name in SUBSETS:
+        report = verifier.verify(pair / name)
+        findings += [f"{name}: {e}" for e in report.errors]
+    if findings:
+        shown = "; ".join(findings[:8]) + (f"; ... ({len(findings) - 8} more)" if len(findings) > 8 else "")
+        raise ExportError(f"the staged {fmt} export failed verification, nothing was published: {shown}")
 
 
 __all__ = ["ExportService", "load_exporter", "ACCEPTED", "REJECTED"]

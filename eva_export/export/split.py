@@ -51,6 +51,16 @@ def classify(row: EpisodeRow) -> str:
     return ACCEPTED if row.quality.strip().lower() == "green" else REJECTED
 
 
+def is_unrated(row: EpisodeRow) -> bool:
+    """No quality field and no operator verdict: the rule rejects it, but nobody judged it.
+
+    Datasets recorded by other tools (LeRobot's own recorder) have no quality fields at all;
+    their episodes all land in rejected. Counted so the user is told, not left with
+    "accepted 0" and no reason.
+    """
+    return not row.quality.strip() and not row.qc_verdict.strip()
+
+
 class Faults:
     """Named checkpoints; raising at the one named ``fail_at`` lets tests break any step."""
 
@@ -78,6 +88,11 @@ class SplitPlan:
     check: SourceCheck
     subsets: dict[str, list[PlannedEpisode]]
     tasks: dict[str, list[tuple[int, str]]]  # subset -> [(new task_index, text)]
+
+    @property
+    def unrated(self) -> list[int]:
+        """Source indices of the episodes with no quality field and no verdict."""
+        return [e.index for e in self.check.episodes if is_unrated(e.row)]
 
     @property
     def in_source_order(self) -> list[PlannedEpisode]:
@@ -118,6 +133,7 @@ class SplitResult:
     subsets: dict[str, SubsetResult]
     reused: int = 0
     built: int = 0
+    unrated: list[int] = field(default_factory=list)  # source indices: no quality, no verdict
 
 
 @dataclass
@@ -348,6 +364,7 @@ def make_marker(plan: SplitPlan, name: str, fmt: str, job_id: str) -> QualitySpl
         episode_count=len(items), frame_count=sum(p.source.rows for p in items),
         accepted_count=len(plan.subsets[ACCEPTED]), rejected_count=len(plan.subsets[REJECTED]),
         created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), job_id=job_id,
+        unrated_count=len(plan.unrated),
     )
 
 
@@ -371,7 +388,7 @@ class NativeSplit:
             marker = make_marker(plan, name, self.marker_format, self.job_id)
             out[name] = assemble_subset(plan, name, self.staging, marker)
             self.faults.check(f"assemble_{name}")
-        return SplitResult(out, reused=reused, built=built)
+        return SplitResult(out, reused=reused, built=built, unrated=plan.unrated)
 
 
 def split_dataset(source: Path, out_root: Path, job_id: str = "") -> SplitResult:

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from ..dataset import stats as stats_mod
 from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS, DatasetMeta, read_meta
 from ..dataset.records import CODEBASE_V21, FORMAT_V21, DatasetInfo, EpisodeRow
+from ..dataset.video import iter_frames
 from ..errors import DatasetError, ExportError
 from ..export.records import QUALITY_SPLIT_FILE, QualitySplit
 from ..fsutil import atomic_write_json, fsync_dir, read_json
@@ -101,14 +102,57 @@ def episode_stats(meta: DatasetMeta, ep: EpisodeRow, table: pa.Table) -> dict[st
     """The episode's statistics: from episodes_stats.jsonl, table columns filled in when missing."""
     st = copy.deepcopy(meta.episodes_stats[ep.episode_index].stats) if ep.episode_index in meta.episodes_stats else {}
     for name in table.column_names:
-        if name not in st and name in meta.info.features:
+        if name not in st and name in meta.info.features and not meta.info.features[name].is_visual:
             st[name] = stats_mod.column_stats(column_numpy(table, name))
     return st
 
 
 def missing_image_stats(meta: DatasetMeta, ep: EpisodeRow) -> list[str]:
+    """Cameras (video or image-in-Parquet) whose statistics the source did not record."""
     have = meta.episodes_stats.get(ep.episode_index)
-    return [k for k in meta.info.video_keys if have is None or k not in have.stats]
+    return [k for k in meta.info.visual_keys if have is None or k not in have.stats]
+
+
+def parquet_image_keys(info: DatasetInfo) -> list[str]:
+    """Features stored as images inside the Parquet table (LeRobot's ``use_videos=False``)."""
+    return [k for k, f in info.features.items() if f.dtype == "image"]
+
+
+def decode_png(data: bytes, where: str) -> np.ndarray:
+    """One encoded image (PNG, as LeRobot embeds it; any still format FFmpeg knows) as RGB uint8."""
+    import av  # PyAV decodes the image; no Pillow needed
+
+    for name in ("png", "mjpeg"):
+        if name == "mjpeg" and not data.startswith(b"\xff\xd8"):
+            continue
+        if name == "png" and not data.startswith(b"\x89PNG"):
+            continue
+        try:
+            cc = av.CodecContext.create(name, "r")
+            frames = cc.decode(av.Packet(data))
+            if frames:
+                return np.asarray(frames[0].to_ndarray(format="rgb24"))
+        except av.FFmpegError as exc:
+            raise ExportError(f"{where}: undecodable image ({exc})") from exc
+    raise ExportError(f"{where}: not a PNG or JPEG image ({len(data)} bytes)")
+
+
+def iter_table_images(table: pa.Table, key: str, where: str) -> Iterator[np.ndarray]:
+    """The frames of an image column (``struct<bytes, path>`` per row), decoded one at a time."""
+    col = table.column(key)
+    for i in range(table.num_rows):
+        value = col[i].as_py()
+        data = value.get("bytes") if isinstance(value, dict) else value
+        if not isinstance(data, (bytes, bytearray)) or not data:
+            raise ExportError(f"{where}: {key} row {i} holds no embedded image bytes")
+        yield decode_png(bytes(data), f"{where}: {key} row {i}")
+
+
+def camera_frames(meta: DatasetMeta, episode_index: int, table: pa.Table, key: str) -> Iterator[np.ndarray]:
+    """One camera's frames of one episode, from its MP4 or from its Parquet image column."""
+    if meta.info.features[key].dtype == "image":
+        return iter_table_images(table, key, f"episode {episode_index}")
+    return iter_frames(meta.video_path(key, episode_index))
 
 
 def image_stats_of(frames: Iterator[np.ndarray]) -> dict[str, Any]:
@@ -251,8 +295,21 @@ def check_totals(report: VerifyReport, info: dict[str, Any], episodes: int, fram
         report.checks.append(f"info.json totals match {what}: {episodes} episodes, {frames} frames")
 
 
-def check_sample(report: VerifyReport, state: Any, action: Any, frame: Any, where: str) -> None:
-    """Record the real read of one state value, one action value and one image frame."""
+def check_sample(report: VerifyReport, state: Any, action: Any, frame: Any, where: str,
+                 empty: bool = False) -> None:
+    """Record the real read of one state value, one action value and one image frame.
+
+    ``empty``: the subset physically holds no episode (every episode landed on the other side
+    of the split). That is a valid output when info.json says 0 episodes and 0 frames; there
+    is nothing to read, and check_totals has already compared the claim with the files.
+    """
+    if empty:
+        if report.episodes == 0 and report.frames == 0:
+            report.checks.append(f"empty subset: 0 episodes, 0 frames; nothing to read in {where}")
+        else:
+            report.errors.append(f"real read: no episode to read in {where}, but info.json claims "
+                                 f"{report.episodes} episodes / {report.frames} frames")
+        return
     parts = []
     errors_before = len(report.errors)
     if state is None:

@@ -32,7 +32,6 @@ import numpy as np
 
 from ..dataset.meta import INFO, DatasetMeta
 from ..dataset.records import DatasetInfo
-from ..dataset.video import iter_frames
 from ..errors import ExportError, VideoError
 from ..fsutil import read_json
 from . import _common as common
@@ -116,7 +115,7 @@ class Hdf5Exporter:
         self.resumed = common.export_episode_files(
             Path(native_subset), Path(out_dir), progress or Progress(), self.name, "hdf5",
             write_episode=lambda tmp, meta, ep, table: self._write_episode(tmp, meta, ep.episode_index, ep.to_dict(), table),
-            is_complete=lambda path, meta, ep: _complete(path, ep.length, len(meta.info.video_keys)))
+            is_complete=lambda path, meta, ep: _complete(path, ep.length, len(meta.info.visual_keys)))
 
     def _write_episode(self, tmp: Path, meta: DatasetMeta, episode_index: int, row: dict[str, Any],
                        table: Any) -> None:
@@ -124,15 +123,16 @@ class Hdf5Exporter:
             f.attrs["dataset_format"] = FORMAT
             f.attrs["episode_index"] = episode_index
             cols, imgs, md = (f.create_group(g) for g in GROUPS)
-            for i, name in enumerate(table.column_names):
+            visual = meta.info.visual_keys  # MP4 cameras and images stored in Parquet alike
+            for i, name in enumerate(n for n in table.column_names if n not in visual):
                 _write_value(cols, i, name, common.column_numpy(table, name))
             for i, (key, value) in enumerate(list(row.items()) + [("fps", meta.info.fps)]):
                 _write_value(md, i, key, value)
-            for i, key in enumerate(meta.info.video_keys):
+            for i, key in enumerate(visual):
                 g = imgs.create_group(item_name(i))
                 g.attrs["key"] = key
                 g.attrs["kind"] = "array"
-                with common.Prefetch(iter_frames(meta.video_path(key, episode_index)), self.prefetch) as frames:
+                with common.Prefetch(common.camera_frames(meta, episode_index, table, key), self.prefetch) as frames:
                     self._append_frames(g, episode_index, key, frames, table.num_rows)
 
     def _append_frames(self, g: h5py.Group, episode_index: int, key: str, frames: Iterable[np.ndarray],
@@ -159,6 +159,8 @@ class Hdf5Exporter:
                 n += 1
         except VideoError as exc:
             raise ExportError(f"episode {episode_index}: {key}: {exc}") from exc
+        if ds is None:  # no frame at all: nothing told the shape
+            raise ExportError(f"episode {episode_index}: {key} has no frames, the table has {rows} rows")
         if n != rows:
             raise ExportError(f"episode {episode_index}: {key} has {n} frames, the table has {rows} rows")
 
@@ -228,7 +230,7 @@ def verify_hdf5(root: Path) -> VerifyReport:
         report.checks.append(f"{len(episodes)} episode files: columns/images/metadata present, axis 0 of every "
                              "images/*/value equals the rows")
     common.check_totals(report, info, len(episodes), rows_total, "the HDF5 files")
-    common.check_sample(report, *sample, where="episode 0 (h5py)")
+    common.check_sample(report, *sample, where="episode 0 (h5py)", empty=not episodes)
     return report
 
 

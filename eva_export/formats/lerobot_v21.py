@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from ..dataset.meta import DatasetMeta, read_meta
 from ..dataset.records import FORMAT_V21
 from ..dataset.video import count_frames, decode_count, iter_frames
-from ..errors import DatasetError, VideoError
+from ..errors import DatasetError, ExportError, VideoError
 from ..export.records import QUALITY_SPLIT_FILE
 from . import _common as common
 from .base import Progress, VerifyReport
@@ -101,7 +101,7 @@ class LeRobotV21Exporter:
 
     def _sample(self, meta: DatasetMeta, report: VerifyReport) -> None:
         if not meta.episodes:
-            report.errors.append("no episodes to read")
+            common.check_sample(report, None, None, None, "the episode tables", empty=True)
             return
         ep = meta.episodes[0].episode_index
         state_key, action_key = common.state_action_keys(meta.info)
@@ -110,7 +110,13 @@ class LeRobotV21Exporter:
         action = (common.column_numpy(table, action_key)[0]
                   if action_key in table.column_names and action_key else None)
         frame = None
-        if meta.info.video_keys:
+        image_keys = common.parquet_image_keys(meta.info)
+        if not meta.info.video_keys and image_keys:
+            try:
+                frame = next(common.iter_table_images(table, image_keys[0], f"episode {ep}"), None)
+            except ExportError as exc:
+                report.errors.append(str(exc))
+        elif meta.info.video_keys:
             try:
                 frame = next(iter_frames(meta.video_path(meta.info.video_keys[0], ep)), None)
             except VideoError as exc:

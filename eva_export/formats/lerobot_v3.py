@@ -74,11 +74,17 @@ def _hf_value(typ: pa.DataType) -> dict[str, Any]:
     return {"dtype": _HF_DTYPES.get(str(typ), str(typ)), "_type": "Value"}
 
 
+def _is_image_struct(typ: pa.DataType) -> bool:
+    return pa.types.is_struct(typ) and {typ.field(i).name for i in range(typ.num_fields)} == {"bytes", "path"}
+
+
 def v3_data_schema(src: pa.Schema) -> pa.Schema:
     """The source schema with the 'huggingface' metadata LeRobot 0.4 writes (``_type: List``)."""
     feats: dict[str, Any] = {}
     for f in src:
-        if pa.types.is_fixed_size_list(f.type):
+        if _is_image_struct(f.type):  # LeRobot's image feature: PNG bytes + path, HF type "Image"
+            feats[f.name] = {"_type": "Image"}
+        elif pa.types.is_fixed_size_list(f.type):
             feats[f.name] = {"feature": _hf_value(f.type.value_type), "length": f.type.list_size, "_type": "List"}
         elif pa.types.is_list(f.type) or pa.types.is_large_list(f.type):
             feats[f.name] = {"feature": _hf_value(f.type.value_type), "_type": "List"}
@@ -220,8 +226,16 @@ class _CodecParams:
 
 
 def _params(stream: av.video.stream.VideoStream) -> _CodecParams:
+    """The stream's codec parameters, named by codec id (AV1, H.264...), never by the decoder.
+
+    PyAV opens AV1 with the decoder ``libdav1d``; its name is not a codec anything can mux.
+    Two streams are joinable when the codec id and these parameters agree, whichever decoder
+    PyAV picked for them.
+    """
     cc = stream.codec_context
-    return _CodecParams(cc.name, cc.width, cc.height, str(cc.pix_fmt), bytes(cc.extradata or b""))
+    codec = cc.codec
+    return _CodecParams(f"id{codec.id}:{codec.type}", cc.width, cc.height, str(cc.pix_fmt),
+                        bytes(cc.extradata or b""))
 
 
 class _VideoShards:
@@ -250,7 +264,10 @@ class _VideoShards:
                                                 file_index=self.loc.file_index)
         path.parent.mkdir(parents=True, exist_ok=True)
         self.container = av.open(str(path), mode="w", format="mp4", options={"movflags": "faststart"})
-        self.stream = self.container.add_stream_from_template(template)
+        # opaque=True copies the input's codec parameters (codec id, extradata, size, pix_fmt)
+        # without opening an encoder; the default looks a codec up by the DECODER's name, which
+        # fails for AV1 (libdav1d) and any other codec PyAV decodes with a named library.
+        self.stream = self.container.add_stream_from_template(template, opaque=True)
         self.params, self.frames, self.size = params, 0, 0
         self.files.append(path)
 
@@ -394,7 +411,7 @@ class LeRobotV3Exporter:
                     written += meta.video_path(key, ep.episode_index).stat().st_size
                 st = common.episode_stats(meta, ep, table)
                 for key in common.missing_image_stats(meta, ep):
-                    st[key] = common.image_stats_of(iter_frames(meta.video_path(key, ep.episode_index)))
+                    st[key] = common.image_stats_of(common.camera_frames(meta, ep.episode_index, table, key))
                     computed.setdefault(ep.episode_index, {})[key] = st[key]
                 for key in info.table_keys:
                     if key not in st:
@@ -423,7 +440,7 @@ class LeRobotV3Exporter:
         common.copy_common_meta(src, out)
         stats = common.dataset_stats(meta, {ep.episode_index: s for ep, s in zip(meta.episodes, ep_stats)})
         missing = [k for k in info.features if k not in stats]
-        if missing:
+        if missing and meta.episodes:  # an empty subset has no values to describe: stats {}
             raise ExportError(f"no statistics for features {missing}")
         atomic_write_json(out / STATS, stats)
         atomic_write_json(out / INFO, self._info(info, len(meta.episodes), offset, len(meta.tasks)))
@@ -455,7 +472,10 @@ class LeRobotV3Exporter:
                         ep_stats: list[dict[str, Any]]) -> None:
         cols: dict[str, pa.Array] = {}
         n = len(rows)
-        for name in rows[0] if rows else _LOCATOR_COLUMNS:
+        names = list(rows[0]) if rows else list(_LOCATOR_COLUMNS) + [
+            f"videos/{k}/{c}" for k in meta.info.video_keys
+            for c in ("chunk_index", "file_index", "from_timestamp", "to_timestamp")]
+        for name in names:
             values = [r.get(name) for r in rows]
             if name == "tasks":
                 cols[name] = pa.array(values, pa.list_(pa.string()))
@@ -608,7 +628,9 @@ def verify_v3(root: Path) -> VerifyReport:
     try:
         stats = read_json(root / STATS)
         missing = [k for k in info["features"] if k not in stats]
-        if missing:
+        if not eps and not stats:
+            report.checks.append("stats.json is empty, as an empty subset's must be")
+        elif missing:
             report.errors.append(f"stats.json lacks {missing}")
         else:
             report.checks.append("stats.json covers every feature (cameras included)")
@@ -627,12 +649,18 @@ def verify_v3(root: Path) -> VerifyReport:
             r = e["dataset_from_index"] - first
             state = common.column_numpy(t, state_key)[r] if state_key else None
             action = common.column_numpy(t, action_key)[r] if action_key else None
-            if video_keys:
+            image_keys = [k for k, f in info["features"].items() if f["dtype"] == "image"]
+            if not video_keys and image_keys:
+                col = pq.read_table(path, columns=[image_keys[0]]).column(image_keys[0])[r].as_py()
+                frame = common.decode_png(col["bytes"], f"{path.name} row {r}")
+            elif video_keys:
                 k = video_keys[0]
                 vpath = root / str(info["video_path"]).format(video_key=k, chunk_index=e[f"videos/{k}/chunk_index"],
                                                               file_index=e[f"videos/{k}/file_index"])
                 frame = decode_frame_at(vpath, round(e[f"videos/{k}/from_timestamp"] * fps), fps)
-        except (OSError, pa.ArrowException, VideoError, KeyError) as exc:
+        except (OSError, pa.ArrowException, VideoError, KeyError, TypeError, ExportError) as exc:
             report.errors.append(f"real read failed: {exc}")
         common.check_sample(report, state, action, frame, "episode 0 via the locator (pyarrow + PyAV)")
+    else:
+        common.check_sample(report, None, None, None, "the episode metadata", empty=True)
     return report

@@ -124,6 +124,13 @@ def check_upload(
             f"{marker_path} says source_dir {marker.source_dir!r}, which is not the current source "
             f"{source}: export this source again"
         )
+    if not marker.source_episode_indices:  # the split put every episode in rejected
+        unrated = f"; {marker.unrated_count} episode(s) have no quality field and no verdict (rate them with " \
+                  "eva-export review, then export again)" if marker.unrated_count else ""
+        raise UploadRefused(
+            f"{marker_path} says the accepted subset is empty (0 of "
+            f"{marker.accepted_count + marker.rejected_count} episodes accepted): nothing to upload{unrated}"
+        )
     if target in running:
         raise UploadRefused(f"an upload of {target} is already running; wait for it to finish")
     return marker
