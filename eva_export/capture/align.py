@@ -14,11 +14,12 @@ The rule (one definition, used by the recorder and tested in tests/test_capture_
     ``t`` is "when the message would have arrived without any scheduling or transport delay"
     and delivery jitter does not move a message on the grid.
   - a message without a stamp (Float64MultiArray) or with a zero stamp is placed by its receive
-    time, which is already in the grid's base (the same offset, seen from the other side). When
-    such a stream delivers a burst (messages closer together than half its usual period, the
-    sign of a delayed delivery catching up), the pending messages of the burst are spread back
-    at the stream's period (at most ``UNSTAMPED_HOLD_S``, which is how long slots wait for such
-    a stream), so a stall of the publisher or of our callbacks does not read as lost messages.
+    time corrected the same way, with the stamp it does not carry replaced by its sample
+    number: message n is taken one period after message n-1, and never after it arrived
+    (``_track``: the running minimum of receive time minus sample time, followed message by
+    message and kept within ``UNSTAMPED_HOLD_S`` of the arrival). A burst of late messages
+    keeps its period spacing instead of piling up in one slot, so a stall of the publisher or
+    of our callbacks does not read as lost messages.
 
   Cases: stamps from another host's clock (a constant offset, seconds or hours) are absorbed by
   the offset estimate; a clock that steps forward is followed at once (the minimum drops), one
@@ -28,14 +29,15 @@ The rule (one definition, used by the recorder and tested in tests/test_capture_
   (``time_base``).
 * **t0**: the grid starts once every stream has delivered at least one message since START.
   With a reference stream (the first camera), t0 is the source time of the first reference
-  message that arrives when all streams are present (or the one that completes the set), so
+  message taken after START (not one in flight at START) that arrives when all streams are
+  present (or the one that completes the set), so
   camera frames sit in the middle of their slot windows. Without a reference, t0 is the source
   time of the message that completes the set. If some stream is still silent ``grace_s`` after
   START, the grid starts anyway and the silent stream contributes placeholders.
 * **Slot k** is at ``t_k = t0 + k / fps`` for every k with ``t_k <= t_stop`` (STOP's receive
   time, same base). Messages with ``t > t_stop + tolerance`` are not part of the episode.
-* **Window and pick**: slot k owns the source times ``(t_{k-1} + tol, t_k + tol]`` (slot 0:
-  everything up to ``t_0 + tol``; default tolerance half a period). Each stream contributes the
+* **Window and pick**: slot k owns the source times ``(t_k - tol, t_k + tol]`` (default
+  tolerance half a period; older messages, before slot 0, only give the value to hold). Each stream contributes the
   message of that window nearest to ``t_k``; the others are superseded (faster streams).
 * **Drop**: a slot whose window holds no message of a stream is a drop for that stream (the
   previous value is held, so the table rows always equal the video frames). ``dropped`` means a
@@ -67,8 +69,9 @@ _JITTER_MAX_S = 2.0
 _JITTER_BIN_S = 1e-4
 #: A drop older than this many slots is final even if its message still turns up later.
 _PENDING_DROP_SLOTS = 600
-#: How far back a burst of an unstamped stream can be spread (it delays slots that long).
-UNSTAMPED_HOLD_S = 0.15
+#: An unstamped message is placed at most this long before its arrival.
+UNSTAMPED_HOLD_S = 0.25
+_TRACK_STRETCH = 1.02
 #: Streams whose offsets differ by less than this share the anchor stream's clock.
 SAME_CLOCK_S = 0.5
 
@@ -123,9 +126,19 @@ class ClockOffset:
         self._block_start: float | None = None
         self._suspects = 0
         self.observed = 0
+        self._arrivals: deque[float] = deque(maxlen=256)
+
+    @property
+    def period(self) -> float | None:
+        """Mean interval of the recent unstamped arrivals (robust to jitter, not to loss)."""
+        a = self._arrivals
+        return (a[-1] - a[0]) / (len(a) - 1) if len(a) >= 10 and a[-1] > a[0] else None
 
     def observe(self, recv: float, stamp: float | None) -> None:
-        if not stamp:  # no header or a zero stamp: nothing to learn
+        if not stamp:  # no header or a zero stamp: learn the stream's period instead
+            if self._arrivals and recv - self._arrivals[-1] > 1.0:
+                self._arrivals.clear()  # the stream paused: a new run
+            self._arrivals.append(recv)
             return
         d = recv - stamp
         if self._block_start is None or recv - self._block_start >= self.window_s:
@@ -181,8 +194,7 @@ class _Stream:
     last_stamp: float | None = None
     count: int = 0
     last_recv: float | None = None
-    intervals: deque[float] = field(default_factory=lambda: deque(maxlen=31))
-    period: float | None = None
+    track_t: float | None = None  # unstamped streams: source time of the newest message
     last_t: float | None = None
     max_gap: float = 0.0
     consumed_t: float = -math.inf  # source time of the newest sample used by a slot
@@ -286,12 +298,8 @@ class GridAligner:
         return s.t
 
     def _frontier(self, st: _Stream, stream: int) -> float:
-        """Source time up to which the stream is known complete. An unstamped message might be
-        the head of a burst that will be spread back, so its stream is held back a little."""
-        if st.newest is None:
-            return -math.inf
-        t = self._t(stream, st.newest)
-        return t if st.newest.stamp else t - min(UNSTAMPED_HOLD_S, self.budget)
+        """Source time up to which the stream is known complete (sources are in order)."""
+        return -math.inf if st.newest is None else self._t(stream, st.newest)
 
     def planned_slots(self) -> int:
         """Slots of the episode: emitted so far while recording, all of them once stopped."""
@@ -331,15 +339,12 @@ class GridAligner:
         else:
             st.stamped += 1
         t = self.source_time(stream, sample.recv, sample.stamp)
-        if not sample.stamp and st.last_recv is not None and sample.recv > st.last_recv:
-            # the usual period of an unstamped stream (median: robust to the bursts it detects)
-            st.intervals.append(sample.recv - st.last_recv)
-            if len(st.intervals) >= 5 and (st.period is None or st.count % 8 == 0):
-                st.period = sorted(st.intervals)[len(st.intervals) // 2]
+        if not sample.stamp:
+            t = self._track(st, sample.recv)
         st.last_recv = sample.recv
         if self.t_stop is not None and t > self.t_stop + self.tol:
             return self._emit_until(sample.recv, strict=True)  # after STOP: not in the episode
-        raw = sample.stamp if sample.stamp else sample.recv
+        raw = sample.stamp if sample.stamp else t
         if sample.stamp and st.last_stamp is not None and sample.stamp <= st.last_stamp:
             st.out_of_order += 1  # stamp went back (or a duplicate): never reorder the grid
             return self._emit_until(sample.recv, strict=True)
@@ -356,15 +361,47 @@ class GridAligner:
             self._late(stream, st, s)
         else:
             st.pending.append(s)
-            if not sample.stamp:
-                self._spread_burst(st)
-        if self.t0 is None and (self.t_stop is None or t <= self.t_stop):
+        # t0 is a sample taken after START (a frame in flight at START is not part of the take)
+        if self.t0 is None and t >= self.start and (self.t_stop is None or t <= self.t_stop):
             if self.reference is None:
                 if self._complete():
                     self._set_t0(stream, s)
             elif stream == self.reference and (was_complete or self._complete()):
                 self._set_t0(stream, s)
         return self._emit_until(sample.recv, strict=True)
+
+    def in_episode(self, stream: int, recv: float, stamp: float | None) -> bool:
+        """False for a message whose source time is after the STOP cut (not part of the take)."""
+        if self.t_stop is None:
+            return True
+        if stamp:
+            t = self.source_time(stream, recv, stamp)
+        else:
+            st = self._s[stream]
+            period = st.offset.period
+            t = recv
+            if period is not None and st.track_t is not None:
+                t = min(max(st.track_t + period * _TRACK_STRETCH, recv - UNSTAMPED_HOLD_S), recv)
+        return t <= self.t_stop + self.tol
+
+    def _track(self, st: _Stream, recv: float) -> float:
+        """Source time of an unstamped message: the previous one plus the stream's period, kept
+        within ``[recv - UNSTAMPED_HOLD_S, recv]``.
+
+        A message is never placed after its arrival, so the track follows the least-delayed
+        messages (the running minimum of receive minus sample time, with sample k taken at
+        k periods); late messages of a burst keep their period spacing instead of piling up on
+        their arrival time. The period is the stream's mean interval times ``_TRACK_STRETCH``:
+        the track drifts slowly towards the arrivals, so a lost message does not shift the
+        stream for good.
+        """
+        period = st.offset.period
+        if period is not None and st.track_t is not None:
+            t = min(max(st.track_t + period * _TRACK_STRETCH, recv - UNSTAMPED_HOLD_S), recv)
+        else:
+            t = recv
+        st.track_t = t
+        return t
 
     def _delay(self, stream: int, s: Sample) -> float:
         """Delivery delay beyond the stream's least one (its own offset estimate)."""
@@ -384,31 +421,6 @@ class GridAligner:
             st.pending_drops.remove(k)
         if st.held is None or (st.held.t is not None and st.held.seq < s.seq):
             st.held = s  # newer data for the slots to come (still a repeat if nothing else comes)
-
-    def _spread_burst(self, st: _Stream) -> None:
-        """Unstamped stream: spread a burst of pending messages back at the stream's period."""
-        p = st.period
-        if p is None or len(st.pending) < 2:
-            return
-        items = list(st.pending)
-        assert items[-1].t is not None and items[-2].t is not None
-        if items[-1].t - items[-2].t >= p / 2:
-            return
-        floor = st.consumed_t
-        changed = False
-        for j in range(len(items) - 2, -1, -1):
-            want = items[j + 1].t - p  # type: ignore[operator]
-            cur = items[j].t
-            assert cur is not None
-            if cur <= want:
-                break
-            new_t = max(want, floor + p / 2)
-            if new_t >= cur:
-                break
-            items[j] = replace(items[j], t=new_t)
-            changed = True
-        if changed:
-            st.pending = deque(items)
 
     def poll(self, now: float) -> list[Slot]:
         """Slots final at clock time ``now`` (quiet streams, the grace start, the stop)."""
@@ -483,7 +495,9 @@ class GridAligner:
                 t = self._t(i, s)
                 st.note_jitter(self._delay(i, s))
                 st.consumed_t = t
-                if best is None or abs(t - tk) < abs(best_t - tk):
+                if t <= tk - self.tol:
+                    st.held = s  # before the window (before slot 0): only a value to hold
+                elif best is None or abs(t - tk) < abs(best_t - tk):
                     best, best_t = s, t
             if best is not None:
                 st.held = best
@@ -506,9 +520,13 @@ def align_offline(streams: Sequence[Sequence[tuple[float, float | None]]], fps: 
     Payloads are the (stream, position) of each message.
     """
     events = sorted((recv, i, j, stamp) for i, msgs in enumerate(streams)
-                    for j, (recv, stamp) in enumerate(msgs) if recv >= start)
+                    for j, (recv, stamp) in enumerate(msgs))
     al = aligner or GridAligner(len(streams), fps, start, tolerance=tolerance, reference=reference,
                                 grace_s=grace_s, latency_budget=latency_budget)
+    for recv, i, _j, stamp in events:  # before START: only the clock estimates learn (as live)
+        if recv < start and al._s[i].own_offset:
+            al._s[i].offset.observe(recv, stamp)
+    events = [e for e in events if e[0] >= start]
     al.stop(stop)
     slots: list[Slot] = []
     for recv, i, j, stamp in events:

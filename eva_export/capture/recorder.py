@@ -553,7 +553,7 @@ class Recorder:
                 ep.aligner.stop(ep.t_stop)
             # the STOP cut is on source time, like the grid: a frame stamped before STOP but
             # delivered after it still belongs to the episode
-            if ep.aligner.source_time(i, recv, stamp) > ep.t_stop + ep.aligner.tol:
+            if not ep.aligner.in_episode(i, recv, stamp):
                 return
         spec = self.streams[i]
         ep.checker.on_message(i, recv, stamp)

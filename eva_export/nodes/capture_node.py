@@ -169,6 +169,8 @@ class CaptureNode(Node):
         for s in st.streams:
             ss = StreamStatus()
             ss.name, ss.topic, ss.received, ss.dropped, ss.rate_hz = s.name, s.topic, s.received, s.dropped, s.rate_hz
+            ss.late = s.late
+            ss.jitter_p50_ms, ss.jitter_p99_ms, ss.max_gap_ms = s.jitter_p50_ms, s.jitter_p99_ms, s.max_gap_ms
             msg.streams.append(ss)
         msg.last_episode_index = st.last_episode_index
         msg.last_episode_quality = st.last_episode_quality
