@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 
 #: Default time a slot waits for a late stream before it is final (receive clock, seconds).
-LATENCY_BUDGET_S = 0.3
+LATENCY_BUDGET_S = 0.5
 #: Delivery delays are kept in a histogram of 0.1 ms bins up to this many seconds (memory flat).
 _JITTER_MAX_S = 2.0
 _JITTER_BIN_S = 1e-4

@@ -303,6 +303,7 @@ class Recorder:
         self.last_message = ""
         self._decoders = [ImageDecoder() for _ in self.streams]
         self._closed = threading.Event()
+        self.recovered = self.recover_datasets()
         self._align_thread = threading.Thread(target=self._align_loop, name="capture-align", daemon=True)
         self._save_thread = threading.Thread(target=self._save_loop, name="capture-save", daemon=True)
         self._align_thread.start()
@@ -347,11 +348,26 @@ class Recorder:
                                         robot_type=self.col.robot_type, settings=self.video)
             elif (root / INFO).is_file():
                 dw = DatasetWriter(root, read_info(root), self.video)
-                dw.recover()
+                dw.recovered = dw.recover()
             else:
                 return None
             self._writers[name] = dw
             return dw
+
+    def recover_datasets(self) -> dict[str, list[str]]:
+        """Recover every configured dataset that exists, before any request is served, so
+        readers (list_episodes, exports, LeRobot) never see the state a crash left."""
+        out: dict[str, list[str]] = {}
+        for name in dict.fromkeys(t.dataset_name for t in self.col.tasks):
+            try:
+                dw = self._writer_for(name, create=False)
+            except (EvaError, OSError, ValueError) as exc:
+                log.error("cannot recover dataset %s: %s", self.col.dataset_dir(name), exc)
+                continue
+            if dw is not None and dw.recovered:
+                out[name] = dw.recovered
+                log.warning("dataset %s recovered at start-up: %s", dw.root, "; ".join(dw.recovered))
+        return out
 
     def _default_dataset(self, name: str) -> str:
         return name or self.col.tasks[0].dataset_name

@@ -81,6 +81,8 @@ class CaptureNode(Node):
         try:
             col = load_config(self.config_file).collection
             self.recorder = Recorder(col, stats_file=stats_file or None)
+            for name, actions in self.recorder.recovered.items():
+                self.get_logger().warning(f"dataset {name!r} recovered at start-up: {'; '.join(actions)}")
         except EvaError as exc:
             self.config_error = f"capture is unavailable: {exc}"
             self.get_logger().error(self.config_error)
