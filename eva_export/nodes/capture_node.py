@@ -11,15 +11,24 @@ The node is thin: subscription callbacks stamp the receive time, take a zero-cop
 message (ros_convert) and hand it to ``eva_export.capture.Recorder``, which aligns, checks,
 encodes and saves in its own threads. Unless FASTDDS_DEFAULT_PROFILES_FILE is set, the shipped
 shared-memory DDS profile (config/fastdds_shm.xml) is used.
+
+After a crash (kill -9) Fast DDS leaves its shared-memory ports and segments in /dev/shm.
+Before rclpy starts, the node runs Fast DDS's own clean-up (``fastdds shm clean``: it removes
+only segments and ports whose lock no live process holds; EVA_NO_SHM_CLEAN=1 skips it), and
+``SILENT_CHECK_S`` seconds after start it warns about every configured stream that received
+nothing while a publisher of its topic is on the graph (the "deaf restart": a publisher that
+still writes into the dead process's port; see config/fastdds_shm.xml).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import rclpy
@@ -49,7 +58,11 @@ from eva_export.nodes.common import (
     service_group,
 )
 
+log = logging.getLogger(__name__)
+
 NODE_NAME = "eva_capture"
+#: Seconds after start-up when silent streams with a publisher on the graph are reported.
+SILENT_CHECK_S = 5.0
 CAPTURE_STATUS_PERIOD = 0.5
 CAMERA_QOS_DEPTH = 5
 VECTOR_QOS_DEPTH = 50
@@ -94,6 +107,9 @@ class CaptureNode(Node):
         self.create_service(CancelCapture, "~/cancel", self._on_cancel, callback_group=group)
         self.create_service(ListEpisodes, "~/list_episodes", self._on_list_episodes, callback_group=group)
         self.create_service(ReviewEpisode, "~/review", self._on_review, callback_group=group)
+        self.silent_warning = ""
+        if self.recorder is not None:
+            self._silent_timer = self.create_timer(SILENT_CHECK_S, self._check_silent_streams)
         self.status_pub = self.create_publisher(CaptureStatus, "~/status", STATUS_QOS_DEPTH)
         self.status_timer = create_status_timer(self, self.status_pub, self.build_status, status_period)
         self.get_logger().info(f"config_file={self.config_file!r} dds_profile="
@@ -154,6 +170,23 @@ class CaptureNode(Node):
         if self.recorder is not None:
             self.recorder.close()
 
+    def _check_silent_streams(self) -> None:
+        """Once, after start-up: a stream with a publisher but no message is a transport fault."""
+        self._silent_timer.cancel()
+        rec = self.recorder
+        assert rec is not None
+        received = rec.status().streams
+        deaf = [(s.name, s.topic, n) for s, st in zip(rec.streams, received, strict=True)
+                if st.received == 0 and (n := self.intake_node.count_publishers(s.topic)) > 0]
+        if deaf:
+            self.silent_warning = (
+                "receiving nothing although publishers are on the graph: "
+                + ", ".join(f"{name} ({topic}, {n} publishers)" for name, topic, n in deaf)
+                + f" after {SILENT_CHECK_S:g} s; stale Fast DDS shared memory after a crash is the known "
+                "cause: restart the publishing process, or run 'fastdds shm clean' with every DDS "
+                "process stopped")
+            self.get_logger().warning(self.silent_warning)
+
     # ---- status ---------------------------------------------------------------------------------
     def build_status(self) -> CaptureStatus:
         msg = CaptureStatus()
@@ -176,7 +209,7 @@ class CaptureNode(Node):
             msg.streams.append(ss)
         msg.last_episode_index = st.last_episode_index
         msg.last_episode_quality = st.last_episode_quality
-        msg.last_message = st.last_message
+        msg.last_message = st.last_message or self.silent_warning
         return msg
 
     # ---- services -------------------------------------------------------------------------------
@@ -241,10 +274,39 @@ class CaptureNode(Node):
         return response
 
 
+def fastdds_cli() -> list[str] | None:
+    """Fast DDS's own command line tool (``fastdds``), from this environment or the PATH."""
+    script = Path(sys.prefix) / "tools" / "fastdds" / "fastdds.py"
+    if script.is_file():
+        return [sys.executable, str(script)]
+    exe = Path(sys.executable).parent / "fastdds"
+    return [str(exe)] if exe.is_file() else None
+
+
+def clean_stale_shm(timeout: float = 20.0) -> str:
+    """Remove Fast DDS shared-memory files of dead processes (``fastdds shm clean``).
+
+    Fast DDS decides what is stale: a segment or port whose lock file no live process holds.
+    Never fatal: the node starts anyway and says why the clean-up did not run.
+    """
+    if os.environ.get("EVA_NO_SHM_CLEAN"):
+        return "skipped (EVA_NO_SHM_CLEAN)"
+    cli = fastdds_cli()
+    if cli is None:
+        return "skipped: the fastdds tool is not installed"
+    try:
+        r = subprocess.run([*cli, "shm", "clean"], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"failed: {exc}"
+    out = " ".join(line.strip() for line in r.stdout.splitlines() if "clean" in line or "use" in line)
+    return out if r.returncode == 0 else f"failed (exit {r.returncode}): {r.stderr.strip()[-300:]}"
+
+
 def main(args: list[str] | None = None) -> int:
     """Console script ``capture_node``."""
     logging.basicConfig(level=logging.INFO, format="[%(levelname)s] [%(name)s]: %(message)s")
     ros_convert.use_shipped_dds_profile()
+    log.info("Fast DDS shared-memory clean-up: %s", clean_stale_shm())
     return run_node(CaptureNode, args)
 
 
