@@ -174,7 +174,7 @@ def run_length(seconds: float, cfg: Path, env: dict[str, str], work: Path, clien
             if (s.success and any(e.episode_index == s.episode_index for e in eps)) or \
                     (not s.success and len(eps) > n_before):
                 break
-            if time.monotonic() - t_stop > 120:
+            if time.monotonic() - t_stop > 600:
                 raise TimeoutError("episode never became visible")
             time.sleep(0.01)
         t_durable = time.monotonic()

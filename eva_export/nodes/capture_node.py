@@ -12,23 +12,23 @@ message (ros_convert) and hand it to ``eva_export.capture.Recorder``, which alig
 encodes and saves in its own threads. Unless FASTDDS_DEFAULT_PROFILES_FILE is set, the shipped
 shared-memory DDS profile (config/fastdds_shm.xml) is used.
 
-After a crash (kill -9) Fast DDS leaves its shared-memory ports and segments in /dev/shm.
-Before rclpy starts, the node runs Fast DDS's own clean-up (``fastdds shm clean``: it removes
-only segments and ports whose lock no live process holds; EVA_NO_SHM_CLEAN=1 skips it), and
-``SILENT_CHECK_S`` seconds after start it warns about every configured stream that received
-nothing while a publisher of its topic is on the graph (the "deaf restart": a publisher that
-still writes into the dead process's port; see config/fastdds_shm.xml).
+After a crash (kill -9) Fast DDS leaves the dead process's shared-memory port in /dev/shm
+and the publishers keep it open. ``SILENT_CHECK_S`` seconds after start the node warns about
+every configured stream that received nothing while a publisher of its topic is on the graph
+(the "deaf restart"; see config/fastdds_shm.xml). The node deliberately does NOT run
+``fastdds shm clean`` at start: measured in tests/test_capture_kill.py, removing the dead
+port while the publishers still hold it made the restarted node fail to open its port
+("Failed init_port ... open_and_lock_file failed") and stay deaf on the first or second
+restart, where leaving it to Fast DDS recovered every time (after 8 to 11 s).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import rclpy
@@ -57,8 +57,6 @@ from eva_export.nodes.common import (
     run_node,
     service_group,
 )
-
-log = logging.getLogger(__name__)
 
 NODE_NAME = "eva_capture"
 #: Seconds after start-up when silent streams with a publisher on the graph are reported.
@@ -182,9 +180,9 @@ class CaptureNode(Node):
             self.silent_warning = (
                 "receiving nothing although publishers are on the graph: "
                 + ", ".join(f"{name} ({topic}, {n} publishers)" for name, topic, n in deaf)
-                + f" after {SILENT_CHECK_S:g} s; stale Fast DDS shared memory after a crash is the known "
-                "cause: restart the publishing process, or run 'fastdds shm clean' with every DDS "
-                "process stopped")
+                + f" after {SILENT_CHECK_S:g} s; after a crash Fast DDS may need about 10 s to reconnect "
+                "its shared-memory transport; if this persists, restart the publishing process (stale "
+                "shared memory of the crashed capture process is the known cause)")
             self.get_logger().warning(self.silent_warning)
 
     # ---- status ---------------------------------------------------------------------------------
@@ -274,39 +272,10 @@ class CaptureNode(Node):
         return response
 
 
-def fastdds_cli() -> list[str] | None:
-    """Fast DDS's own command line tool (``fastdds``), from this environment or the PATH."""
-    script = Path(sys.prefix) / "tools" / "fastdds" / "fastdds.py"
-    if script.is_file():
-        return [sys.executable, str(script)]
-    exe = Path(sys.executable).parent / "fastdds"
-    return [str(exe)] if exe.is_file() else None
-
-
-def clean_stale_shm(timeout: float = 20.0) -> str:
-    """Remove Fast DDS shared-memory files of dead processes (``fastdds shm clean``).
-
-    Fast DDS decides what is stale: a segment or port whose lock file no live process holds.
-    Never fatal: the node starts anyway and says why the clean-up did not run.
-    """
-    if os.environ.get("EVA_NO_SHM_CLEAN"):
-        return "skipped (EVA_NO_SHM_CLEAN)"
-    cli = fastdds_cli()
-    if cli is None:
-        return "skipped: the fastdds tool is not installed"
-    try:
-        r = subprocess.run([*cli, "shm", "clean"], capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"failed: {exc}"
-    out = " ".join(line.strip() for line in r.stdout.splitlines() if "clean" in line or "use" in line)
-    return out if r.returncode == 0 else f"failed (exit {r.returncode}): {r.stderr.strip()[-300:]}"
-
-
 def main(args: list[str] | None = None) -> int:
     """Console script ``capture_node``."""
     logging.basicConfig(level=logging.INFO, format="[%(levelname)s] [%(name)s]: %(message)s")
     ros_convert.use_shipped_dds_profile()
-    log.info("Fast DDS shared-memory clean-up: %s", clean_stale_shm())
     return run_node(CaptureNode, args)
 
 
