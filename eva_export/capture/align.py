@@ -48,8 +48,9 @@ The rule (one definition, used by the recorder and tested in tests/test_capture_
   distribution (``recv - t``, "jitter", p50/p99) and the largest gap between source times.
 * **Emission**: slot k is final once every stream delivered a message with a source time after
   ``t_k + tol`` (per-publisher order: nothing older can come), or once the receive clock passed
-  ``t_k + tol + latency_budget`` (a silent or very late stream). Messages are pushed in receive
-  order, so picks never depend on worker lag.
+  ``t_k + tol + latency_budget`` (a silent or very late stream; after STOP the remaining slots
+  wait up to ``STOP_BUDGET_S`` instead). Messages are pushed in receive order, so picks never
+  depend on worker lag.
 """
 
 from __future__ import annotations
@@ -64,6 +65,9 @@ import numpy as np
 
 #: Default time a slot waits for a late stream before it is final (receive clock, seconds).
 LATENCY_BUDGET_S = 0.5
+#: After STOP the last slots wait longer for streams that are behind (a starved publisher
+#: catching up), so a late tail is not counted as lost; STOP answers when they are final.
+STOP_BUDGET_S = 3.0
 #: Delivery delays are kept in a histogram of 0.1 ms bins up to this many seconds (memory flat).
 _JITTER_MAX_S = 2.0
 _JITTER_BIN_S = 1e-4
@@ -240,7 +244,7 @@ class GridAligner:
 
     def __init__(self, n_streams: int, fps: float, start: float, *, tolerance: float = 0.0,
                  reference: int | None = None, grace_s: float = 1.0, margin_s: float = 0.02,
-                 latency_budget: float = LATENCY_BUDGET_S,
+                 latency_budget: float = LATENCY_BUDGET_S, stop_budget: float = STOP_BUDGET_S,
                  offsets: Sequence[ClockOffset] | None = None) -> None:
         if n_streams <= 0:
             raise ValueError("at least one stream is needed")
@@ -254,6 +258,7 @@ class GridAligner:
         self.grace_s = grace_s
         self.margin_s = margin_s
         self.budget = latency_budget
+        self.stop_budget = max(stop_budget, latency_budget)
         self._t0_sample: tuple[int, Sample] | None = None
         self.t_stop: float | None = None
         self.next_k = 0
@@ -476,7 +481,7 @@ class GridAligner:
                 break
             deadline = tk + self.tol
             if not force:
-                waited = now - self.budget
+                waited = now - (self.budget if self.t_stop is None else self.stop_budget)
                 timed_out = deadline < waited if strict else deadline <= waited
                 if not timed_out and not all(self._frontier(st, i) > deadline for i, st in enumerate(self._s)):
                     break
@@ -527,13 +532,16 @@ def align_offline(streams: Sequence[Sequence[tuple[float, float | None]]], fps: 
         if recv < start and al._s[i].own_offset:
             al._s[i].offset.observe(recv, stamp)
     events = [e for e in events if e[0] >= start]
-    al.stop(stop)
     slots: list[Slot] = []
     for recv, i, j, stamp in events:
-        if recv > stop + al.tol + al.budget:
+        if recv > stop and al.t_stop is None:
+            al.stop(stop)  # STOP happens at its time, as live
+        if recv > stop + al.tol + al.stop_budget:
             break
         slots += al.poll(recv)
         slots += al.push(i, Sample(recv, stamp, (i, j)))
-    slots += al.poll(stop + al.tol + al.budget + al.margin_s)
+    if al.t_stop is None:
+        al.stop(stop)
+    slots += al.poll(stop + al.tol + al.stop_budget + al.margin_s)
     slots += al.finish()
     return slots

@@ -552,7 +552,7 @@ class Recorder:
                 if not self._intake.qsize():  # caught up: clock-driven slots are safe to emit
                     self._emit(ep, ep.aligner.poll(now))
                 if ep.t_stop is not None and (ep.aligner.done() or
-                                              now > ep.t_stop + ep.aligner.tol + ep.aligner.budget + 0.05):
+                                              now > ep.t_stop + ep.aligner.tol + ep.aligner.stop_budget + 0.05):
                     if self._intake.qsize() and now < ep.t_stop + 2.0:
                         continue  # drain what was received before STOP first
                     self._emit(ep, ep.aligner.finish())
