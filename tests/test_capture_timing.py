@@ -30,7 +30,7 @@ def counters(root, key: str, index: int = 0) -> list[int]:
 
 
 def test_late_delivery_without_loss_is_green_with_every_frame_in_order(tmp_path, node_factory, ros_client):
-    cfg = write_config(tmp_path)
+    cfg = write_config(tmp_path, width=160, height=120)
     # up to 1.5 frame periods of random delivery delay, plus every 30th sample held 120 ms
     cap, _sim = start_pair(node_factory, ros_client, cfg, sim_params={
         "jitter_s": 0.05, "delay_every": 30, "delay_s": 0.12, "jitter_seed": 3})
@@ -57,7 +57,7 @@ def test_late_delivery_without_loss_is_green_with_every_frame_in_order(tmp_path,
 
 
 def test_real_frame_loss_is_red_with_the_exact_count(tmp_path, node_factory, ros_client):
-    cfg = write_config(tmp_path)
+    cfg = write_config(tmp_path, width=160, height=120)
     cap, _sim = start_pair(node_factory, ros_client, cfg, sim_params={"drop_camera": "wrist", "drop_every": 5})
     wait_receiving(ros_client, cap)
     record(ros_client, cap, 3.0)
