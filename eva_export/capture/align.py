@@ -74,7 +74,7 @@ _JITTER_BIN_S = 1e-4
 #: A drop older than this many slots is final even if its message still turns up later.
 _PENDING_DROP_SLOTS = 600
 #: An unstamped message is placed at most this long before its arrival.
-UNSTAMPED_HOLD_S = 0.25
+UNSTAMPED_HOLD_S = 0.5
 _TRACK_STRETCH = 1.02
 #: Streams whose offsets differ by less than this share the anchor stream's clock.
 SAME_CLOCK_S = 0.5

@@ -62,8 +62,10 @@ NODE_NAME = "eva_capture"
 #: Seconds after start-up when silent streams with a publisher on the graph are reported.
 SILENT_CHECK_S = 5.0
 CAPTURE_STATUS_PERIOD = 0.5
-CAMERA_QOS_DEPTH = 5
-VECTOR_QOS_DEPTH = 50
+#: Subscription histories: a starved intake must not overwrite messages that are only late
+#: (2 s of a 100 Hz vector stream; 10 camera frames, about 9 MB at 640x480 rgb8).
+CAMERA_QOS_DEPTH = 10
+VECTOR_QOS_DEPTH = 200
 
 
 def episode_info(row: EpisodeRow) -> EpisodeInfo:

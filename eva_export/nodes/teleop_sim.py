@@ -185,11 +185,12 @@ class TeleopSim(Node):
                                                         ("camera", self.camera_rate)))}
         # ticks a few times per period when deliveries are delayed, so release times are kept
         tick = 4.0 if (jitter > 0 or delay_s > 0) else 1.0
-        qos_cam = QoSProfile(depth=5, reliability=ReliabilityPolicy.RELIABLE)
+        # histories deep enough for a catch-up burst after a stall (no sample is lost by the sim)
+        qos_cam = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
         self.pubs: dict[str, Any] = {}
         for name, spec in self.streams.items():
             cls = ros_convert.MSG_TYPES[spec.msg_type]
-            self.pubs[name] = self.create_publisher(cls, spec.topic, qos_cam if spec.is_camera else 50)
+            self.pubs[name] = self.create_publisher(cls, spec.topic, qos_cam if spec.is_camera else 200)
         self.frozen: dict[str, Any] = {}
         self.makers: dict[tuple[str, int, int], FrameMaker] = {}
         self.cam_specs = [s for s in self.streams.values() if s.is_camera]
