@@ -16,7 +16,7 @@ The rule (one definition, used by the recorder and tested in tests/test_capture_
   - a message without a stamp (Float64MultiArray) or with a zero stamp is placed by its receive
     time corrected the same way, with the stamp it does not carry replaced by its sample
     number: message n is taken one period after message n-1, and never after it arrived
-    (``_track``: the running minimum of receive time minus sample time, followed message by
+    (``ClockOffset._follow``: the running minimum of receive time minus sample time, followed message by
     message and kept within ``UNSTAMPED_HOLD_S`` of the arrival). A burst of late messages
     keeps its period spacing instead of piling up in one slot, so a stall of the publisher or
     of our callbacks does not read as lost messages.
@@ -131,6 +131,7 @@ class ClockOffset:
         self._suspects = 0
         self.observed = 0
         self._arrivals: deque[float] = deque(maxlen=256)
+        self._track: float | None = None
 
     @property
     def period(self) -> float | None:
@@ -138,12 +139,14 @@ class ClockOffset:
         a = self._arrivals
         return (a[-1] - a[0]) / (len(a) - 1) if len(a) >= 10 and a[-1] > a[0] else None
 
-    def observe(self, recv: float, stamp: float | None) -> None:
-        if not stamp:  # no header or a zero stamp: learn the stream's period instead
+    def observe(self, recv: float, stamp: float | None) -> float | None:
+        """Learn from one message; for a message without a stamp, return its source time."""
+        if not stamp:  # no header or a zero stamp: learn the stream's period, follow the track
             if self._arrivals and recv - self._arrivals[-1] > 1.0:
                 self._arrivals.clear()  # the stream paused: a new run
+                self._track = None
             self._arrivals.append(recv)
-            return
+            return self._follow(recv)
         d = recv - stamp
         if self._block_start is None or recv - self._block_start >= self.window_s:
             gap = recv - self._block_start if self._block_start is not None else math.inf
@@ -159,7 +162,27 @@ class ClockOffset:
         self._suspects = 0
         self._cur = min(self._cur, d)
         self.observed += 1
+        return None
 
+    def _follow(self, recv: float) -> float:
+        """Source time of an unstamped message: the previous one plus the stream's period, kept
+        within ``[recv - UNSTAMPED_HOLD_S, recv]``.
+
+        A message is never placed after its arrival, so the track follows the least-delayed
+        messages (the running minimum of receive minus sample time, with sample k taken at
+        k periods); late messages of a burst keep their period spacing instead of piling up on
+        their arrival time. The period is the stream's mean interval times ``_TRACK_STRETCH``:
+        the track drifts slowly towards the arrivals, so a lost message does not shift the
+        stream for good. It is followed for every message, also between episodes, so a burst
+        right after START is spread like any other.
+        """
+        period = self.period
+        if period is not None and self._track is not None:
+            t = min(max(self._track + period * _TRACK_STRETCH, recv - UNSTAMPED_HOLD_S), recv)
+        else:
+            t = recv
+        self._track = t
+        return t
     @property
     def offset(self) -> float | None:
         v = min(self._cur, self._prev)
@@ -198,7 +221,6 @@ class _Stream:
     last_stamp: float | None = None
     count: int = 0
     last_recv: float | None = None
-    track_t: float | None = None  # unstamped streams: source time of the newest message
     last_t: float | None = None
     max_gap: float = 0.0
     consumed_t: float = -math.inf  # source time of the newest sample used by a slot
@@ -335,8 +357,7 @@ class GridAligner:
     def push(self, stream: int, sample: Sample) -> list[Slot]:
         """Add one message (in receive order); returns the slots that became final."""
         st = self._s[stream]
-        if st.own_offset:
-            st.offset.observe(sample.recv, sample.stamp)
+        tracked = st.offset.observe(sample.recv, sample.stamp) if st.own_offset else None
         if sample.stamp is None:
             st.unstamped += 1
         elif sample.stamp == 0:
@@ -344,8 +365,8 @@ class GridAligner:
         else:
             st.stamped += 1
         t = self.source_time(stream, sample.recv, sample.stamp)
-        if not sample.stamp:
-            t = self._track(st, sample.recv)
+        if not sample.stamp:  # the owner of the offsets followed the track when it received it
+            t = sample.t if sample.t is not None else tracked if tracked is not None else sample.recv
         st.last_recv = sample.recv
         if self.t_stop is not None and t > self.t_stop + self.tol:
             return self._emit_until(sample.recv, strict=True)  # after STOP: not in the episode
@@ -375,38 +396,13 @@ class GridAligner:
                 self._set_t0(stream, s)
         return self._emit_until(sample.recv, strict=True)
 
-    def in_episode(self, stream: int, recv: float, stamp: float | None) -> bool:
-        """False for a message whose source time is after the STOP cut (not part of the take)."""
+    def in_episode(self, stream: int, recv: float, stamp: float | None, t: float | None = None) -> bool:
+        """False for a message whose source time is after the STOP cut (not part of the take).
+        ``t``: the source time of an unstamped message (``ClockOffset.observe``)."""
         if self.t_stop is None:
             return True
-        if stamp:
-            t = self.source_time(stream, recv, stamp)
-        else:
-            st = self._s[stream]
-            period = st.offset.period
-            t = recv
-            if period is not None and st.track_t is not None:
-                t = min(max(st.track_t + period * _TRACK_STRETCH, recv - UNSTAMPED_HOLD_S), recv)
-        return t <= self.t_stop + self.tol
-
-    def _track(self, st: _Stream, recv: float) -> float:
-        """Source time of an unstamped message: the previous one plus the stream's period, kept
-        within ``[recv - UNSTAMPED_HOLD_S, recv]``.
-
-        A message is never placed after its arrival, so the track follows the least-delayed
-        messages (the running minimum of receive minus sample time, with sample k taken at
-        k periods); late messages of a burst keep their period spacing instead of piling up on
-        their arrival time. The period is the stream's mean interval times ``_TRACK_STRETCH``:
-        the track drifts slowly towards the arrivals, so a lost message does not shift the
-        stream for good.
-        """
-        period = st.offset.period
-        if period is not None and st.track_t is not None:
-            t = min(max(st.track_t + period * _TRACK_STRETCH, recv - UNSTAMPED_HOLD_S), recv)
-        else:
-            t = recv
-        st.track_t = t
-        return t
+        src = self.source_time(stream, recv, stamp) if stamp or t is None else t
+        return src <= self.t_stop + self.tol
 
     def _delay(self, stream: int, s: Sample) -> float:
         """Delivery delay beyond the stream's least one (its own offset estimate)."""

@@ -292,7 +292,8 @@ class Recorder:
         self._episode: _Episode | None = None
         self._last_checker: EpisodeChecker | None = None
         self._last_aligner: GridAligner | None = None
-        self._intake: queue.Queue[tuple[int, int, float, float | None, Any] | None] = queue.Queue(INTAKE_ITEMS)
+        self._intake: queue.Queue[tuple[int, int, float, float | None, Any, float | None] | None] = \
+            queue.Queue(INTAKE_ITEMS)
         self._writers: dict[str, DatasetWriter] = {}
         self._writers_lock = threading.Lock()
         self._save_q: queue.Queue[_SaveJob | None] = queue.Queue()
@@ -314,7 +315,7 @@ class Recorder:
         """Count and enqueue one message; never blocks. Called from subscription callbacks."""
         with self._lock:
             self._received[i] += 1
-            self._offsets[i].observe(recv, stamp)
+            t_src = self._offsets[i].observe(recv, stamp)  # unstamped: its source time
             if not self._accepting:
                 return
             if self.streams[i].kind == "camera":
@@ -324,7 +325,7 @@ class Recorder:
                 self._inflight[i] += 1
             epoch = self._epoch
         try:
-            self._intake.put_nowait((epoch, i, recv, stamp, payload))
+            self._intake.put_nowait((epoch, i, recv, stamp, payload, t_src))
         except queue.Full:
             with self._lock:
                 self._overflow[i] += 1
@@ -535,12 +536,12 @@ class Recorder:
             ep = self._episode
             try:
                 if item is not None:
-                    epoch, i, recv, stamp, payload = item
+                    epoch, i, recv, stamp, payload, t_src = item
                     if self.streams[i].kind == "camera":
                         with self._lock:
                             self._inflight[i] -= 1
                     if ep is not None and epoch == ep.epoch and not ep.cancel:
-                        self._push(ep, i, recv, stamp, payload)
+                        self._push(ep, i, recv, stamp, payload, t_src)
                 if ep is None:
                     continue
                 if ep.cancel:
@@ -563,13 +564,14 @@ class Recorder:
                     self.last_quality, self.last_message = "failed", f"episode failed: {exc}"
                     self._abort(ep, failed=str(exc))
 
-    def _push(self, ep: _Episode, i: int, recv: float, stamp: float | None, payload: Any) -> None:
+    def _push(self, ep: _Episode, i: int, recv: float, stamp: float | None, payload: Any,
+              t_src: float | None = None) -> None:
         if ep.t_stop is not None:
             if ep.aligner.t_stop is None:
                 ep.aligner.stop(ep.t_stop)
             # the STOP cut is on source time, like the grid: a frame stamped before STOP but
             # delivered after it still belongs to the episode
-            if not ep.aligner.in_episode(i, recv, stamp):
+            if not ep.aligner.in_episode(i, recv, stamp, t_src):
                 return
         spec = self.streams[i]
         ep.checker.on_message(i, recv, stamp)
@@ -583,7 +585,7 @@ class Recorder:
                 value = raw
         else:
             value = self._vector(ep, i, payload)
-        self._emit(ep, ep.aligner.push(i, Sample(recv, stamp, value)))
+        self._emit(ep, ep.aligner.push(i, Sample(recv, stamp, value, t=t_src)))
 
     def _vector(self, ep: _Episode, i: int, raw: RawVector) -> np.ndarray | None:
         spec = self.streams[i]
