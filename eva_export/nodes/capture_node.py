@@ -19,7 +19,7 @@ every configured stream that received nothing while a publisher of its topic is 
 ``fastdds shm clean`` at start: measured in tests/test_capture_kill.py, removing the dead
 port while the publishers still hold it made the restarted node fail to open its port
 ("Failed init_port ... open_and_lock_file failed") and stay deaf on the first or second
-restart, where leaving it to Fast DDS recovered every time (after 8 to 11 s).
+restart, where leaving it to Fast DDS recovered every time (after 3 to 11 s).
 """
 
 from __future__ import annotations
