@@ -56,14 +56,23 @@ def test_frozen_dropping_reshaped_cameras_and_nan_state(tmp_path, node_factory, 
 
 
 def test_stream_that_stops_is_missing(tmp_path, node_factory, ros_client):
+    from eva_export_interfaces.msg import CaptureStatus
+
     cfg = write_config(tmp_path)
-    launched = time.monotonic()
     cap, _sim = start_pair(node_factory, ros_client, cfg, sim_params={"stop_stream": "action",
                                                                      "stop_after_s": 4.0})
     wait_receiving(ros_client, cap)
-    # the sim's clock starts after its imports, so "4 s" is reached 4 to 6 s after launch
-    ros_client.spin_for(max(0.0, 3.0 - (time.monotonic() - launched)))
-    record(ros_client, cap, max(2.0, 8.0 - (time.monotonic() - launched)))
+    # start recording shortly before the sim's "4 s" (its clock starts after its imports, which
+    # take long on a loaded machine): until the action count grows no more, then record
+    seen, end = -1, time.monotonic() + 60
+    while time.monotonic() < end:
+        st = ros_client.wait_for_message(CaptureStatus, cap.topic("status"))
+        n = next(s.received for s in st.streams if s.name == "action")
+        if n == seen:
+            break
+        seen = n
+        ros_client.spin_for(1.0)
+    record(ros_client, cap, 2.0)
     eps = wait_episodes(ros_client, cap, 1)
     row = episode_rows(tmp_path / "datasets" / "pick" / "raw")[0]
     codes = codes_of(row)

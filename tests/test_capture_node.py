@@ -76,15 +76,17 @@ def test_records_episodes_that_match_what_was_published(tmp_path, node_factory, 
         assert np.array_equal(state - state[:, :1], np.tile(0.25 * np.arange(4), (n, 1)))
         assert np.array_equal(state[:, 0], np.round(state[:, 0]))
         steps = np.diff(state[:, 0])
-        # 100 Hz sampled on a 30 Hz grid; a repeated row is exactly a counted drop
-        assert steps.min() >= 0 and steps.max() <= 8, steps
-        assert int(np.sum(steps == 0)) == row["stream_stats"]["state"]["dropped"]
+        # 100 Hz sampled on a 30 Hz grid; a repeated row is a counted drop, or the slot of a
+        # message that came later than the latency budget (counted late, not lost)
+        st_state = row["stream_stats"]["state"]
+        assert steps.min() >= 0 and (steps.max() <= 8 or st_state["late"] > 0), steps
+        assert st_state["dropped"] <= int(np.sum(steps == 0)) <= st_state["dropped"] + st_state["late"]
         assert np.array_equal(action - action[:, :1], np.tile(-0.25 * np.arange(4), (n, 1)))
         ct = t["capture_time"].reshape(-1)
         # seconds since START (float32-safe for LeRobot), anchored by the row's wall-clock origin
         assert np.all(np.diff(ct) >= 0) and 0 <= ct[0] < 5
         assert abs(row["capture_time_origin_unix"] + ct[0] - time.time()) < 120
-        assert int(np.sum(np.diff(ct) == 0)) == row["stream_stats"]["state"]["dropped"]
+        assert int(np.sum(np.diff(ct) == 0)) == int(np.sum(steps == 0))
         counters = {}
         for cam in CAMS:
             frames = decode_video(video_path(root, f"observation.images.{cam}", i))
@@ -93,13 +95,16 @@ def test_records_episodes_that_match_what_was_published(tmp_path, node_factory, 
             counters[cam] = [decode_counter(f) for f in frames]
             d = np.diff(counters[cam])
             # every frame once and in order; where the host stalled, a held frame (repeat) is
-            # exactly what stream_stats counts as dropped
+            # what stream_stats counts as dropped, or as late (delivered after its slot)
+            st_cam = row["stream_stats"][cam]
             assert d.min() >= 0, counters[cam]
-            assert int(np.sum(d == 0)) == row["stream_stats"][cam]["dropped"], counters[cam]
-            assert int(np.sum(d - 1 > 0)) <= row["stream_stats"][cam]["dropped"], counters[cam]
+            assert st_cam["dropped"] <= int(np.sum(d == 0)) <= st_cam["dropped"] + st_cam["late"], counters[cam]
+            assert int(np.sum(d - 1 > 0)) <= st_cam["dropped"] + st_cam["late"], counters[cam]
         # the state row and the frame of a row were received close together (100 Hz vs 30 Hz)
+        # (both placed by their stamps: rows where neither was held agree to a grid period)
         lag = state[:, 0] / 100 - np.array(counters["front"]) / 30
-        assert np.all(np.abs(lag - np.median(lag)) < 0.1), lag
+        fresh = np.r_[True, (steps > 0) & (np.diff(counters["front"]) > 0)]
+        assert np.all(np.abs(lag[fresh] - np.median(lag[fresh])) < 0.05), lag
     status = ros_client.wait_for_message(CaptureStatus, cap.topic("status"))
     assert status.state == "IDLE" and status.last_episode_index == 1
     assert status.last_episode_quality == eps[1].quality

@@ -1,51 +1,105 @@
-"""Alignment of asynchronous streams on the target fps grid.
+"""Alignment of asynchronous streams on the target fps grid, on the sensors' own time.
 
 The rule (one definition, used by the recorder and tested in tests/test_capture_core.py):
 
-* Times are **receive times** on one monotonic clock (the node stamps each message when its
-  callback runs). Header stamps are kept for the checks but never move a sample on the grid.
+* **Time base.** The grid lives on the capture node's monotonic receive clock (START, STOP and
+  the clock-driven deadlines are measured there). Every message gets a *source time* ``t`` in
+  that base, the moment the sensor sampled it:
+
+  - a message with a header stamp (Image, CompressedImage, JointState, PoseStamped) is placed by
+    its stamp: ``t = stamp + offset``, where ``offset`` is the stream's clock offset, estimated
+    online as a robust running minimum of ``recv - stamp`` (``ClockOffset``: the minimum over a
+    sliding window of two blocks, a lone value far below it ignored until it repeats). The
+    minimum is the offset between the two clocks plus the smallest delivery delay, so
+    ``t`` is "when the message would have arrived without any scheduling or transport delay"
+    and delivery jitter does not move a message on the grid.
+  - a message without a stamp (Float64MultiArray) or with a zero stamp is placed by its receive
+    time corrected the same way, with the stamp it does not carry replaced by its sample
+    number: message n is taken one period after message n-1, and never after it arrived
+    (``ClockOffset._follow``: the running minimum of receive time minus sample time, followed message by
+    message and kept within ``UNSTAMPED_HOLD_S`` of the arrival). A burst of late messages
+    keeps its period spacing instead of piling up in one slot, so a stall of the publisher or
+    of our callbacks does not read as lost messages.
+
+  Cases: stamps from another host's clock (a constant offset, seconds or hours) are absorbed by
+  the offset estimate; a clock that steps forward is followed at once (the minimum drops), one
+  that steps *backwards* makes the samples older than the stream's newest one: they are not
+  placed (``out_of_order``) and the checker reports ``non_monotonic_clock`` (red); a stream whose
+  stamps are all zero is placed by receive time, and the episode's stream stats say so
+  (``time_base``).
 * **t0**: the grid starts once every stream has delivered at least one message since START.
-  With a reference stream (the first camera), t0 is the receive time of the first reference
-  message that arrives when all streams are present (or the reference message that completes
-  the set), so camera frames sit in the middle of their slot windows. Without a reference, t0
-  is the receive time of the message that completes the set. If some stream is still silent
-  ``grace_s`` after START, the grid starts anyway (t0 = receive time of the newest message of
-  the reference stream, else of any stream) and the silent stream contributes placeholders.
-* **Slot k** is at ``t_k = t0 + k / fps`` for every k with ``t_k <= t_stop``.
-* **Pick**: each stream contributes its newest message received at or before
-  ``t_k + tolerance`` (default tolerance: half a period).
-* **Drop**: the slot counts as a drop for a stream when the picked message is the same one the
-  previous slot used (repeat), when it is older than ``1/fps + tolerance`` at ``t_k`` (stale), or
-  when the stream has no message at all. The held value is still written, so the number of
-  table rows always equals the number of video frames.
-* **Emission**: slot k is final once a message with a receive time after ``t_k + tolerance``
-  has been pushed (messages are pushed in receive order), or once the clock passed
-  ``t_k + tolerance + margin`` (quiet streams). So picks never depend on worker lag.
+  With a reference stream (the first camera), t0 is the source time of the first reference
+  message taken after START (not one in flight at START) that arrives when all streams are
+  present (or the one that completes the set), so
+  camera frames sit in the middle of their slot windows. Without a reference, t0 is the source
+  time of the message that completes the set. If some stream is still silent ``grace_s`` after
+  START, the grid starts anyway and the silent stream contributes placeholders.
+* **Slot k** is at ``t_k = t0 + k / fps`` for every k with ``t_k <= t_stop`` (STOP's receive
+  time, same base). Messages with ``t > t_stop + tolerance`` are not part of the episode.
+* **Window and pick**: slot k owns the source times ``(t_k - tol, t_k + tol]`` (default
+  tolerance half a period; older messages, before slot 0, only give the value to hold). Each stream contributes the
+  message of that window nearest to ``t_k``; the others are superseded (faster streams).
+* **Drop**: a slot whose window holds no message of a stream is a drop for that stream (the
+  previous value is held, so the table rows always equal the video frames). ``dropped`` means a
+  slot that no message was stamped for.
+* **Late**: a message that arrives after its slot was final (see emission) is *late*, not lost:
+  if its slot had been counted as a drop, the drop is taken back and the message counts as late
+  (the held value stays in the data). Per stream the aligner also keeps the delivery delay
+  distribution (``recv - t``, "jitter", p50/p99) and the largest gap between source times.
+* **Emission**: slot k is final once every stream delivered a message with a source time after
+  ``t_k + tol`` (per-publisher order: nothing older can come), or once the receive clock passed
+  ``t_k + tol + latency_budget`` (a silent or very late stream; after STOP the remaining slots
+  wait up to ``STOP_BUDGET_S`` instead). Messages are pushed in receive order, so picks never
+  depend on worker lag.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+import numpy as np
+
+#: Default time a slot waits for a late stream before it is final (receive clock, seconds).
+LATENCY_BUDGET_S = 0.5
+#: After STOP the last slots wait longer for streams that are behind (a starved publisher
+#: catching up), so a late tail is not counted as lost; STOP answers when they are final.
+STOP_BUDGET_S = 3.0
+#: Delivery delays are kept in a histogram of 0.1 ms bins up to this many seconds (memory flat).
+_JITTER_MAX_S = 2.0
+_JITTER_BIN_S = 1e-4
+#: A drop older than this many slots is final even if its message still turns up later.
+_PENDING_DROP_SLOTS = 600
+#: An unstamped message is placed at most this long before its arrival.
+UNSTAMPED_HOLD_S = 0.5
+_TRACK_STRETCH = 1.02
+#: Streams whose offsets differ by less than this share the anchor stream's clock.
+SAME_CLOCK_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """One received message: receive time, header stamp (None: no header), payload."""
+    """One received message: receive time, header stamp (None: no header), payload.
+
+    ``t`` is the source time on the grid's clock (set by the aligner); ``seq`` the arrival
+    number within the episode, per stream (set by the aligner).
+    """
 
     recv: float
     stamp: float | None
     payload: Any
-    seq: int = 0  # arrival number within the episode, per stream (set by the aligner)
+    seq: int = 0
+    t: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Pick:
-    sample: Sample | None
-    repeat: bool  # same message as the previous slot
-    stale: bool  # older than one period + tolerance at the slot time
+    sample: Sample | None  # the message placed in this slot, or the held one (repeat)
+    repeat: bool  # no message of this stream in the slot's window: the previous one is held
+    stale: bool = False  # kept for callers of the old rule; the window rule has no stale picks
 
     @property
     def dropped(self) -> bool:
@@ -59,16 +113,165 @@ class Slot:
     picks: tuple[Pick, ...]
 
 
+class ClockOffset:
+    """Robust online estimate of ``recv - stamp`` for one stream (clock offset + least delay).
+
+    A running minimum over a sliding window (two blocks of ``window_s``), so slow drift between
+    two hosts' clocks is followed. A value more than ``outlier_s`` below the estimate (a stamp
+    from the future) is ignored unless ``confirm`` such values come in a row (a clock step).
+    """
+
+    def __init__(self, window_s: float = 10.0, outlier_s: float = 0.5, confirm: int = 3) -> None:
+        self.window_s = window_s
+        self.outlier_s = outlier_s
+        self.confirm = confirm
+        self._cur = math.inf
+        self._prev = math.inf
+        self._block_start: float | None = None
+        self._suspects = 0
+        self.observed = 0
+        self._arrivals: deque[float] = deque(maxlen=256)
+        self._track: float | None = None
+
+    @property
+    def period(self) -> float | None:
+        """Mean interval of the recent unstamped arrivals (robust to jitter, not to loss)."""
+        a = self._arrivals
+        return (a[-1] - a[0]) / (len(a) - 1) if len(a) >= 10 and a[-1] > a[0] else None
+
+    def observe(self, recv: float, stamp: float | None) -> float | None:
+        """Learn from one message; for a message without a stamp, return its source time."""
+        if not stamp:  # no header or a zero stamp: learn the stream's period, follow the track
+            if self._arrivals and recv - self._arrivals[-1] > 1.0:
+                self._arrivals.clear()  # the stream paused: a new run
+                self._track = None
+            self._arrivals.append(recv)
+            return self._follow(recv)
+        d = recv - stamp
+        if self._block_start is None or recv - self._block_start >= self.window_s:
+            gap = recv - self._block_start if self._block_start is not None else math.inf
+            self._prev = self._cur if gap < 2 * self.window_s else math.inf
+            self._cur = math.inf
+            self._block_start = recv
+        est = self.offset
+        if est is not None and d < est - self.outlier_s:
+            self._suspects += 1
+            if self._suspects < self.confirm:
+                return
+            self._prev = math.inf  # a confirmed clock step: forget the old minimum
+        self._suspects = 0
+        self._cur = min(self._cur, d)
+        self.observed += 1
+        return None
+
+    def _follow(self, recv: float) -> float:
+        """Source time of an unstamped message: the previous one plus the stream's period, kept
+        within ``[recv - UNSTAMPED_HOLD_S, recv]``.
+
+        A message is never placed after its arrival, so the track follows the least-delayed
+        messages (the running minimum of receive minus sample time, with sample k taken at
+        k periods); late messages of a burst keep their period spacing instead of piling up on
+        their arrival time. The period is the stream's mean interval times ``_TRACK_STRETCH``:
+        the track drifts slowly towards the arrivals, so a lost message does not shift the
+        stream for good. It is followed for every message, also between episodes, so a burst
+        right after START is spread like any other.
+        """
+        period = self.period
+        if period is not None and self._track is not None:
+            t = min(max(self._track + period * _TRACK_STRETCH, recv - UNSTAMPED_HOLD_S), recv)
+        else:
+            t = recv
+        self._track = t
+        return t
+    @property
+    def offset(self) -> float | None:
+        v = min(self._cur, self._prev)
+        return None if v == math.inf else v
+
+
+@dataclass(frozen=True)
+class StreamTiming:
+    """Per-stream timing evidence of one episode (stream stats and the status topic)."""
+
+    dropped: int
+    late: int
+    out_of_order: int
+    jitter_p50_ms: float
+    jitter_p99_ms: float
+    max_gap_ms: float
+    time_base: str
+    clock_offset_s: float | None
+
+    def to_stats(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"late": self.late, "jitter_p50_ms": round(self.jitter_p50_ms, 3),
+                             "jitter_p99_ms": round(self.jitter_p99_ms, 3),
+                             "max_gap_ms": round(self.max_gap_ms, 3), "time_base": self.time_base}
+        if self.out_of_order:
+            d["out_of_order"] = self.out_of_order
+        return d
+
+
+@dataclass
+class _Stream:
+    offset: ClockOffset
+    own_offset: bool
+    pending: deque[Sample] = field(default_factory=deque)
+    held: Sample | None = None
+    newest: Sample | None = None  # newest placed (or late) sample: its source time is the frontier
+    last_stamp: float | None = None
+    count: int = 0
+    last_recv: float | None = None
+    last_t: float | None = None
+    max_gap: float = 0.0
+    consumed_t: float = -math.inf  # source time of the newest sample used by a slot
+    pending_drops: deque[int] = field(default_factory=deque)
+    final_drops: int = 0
+    late: int = 0
+    out_of_order: int = 0
+    stamped: int = 0
+    zero_stamps: int = 0
+    unstamped: int = 0
+    hist: np.ndarray = field(default_factory=lambda: np.zeros(int(_JITTER_MAX_S / _JITTER_BIN_S) + 1,
+                                                                np.int64))
+
+    def note_jitter(self, delay: float) -> None:
+        idx = int(max(delay, 0.0) / _JITTER_BIN_S)
+        self.hist[min(idx, self.hist.size - 1)] += 1
+
+    def percentile_ms(self, q: float) -> float:
+        n = int(self.hist.sum())
+        if n == 0:
+            return 0.0
+        idx = int(np.searchsorted(np.cumsum(self.hist), math.ceil(q / 100.0 * n)))
+        return idx * _JITTER_BIN_S * 1e3
+
+    def time_base(self) -> str:
+        if self.stamped and not self.zero_stamps:
+            return "stamp"
+        if self.stamped:
+            return f"stamp ({self.zero_stamps} zero stamps placed by receive time)"
+        if self.zero_stamps:
+            return "receive (all header stamps zero)"
+        return "receive (no header stamp)"
+
+
 class GridAligner:
     """Streaming aligner: ``push`` samples in receive order, ``poll`` finished slots.
 
-    Holds only the newest sample per stream, so memory does not grow with episode length.
+    Holds only the messages not yet final per stream (about ``latency_budget`` worth at most),
+    so memory does not grow with episode length. ``offsets`` (one ``ClockOffset`` per stream)
+    may be shared with a caller that feeds them with every message, also outside episodes, so
+    the estimate is settled at START; without it the aligner keeps and feeds its own.
     """
 
     def __init__(self, n_streams: int, fps: float, start: float, *, tolerance: float = 0.0,
-                 reference: int | None = None, grace_s: float = 1.0, margin_s: float = 0.02) -> None:
+                 reference: int | None = None, grace_s: float = 1.0, margin_s: float = 0.02,
+                 latency_budget: float = LATENCY_BUDGET_S, stop_budget: float = STOP_BUDGET_S,
+                 offsets: Sequence[ClockOffset] | None = None) -> None:
         if n_streams <= 0:
             raise ValueError("at least one stream is needed")
+        if offsets is not None and len(offsets) != n_streams:
+            raise ValueError("one ClockOffset per stream is needed")
         self.n = n_streams
         self.period = 1.0 / float(fps)
         self.tol = tolerance if tolerance > 0 else self.period / 2
@@ -76,17 +279,54 @@ class GridAligner:
         self.reference = reference
         self.grace_s = grace_s
         self.margin_s = margin_s
-        self.t0: float | None = None
+        self.budget = latency_budget
+        self.stop_budget = max(stop_budget, latency_budget)
+        self._t0_sample: tuple[int, Sample] | None = None
         self.t_stop: float | None = None
         self.next_k = 0
-        self.latest: list[Sample | None] = [None] * n_streams
-        self._counts = [0] * n_streams
-        self._prev_seq: list[int | None] = [None] * n_streams
+        self._s = [_Stream(offsets[i] if offsets is not None else ClockOffset(), offsets is None)
+                   for i in range(n_streams)]
 
     # ---- grid -------------------------------------------------------------------------------
+    @property
+    def t0(self) -> float | None:
+        """Source time of the grid's first slot. It follows the anchor stream's offset estimate,
+        so streams on the anchor's clock keep their exact places while the estimate settles."""
+        if self._t0_sample is None:
+            return None
+        return self._t(*self._t0_sample)
+
+    def _set_t0(self, stream: int, sample: Sample) -> None:
+        self._t0_sample = (stream, sample)
+
     def slot_time(self, k: int) -> float:
-        assert self.t0 is not None
-        return self.t0 + k * self.period
+        t0 = self.t0
+        assert t0 is not None
+        return t0 + k * self.period
+
+    def _effective_offset(self, stream: int) -> float | None:
+        """The stream's clock offset; the anchor's when both are the same clock (exact relative
+        placement of stamps from one host, whatever the delivery delays were)."""
+        own = self._s[stream].offset.offset
+        anchor = self.reference if self.reference is not None else 0
+        if own is None or stream == anchor:
+            return own
+        ref = self._s[anchor].offset.offset
+        if ref is not None and abs(own - ref) < SAME_CLOCK_S:
+            return ref
+        return own
+
+    def _t(self, stream: int, s: Sample) -> float:
+        if s.stamp:
+            off = self._effective_offset(stream)
+            if off is not None:
+                return s.stamp + off
+        assert s.t is not None
+        return s.t
+
+    def _frontier(self, st: _Stream, stream: int) -> float:
+        """Source time up to which the stream is known complete (sources are in order)."""
+        return -math.inf if st.newest is None else self._t(stream, st.newest)
 
     def planned_slots(self) -> int:
         """Slots of the episode: emitted so far while recording, all of them once stopped."""
@@ -98,32 +338,103 @@ class GridAligner:
             return 0
         return int(math.floor((self.t_stop - self.t0) / self.period + 1e-9)) + 1
 
+    @property
+    def latest(self) -> list[Sample | None]:
+        """Newest known sample per stream (pending or held)."""
+        return [st.pending[-1] if st.pending else st.held for st in self._s]
+
     def _complete(self) -> bool:
-        return all(s is not None for s in self.latest)
+        return all(st.count > 0 for st in self._s)
+
+    def source_time(self, stream: int, recv: float, stamp: float | None) -> float:
+        """Where a message belongs on the grid's clock (see the module rule)."""
+        if not stamp:
+            return recv
+        off = self._effective_offset(stream)
+        return recv if off is None else stamp + off
 
     # ---- input ------------------------------------------------------------------------------
     def push(self, stream: int, sample: Sample) -> list[Slot]:
-        """Add one message; returns the slots that became final before it."""
-        out = self._emit_until(sample.recv, strict=True)
-        self._counts[stream] += 1
-        s = Sample(sample.recv, sample.stamp, sample.payload, self._counts[stream])
+        """Add one message (in receive order); returns the slots that became final."""
+        st = self._s[stream]
+        tracked = st.offset.observe(sample.recv, sample.stamp) if st.own_offset else None
+        if sample.stamp is None:
+            st.unstamped += 1
+        elif sample.stamp == 0:
+            st.zero_stamps += 1
+        else:
+            st.stamped += 1
+        t = self.source_time(stream, sample.recv, sample.stamp)
+        if not sample.stamp:  # the owner of the offsets followed the track when it received it
+            t = sample.t if sample.t is not None else tracked if tracked is not None else sample.recv
+        st.last_recv = sample.recv
+        if self.t_stop is not None and t > self.t_stop + self.tol:
+            return self._emit_until(sample.recv, strict=True)  # after STOP: not in the episode
+        raw = sample.stamp if sample.stamp else t
+        if sample.stamp and st.last_stamp is not None and sample.stamp <= st.last_stamp:
+            st.out_of_order += 1  # stamp went back (or a duplicate): never reorder the grid
+            return self._emit_until(sample.recv, strict=True)
+        if sample.stamp:
+            st.last_stamp = sample.stamp
         was_complete = self._complete()
-        self.latest[stream] = s
-        if self.t0 is None and (self.t_stop is None or s.recv <= self.t_stop):
+        st.count += 1
+        s = replace(sample, seq=st.count, t=t)
+        if st.last_t is not None:
+            st.max_gap = max(st.max_gap, raw - st.last_t)  # on the source's own clock
+        st.last_t = raw
+        st.newest = s
+        if self.t0 is not None and self.next_k > 0 and t <= self.slot_time(self.next_k - 1) + self.tol:
+            self._late(stream, st, s)
+        else:
+            st.pending.append(s)
+        # t0 is a sample taken after START (a frame in flight at START is not part of the take)
+        if self.t0 is None and t >= self.start and (self.t_stop is None or t <= self.t_stop):
             if self.reference is None:
                 if self._complete():
-                    self.t0 = s.recv
+                    self._set_t0(stream, s)
             elif stream == self.reference and (was_complete or self._complete()):
-                self.t0 = s.recv
-        return out
+                self._set_t0(stream, s)
+        return self._emit_until(sample.recv, strict=True)
+
+    def in_episode(self, stream: int, recv: float, stamp: float | None, t: float | None = None) -> bool:
+        """False for a message whose source time is after the STOP cut (not part of the take).
+        ``t``: the source time of an unstamped message (``ClockOffset.observe``)."""
+        if self.t_stop is None:
+            return True
+        src = self.source_time(stream, recv, stamp) if stamp or t is None else t
+        return src <= self.t_stop + self.tol
+
+    def _delay(self, stream: int, s: Sample) -> float:
+        """Delivery delay beyond the stream's least one (its own offset estimate)."""
+        off = self._s[stream].offset.offset
+        if s.stamp and off is not None:
+            return s.recv - (s.stamp + off)
+        assert s.t is not None
+        return s.recv - s.t
+
+    def _late(self, stream: int, st: _Stream, s: Sample) -> None:
+        """A message whose slot is already final: late, and no longer a drop of that slot."""
+        assert s.t is not None and self.t0 is not None
+        st.late += 1
+        st.note_jitter(self._delay(stream, s))
+        k = max(0, min(self.next_k - 1, round((s.t - self.t0) / self.period)))
+        if k in st.pending_drops:
+            st.pending_drops.remove(k)
+        if st.held is None or (st.held.t is not None and st.held.seq < s.seq):
+            st.held = s  # newer data for the slots to come (still a repeat if nothing else comes)
 
     def poll(self, now: float) -> list[Slot]:
         """Slots final at clock time ``now`` (quiet streams, the grace start, the stop)."""
         if self.t0 is None and now - self.start >= self.grace_s:
-            present = [s for s in self.latest if s is not None]
-            if present:
-                ref = self.latest[self.reference] if self.reference is not None else None
-                self.t0 = ref.recv if ref is not None else max(s.recv for s in present)
+            present = self.latest
+            if any(s is not None for s in present):
+                ref = present[self.reference] if self.reference is not None else None
+                if ref is not None:
+                    self._set_t0(self.reference, ref)  # type: ignore[arg-type]
+                else:
+                    i = max((j for j, s in enumerate(present) if s is not None),
+                            key=lambda j: self._t(j, present[j]))  # type: ignore[arg-type]
+                    self._set_t0(i, present[i])  # type: ignore[arg-type]
         return self._emit_until(now - self.margin_s, strict=False)
 
     def stop(self, t_stop: float) -> None:
@@ -141,10 +452,22 @@ class GridAligner:
         """After stop: emit the remaining slots with what has been received (end of episode)."""
         if self.t_stop is None:
             raise RuntimeError("finish() before stop()")
-        return self._emit_until(math.inf, strict=False)
+        out = self._emit_until(math.inf, strict=False, force=True)
+        return out
+
+    # ---- evidence ---------------------------------------------------------------------------
+    def timing(self, stream: int) -> StreamTiming:
+        st = self._s[stream]
+        return StreamTiming(dropped=st.final_drops + len(st.pending_drops), late=st.late,
+                            out_of_order=st.out_of_order, jitter_p50_ms=st.percentile_ms(50),
+                            jitter_p99_ms=st.percentile_ms(99), max_gap_ms=st.max_gap * 1e3,
+                            time_base=st.time_base(), clock_offset_s=st.offset.offset)
+
+    def timings(self) -> list[StreamTiming]:
+        return [self.timing(i) for i in range(self.n)]
 
     # ---- output -----------------------------------------------------------------------------
-    def _emit_until(self, t: float, *, strict: bool) -> list[Slot]:
+    def _emit_until(self, now: float, *, strict: bool, force: bool = False) -> list[Slot]:
         out: list[Slot] = []
         if self.t0 is None:
             return out
@@ -153,42 +476,68 @@ class GridAligner:
             if self.t_stop is not None and tk > self.t_stop + 1e-9:
                 break
             deadline = tk + self.tol
-            if not (deadline < t if strict else deadline <= t):
-                break
+            if not force:
+                waited = now - (self.budget if self.t_stop is None else self.stop_budget)
+                timed_out = deadline < waited if strict else deadline <= waited
+                if not timed_out and not all(self._frontier(st, i) > deadline for i, st in enumerate(self._s)):
+                    break
             out.append(self._make_slot(self.next_k, tk))
             self.next_k += 1
         return out
 
     def _make_slot(self, k: int, tk: float) -> Slot:
         picks = []
-        for i, s in enumerate(self.latest):
-            if s is None:
-                picks.append(Pick(None, False, False))
+        deadline = tk + self.tol
+        for i, st in enumerate(self._s):
+            best: Sample | None = None
+            best_t = math.inf
+            while st.pending and self._t(i, st.pending[0]) <= deadline:
+                s = st.pending.popleft()
+                t = self._t(i, s)
+                st.note_jitter(self._delay(i, s))
+                st.consumed_t = t
+                if t <= tk - self.tol:
+                    st.held = s  # before the window (before slot 0): only a value to hold
+                elif best is None or abs(t - tk) < abs(best_t - tk):
+                    best, best_t = s, t
+            if best is not None:
+                st.held = best
+                picks.append(Pick(best, False))
                 continue
-            repeat = self._prev_seq[i] == s.seq
-            stale = tk - s.recv > self.period + self.tol
-            picks.append(Pick(s, repeat, stale))
-            self._prev_seq[i] = s.seq
+            st.pending_drops.append(k)
+            while st.pending_drops and st.pending_drops[0] < k - _PENDING_DROP_SLOTS:
+                st.pending_drops.popleft()
+                st.final_drops += 1
+            picks.append(Pick(st.held, st.held is not None))
         return Slot(k, tk, tuple(picks))
 
 
 def align_offline(streams: Sequence[Sequence[tuple[float, float | None]]], fps: float, start: float,
                   stop: float, *, tolerance: float = 0.0, reference: int | None = None,
-                  grace_s: float = 1.0) -> list[Slot]:
+                  grace_s: float = 1.0, latency_budget: float = LATENCY_BUDGET_S,
+                  aligner: GridAligner | None = None) -> list[Slot]:
     """Align complete lists of (recv, stamp) per stream with the same rule (tests, tools).
 
     Payloads are the (stream, position) of each message.
     """
     events = sorted((recv, i, j, stamp) for i, msgs in enumerate(streams)
-                    for j, (recv, stamp) in enumerate(msgs) if recv >= start)
-    al = GridAligner(len(streams), fps, start, tolerance=tolerance, reference=reference, grace_s=grace_s)
-    al.stop(stop)
+                    for j, (recv, stamp) in enumerate(msgs))
+    al = aligner or GridAligner(len(streams), fps, start, tolerance=tolerance, reference=reference,
+                                grace_s=grace_s, latency_budget=latency_budget)
+    for recv, i, _j, stamp in events:  # before START: only the clock estimates learn (as live)
+        if recv < start and al._s[i].own_offset:
+            al._s[i].offset.observe(recv, stamp)
+    events = [e for e in events if e[0] >= start]
     slots: list[Slot] = []
     for recv, i, j, stamp in events:
-        if recv > stop + al.tol:
+        if recv > stop and al.t_stop is None:
+            al.stop(stop)  # STOP happens at its time, as live
+        if recv > stop + al.tol + al.stop_budget:
             break
         slots += al.poll(recv)
         slots += al.push(i, Sample(recv, stamp, (i, j)))
-    slots += al.poll(stop + al.tol + al.margin_s)
+    if al.t_stop is None:
+        al.stop(stop)
+    slots += al.poll(stop + al.tol + al.stop_budget + al.margin_s)
     slots += al.finish()
     return slots

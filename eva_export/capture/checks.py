@@ -4,7 +4,10 @@ An ``EpisodeChecker`` is fed while the episode is recorded (every received messa
 grid slot) and ``finish`` turns what it saw into the row fields the dataset keeps:
 ``quality`` ("green" when there is no issue of severity "error", else "red"),
 ``quality_issues`` (``[{code, severity, detail}]``) and ``stream_stats``
-(``{name: {received, rate_hz, max_gap_s, dropped}}``).
+(``{name: {received, rate_hz, max_gap_s, dropped, late, jitter_p50_ms, jitter_p99_ms, max_gap_ms,
+time_base}}`` when the aligner's per-stream timing is given: ``dropped`` counts grid slots no
+message of the stream was stamped for, ``late`` messages that arrived after their slot was
+final — late is not lost and never makes an episode red by itself).
 
 Codes: too_short, dropped_frames, camera_skew, frozen_camera, missing_stream,
 image_shape_change, vector_dimension_change, non_finite, non_monotonic_clock,
@@ -18,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..dataset.records import QualityIssue
-from .align import Slot
+from .align import Slot, StreamTiming
 
 #: Fraction of slots whose camera-to-camera stamp skew may exceed the tolerance before red.
 SKEW_FRACTION = 0.05
@@ -150,9 +153,15 @@ class EpisodeChecker:
                 self.skewed_slots += 1
 
     # ---- verdict -------------------------------------------------------------------------
-    def finish(self, rows: int, stop: float, video_frames: dict[str, int] | None = None) -> QualityResult:
-        """The verdict. ``video_frames`` maps camera stream names to encoded frame counts."""
+    def finish(self, rows: int, stop: float, video_frames: dict[str, int] | None = None,
+               timing: Sequence[StreamTiming] | None = None) -> QualityResult:
+        """The verdict. ``video_frames`` maps camera stream names to encoded frame counts;
+        ``timing`` is the aligner's per-stream evidence (its drop counts replace the per-slot
+        ones, because a late message takes back the drop of its slot)."""
         issues: list[QualityIssue] = []
+        if timing is not None:
+            for s, tm in zip(self.streams, timing, strict=True):
+                s.dropped = tm.dropped
 
         def add(code: str, detail: str) -> None:
             issues.append(QualityIssue(code, "error", detail))
@@ -167,8 +176,10 @@ class EpisodeChecker:
             vecs = ", ".join(f"{n}: {d}/{rows}" for n, d in over.items()
                              if not self._stream(n).is_camera)
             parts = [p for p in (f"cameras {cams}" if cams else "", f"streams {vecs}" if vecs else "") if p]
+            late = sum(t.late for t in timing) if timing is not None else 0
             add("dropped_frames", f"dropped grid slots ({'; '.join(parts)}); allowed ratio "
-                                  f"{self.max_drop_ratio}")
+                                  f"{self.max_drop_ratio}" + (f"; {late} late messages were not counted as "
+                                                              f"drops" if late else ""))
         if self.slots and self.skewed_slots / self.slots > SKEW_FRACTION:
             add("camera_skew", f"camera header stamps differ by more than {self.skew_tol:.4f} s in "
                                f"{self.skewed_slots}/{self.slots} slots (worst {self.worst_skew_s:.4f} s)")
@@ -203,7 +214,9 @@ class EpisodeChecker:
                           "max_gap_s": round(max(s.max_gap_s, stop - (s.last_recv or self.start)), 4),
                           "dropped": s.dropped}
                  for s in self.streams}
-        for s in self.streams:
+        for s, tm in zip(self.streams, timing or [None] * len(self.streams), strict=True):
+            if tm is not None:
+                stats[s.name].update(tm.to_stats())
             if s.max_latency_s is not None:
                 stats[s.name]["max_latency_s"] = round(s.max_latency_s, 4)
         quality = "red" if any(i.severity == "error" for i in issues) else "green"

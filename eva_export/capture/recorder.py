@@ -40,7 +40,7 @@ from ..dataset.meta import INFO, read_info, read_meta
 from ..dataset.records import EpisodeRow
 from ..dataset.writer import DatasetWriter, EpisodeWriter
 from ..errors import ConfigError, DatasetError, EvaError
-from .align import GridAligner, Sample, Slot
+from .align import LATENCY_BUDGET_S, ClockOffset, GridAligner, Sample, Slot
 from .checks import EpisodeChecker, QualityResult
 from .features import (
     ACTION,
@@ -206,6 +206,10 @@ class StreamStatus:
     received: int
     dropped: int
     rate_hz: float
+    late: int = 0
+    jitter_p50_ms: float = 0.0
+    jitter_p99_ms: float = 0.0
+    max_gap_ms: float = 0.0
 
 
 @dataclass
@@ -280,11 +284,16 @@ class Recorder:
         self._inflight = [0] * len(self.streams)
         self._overflow = [0] * len(self.streams)
         self._latency: list[list[float]] = [[] for _ in self.streams]
+        # clock offset of each stream's header stamps, learnt from every message (also between
+        # episodes), so it is settled when START comes
+        self._offsets = [ClockOffset() for _ in self.streams]
         self._epoch = 0
         self._accepting = False
         self._episode: _Episode | None = None
         self._last_checker: EpisodeChecker | None = None
-        self._intake: queue.Queue[tuple[int, int, float, float | None, Any] | None] = queue.Queue(INTAKE_ITEMS)
+        self._last_aligner: GridAligner | None = None
+        self._intake: queue.Queue[tuple[int, int, float, float | None, Any, float | None] | None] = \
+            queue.Queue(INTAKE_ITEMS)
         self._writers: dict[str, DatasetWriter] = {}
         self._writers_lock = threading.Lock()
         self._save_q: queue.Queue[_SaveJob | None] = queue.Queue()
@@ -295,6 +304,7 @@ class Recorder:
         self.last_message = ""
         self._decoders = [ImageDecoder() for _ in self.streams]
         self._closed = threading.Event()
+        self.recovered = self.recover_datasets()
         self._align_thread = threading.Thread(target=self._align_loop, name="capture-align", daemon=True)
         self._save_thread = threading.Thread(target=self._save_loop, name="capture-save", daemon=True)
         self._align_thread.start()
@@ -305,6 +315,7 @@ class Recorder:
         """Count and enqueue one message; never blocks. Called from subscription callbacks."""
         with self._lock:
             self._received[i] += 1
+            t_src = self._offsets[i].observe(recv, stamp)  # unstamped: its source time
             if not self._accepting:
                 return
             if self.streams[i].kind == "camera":
@@ -314,7 +325,7 @@ class Recorder:
                 self._inflight[i] += 1
             epoch = self._epoch
         try:
-            self._intake.put_nowait((epoch, i, recv, stamp, payload))
+            self._intake.put_nowait((epoch, i, recv, stamp, payload, t_src))
         except queue.Full:
             with self._lock:
                 self._overflow[i] += 1
@@ -338,11 +349,26 @@ class Recorder:
                                         robot_type=self.col.robot_type, settings=self.video)
             elif (root / INFO).is_file():
                 dw = DatasetWriter(root, read_info(root), self.video)
-                dw.recover()
+                dw.recovered = dw.recover()
             else:
                 return None
             self._writers[name] = dw
             return dw
+
+    def recover_datasets(self) -> dict[str, list[str]]:
+        """Recover every configured dataset that exists, before any request is served, so
+        readers (list_episodes, exports, LeRobot) never see the state a crash left."""
+        out: dict[str, list[str]] = {}
+        for name in dict.fromkeys(t.dataset_name for t in self.col.tasks):
+            try:
+                dw = self._writer_for(name, create=False)
+            except (EvaError, OSError, ValueError) as exc:
+                log.error("cannot recover dataset %s: %s", self.col.dataset_dir(name), exc)
+                continue
+            if dw is not None and dw.recovered:
+                out[name] = dw.recovered
+                log.warning("dataset %s recovered at start-up: %s", dw.root, "; ".join(dw.recovered))
+        return out
 
     def _default_dataset(self, name: str) -> str:
         return name or self.col.tasks[0].dataset_name
@@ -376,7 +402,8 @@ class Recorder:
         now = self.clock()
         cap = self.col.capture
         aligner = GridAligner(len(self.streams), self.col.fps, now, tolerance=cap.skew_tolerance_s,
-                              reference=self.reference, grace_s=self.start_grace_s)
+                              reference=self.reference, grace_s=self.start_grace_s,
+                              latency_budget=LATENCY_BUDGET_S, offsets=self._offsets)
         checker = EpisodeChecker([s.name for s in self.streams], [s.is_camera for s in self.streams],
                                  fps=self.col.fps, start=now, min_frames=cap.min_frames,
                                  max_drop_ratio=cap.max_drop_ratio, frozen_frames=cap.frozen_frames,
@@ -390,6 +417,7 @@ class Recorder:
             self._latency = [[] for _ in self.streams]
             self._episode = ep
             self._last_checker = checker
+            self._last_aligner = aligner
             self._accepting = True
         self._intake.put(None)  # wake the worker
         silent = [s.name for i, s in enumerate(self.streams) if self._received[i] == 0]
@@ -454,8 +482,12 @@ class Recorder:
         streams = []
         for i, s in enumerate(self.streams):
             c = checker.streams[i] if checker is not None else None
-            streams.append(StreamStatus(s.name, s.topic, received[i], c.dropped if c else 0,
-                                        c.rate_hz() if c else 0.0))
+            al = self._last_aligner
+            tm = al.timing(i) if al is not None else None
+            streams.append(StreamStatus(s.name, s.topic, received[i], tm.dropped if tm else (c.dropped if c else 0),
+                                        c.rate_hz() if c else 0.0, tm.late if tm else 0,
+                                        tm.jitter_p50_ms if tm else 0.0, tm.jitter_p99_ms if tm else 0.0,
+                                        tm.max_gap_ms if tm else 0.0))
         if ep is not None and not ep.cancel:
             state = "RECORDING"
         elif depth:
@@ -504,12 +536,12 @@ class Recorder:
             ep = self._episode
             try:
                 if item is not None:
-                    epoch, i, recv, stamp, payload = item
+                    epoch, i, recv, stamp, payload, t_src = item
                     if self.streams[i].kind == "camera":
                         with self._lock:
                             self._inflight[i] -= 1
                     if ep is not None and epoch == ep.epoch and not ep.cancel:
-                        self._push(ep, i, recv, stamp, payload)
+                        self._push(ep, i, recv, stamp, payload, t_src)
                 if ep is None:
                     continue
                 if ep.cancel:
@@ -521,7 +553,7 @@ class Recorder:
                 if not self._intake.qsize():  # caught up: clock-driven slots are safe to emit
                     self._emit(ep, ep.aligner.poll(now))
                 if ep.t_stop is not None and (ep.aligner.done() or
-                                              now > ep.t_stop + ep.aligner.tol + 0.25):
+                                              now > ep.t_stop + ep.aligner.tol + ep.aligner.stop_budget + 0.05):
                     if self._intake.qsize() and now < ep.t_stop + 2.0:
                         continue  # drain what was received before STOP first
                     self._emit(ep, ep.aligner.finish())
@@ -532,11 +564,14 @@ class Recorder:
                     self.last_quality, self.last_message = "failed", f"episode failed: {exc}"
                     self._abort(ep, failed=str(exc))
 
-    def _push(self, ep: _Episode, i: int, recv: float, stamp: float | None, payload: Any) -> None:
+    def _push(self, ep: _Episode, i: int, recv: float, stamp: float | None, payload: Any,
+              t_src: float | None = None) -> None:
         if ep.t_stop is not None:
             if ep.aligner.t_stop is None:
                 ep.aligner.stop(ep.t_stop)
-            if recv > ep.t_stop + ep.aligner.tol:
+            # the STOP cut is on source time, like the grid: a frame stamped before STOP but
+            # delivered after it still belongs to the episode
+            if not ep.aligner.in_episode(i, recv, stamp, t_src):
                 return
         spec = self.streams[i]
         ep.checker.on_message(i, recv, stamp)
@@ -550,7 +585,7 @@ class Recorder:
                 value = raw
         else:
             value = self._vector(ep, i, payload)
-        self._emit(ep, ep.aligner.push(i, Sample(recv, stamp, value)))
+        self._emit(ep, ep.aligner.push(i, Sample(recv, stamp, value, t=t_src)))
 
     def _vector(self, ep: _Episode, i: int, raw: RawVector) -> np.ndarray | None:
         spec = self.streams[i]
@@ -687,7 +722,7 @@ class Recorder:
                 done = ep.writer.finish()
                 frames = {s.name: done.video_frames.get(s.feature, 0) for s in self.streams if s.is_camera}
                 assert ep.t_stop is not None
-                result = ep.checker.finish(done.rows, ep.t_stop, frames)
+                result = ep.checker.finish(done.rows, ep.t_stop, frames, ep.aligner.timings())
                 row = ep.dw.commit(ep.writer, {**result.row_extra(),
                                                "capture_time_origin_unix": ep.wall_offset + ep.start})
                 committed = self.clock()

@@ -9,10 +9,15 @@ per camera, encoded frame by frame in a thread per camera). Committing it:
    moment the episode becomes visible), then rewrites info.json and stats.json,
 4. removes the staging directory.
 
-Every meta file is replaced atomically. Opening the dataset replays committed journals and
-discards uncommitted staging directories, so a process killed at any moment leaves a
-dataset whose listed episodes are complete, and the next index never lands on a partly
-written one.
+Every meta file is replaced atomically. Opening the dataset for writing (``open``, or
+``recover`` on an existing one: the capture node does it for every configured dataset at
+start-up, before it answers any service) replays committed journals and discards uncommitted
+staging directories, moves stray files no row names to ``.orphans/``, removes temp files of
+interrupted meta writes and an empty ``.staging/``, and makes the meta files agree
+(episodes_stats.jsonl keeps only listed episodes; info.json totals and stats.json follow
+episodes.jsonl). So a process killed at any moment leaves a dataset whose listed episodes are
+complete, and the next index never lands on a partly written one. Meta files take the mode
+of the data files (umask), not the 0600 of a temp file.
 """
 
 from __future__ import annotations
@@ -171,6 +176,7 @@ class DatasetWriter:
         self.episodes = meta.episodes
         self.tasks = meta.tasks
         self.episodes_stats = meta.episodes_stats
+        self.recovered: list[str] = []  # what the last recover() did (start-up log)
 
     # ---- opening -------------------------------------------------------------------------
     @classmethod
@@ -198,24 +204,68 @@ class DatasetWriter:
                     atomic_write_jsonl(root / name, [])
             atomic_write_json(root / INFO, info.to_dict())
         writer = cls(root, info, settings)
-        writer.recover()
+        writer.recovered = writer.recover()
         return writer
 
-    def recover(self) -> None:
-        """Finish committed journals, discard uncommitted staging, park stray files."""
+    def recover(self) -> list[str]:
+        """Bring the dataset back to a consistent state after a crash; returns what was done."""
+        done: list[str] = []
         with self.lock:
             staging_root = self.root / STAGING
             for d in sorted(staging_root.glob("*")) if staging_root.is_dir() else []:
                 if (d / JOURNAL).is_file():
                     log.warning("%s: finishing the commit of an interrupted save (%s)", self.root, d.name)
                     self._apply_journal(d, read_json(d / JOURNAL))
+                    done.append(f"finished the interrupted save {d.name}")
                 else:
                     log.warning("%s: discarding an unfinished episode (%s)", self.root, d.name)
                     shutil.rmtree(d, ignore_errors=True)
-            self._park_orphans()
+                    done.append(f"discarded the unfinished episode {d.name}")
+            if staging_root.is_dir() and not any(staging_root.iterdir()):
+                staging_root.rmdir()
+            done += self._park_orphans()
+            done += self._remove_temp_files()
+            listed = {e.episode_index for e in self.episodes}
+            extra = sorted(set(self.episodes_stats) - listed)
+            if extra:  # a save killed between the stats row and the episode row
+                for i in extra:
+                    del self.episodes_stats[i]
+                atomic_write_jsonl(self.root / EPISODES_STATS,
+                                   [s.to_dict() for _, s in sorted(self.episodes_stats.items())])
+                done.append(f"dropped episodes_stats rows of unlisted episodes {extra}")
             self._write_derived_meta()
+            self._fix_meta_modes()
+        return done
 
-    def _park_orphans(self) -> None:
+    def _remove_temp_files(self) -> list[str]:
+        """Temp files of atomic writes that a kill interrupted (``.<name>.<random>.tmp``)."""
+        out = []
+        for d in (self.root, self.root / "meta"):
+            for p in sorted(d.glob(".*.tmp")) if d.is_dir() else []:
+                if p.is_file():
+                    p.unlink()
+                    out.append(f"removed the temp file {p.relative_to(self.root)}")
+        return out
+
+    def _meta_mode(self) -> int:
+        """The mode data files get (the process umask applied to 0666)."""
+        for e in self.episodes[:1]:
+            p = self.root / self.info.data_file(e.episode_index)
+            if p.is_file():
+                return p.stat().st_mode & 0o777
+        mask = os.umask(0)
+        os.umask(mask)
+        return 0o666 & ~mask
+
+    def _fix_meta_modes(self) -> None:
+        mode = self._meta_mode()
+        for name in (INFO, EPISODES, EPISODES_STATS, TASKS, STATS):
+            p = self.root / name
+            if p.is_file() and (p.stat().st_mode & 0o777) != mode:
+                os.chmod(p, mode)
+
+    def _park_orphans(self) -> list[str]:
+        out = []
         listed = {self.info.data_file(e.episode_index) for e in self.episodes}
         listed |= {self.info.video_file(k, e.episode_index) for e in self.episodes for k in self.info.video_keys}
         for top in ("data", "videos"):
@@ -228,6 +278,8 @@ class DatasetWriter:
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     log.warning("%s: moving stray file %s to %s", self.root, p, dest)
                     os.replace(p, dest)
+                    out.append(f"moved the stray file {p.relative_to(self.root)} to {dest.relative_to(self.root)}")
+        return out
 
     # ---- episodes --------------------------------------------------------------------------
     @property
@@ -309,6 +361,7 @@ class DatasetWriter:
         self.episodes.append(row)
         atomic_write_jsonl(self.root / EPISODES, [e.to_dict() for e in self.episodes])  # visible now
         self._write_derived_meta()
+        self._fix_meta_modes()
         shutil.rmtree(staging, ignore_errors=True)
 
     def _write_derived_meta(self) -> None:
@@ -343,6 +396,7 @@ class DatasetWriter:
                 row.extra["note"] = note
             row.extra["reviewed_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             atomic_write_jsonl(self.root / EPISODES, [e.to_dict() for e in self.episodes])
+            self._fix_meta_modes()
             return row
 
 

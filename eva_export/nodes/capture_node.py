@@ -11,6 +11,15 @@ The node is thin: subscription callbacks stamp the receive time, take a zero-cop
 message (ros_convert) and hand it to ``eva_export.capture.Recorder``, which aligns, checks,
 encodes and saves in its own threads. Unless FASTDDS_DEFAULT_PROFILES_FILE is set, the shipped
 shared-memory DDS profile (config/fastdds_shm.xml) is used.
+
+After a crash (kill -9) Fast DDS leaves the dead process's shared-memory port in /dev/shm
+and the publishers keep it open. ``SILENT_CHECK_S`` seconds after start the node warns about
+every configured stream that received nothing while a publisher of its topic is on the graph
+(the "deaf restart"; see config/fastdds_shm.xml). The node deliberately does NOT run
+``fastdds shm clean`` at start: measured in tests/test_capture_kill.py, removing the dead
+port while the publishers still hold it made the restarted node fail to open its port
+("Failed init_port ... open_and_lock_file failed") and stay deaf on the first or second
+restart, where leaving it to Fast DDS recovered every time (after 3 to 11 s).
 """
 
 from __future__ import annotations
@@ -52,9 +61,13 @@ from eva_export.nodes.common import (
 )
 
 NODE_NAME = "eva_capture"
+#: Seconds after start-up when silent streams with a publisher on the graph are reported.
+SILENT_CHECK_S = 5.0
 CAPTURE_STATUS_PERIOD = 0.5
-CAMERA_QOS_DEPTH = 5
-VECTOR_QOS_DEPTH = 50
+#: Subscription histories: a starved intake must not overwrite messages that are only late
+#: (2 s of a 100 Hz vector stream; 10 camera frames, about 9 MB at 640x480 rgb8).
+CAMERA_QOS_DEPTH = 10
+VECTOR_QOS_DEPTH = 200
 
 
 def episode_info(row: EpisodeRow) -> EpisodeInfo:
@@ -83,6 +96,8 @@ class CaptureNode(Node):
         try:
             col = load_config(self.config_file).collection
             self.recorder = Recorder(col, stats_file=stats_file or None)
+            for name, actions in self.recorder.recovered.items():
+                self.get_logger().warning(f"dataset {name!r} recovered at start-up: {'; '.join(actions)}")
         except EvaError as exc:
             self.config_error = f"capture is unavailable: {exc}"
             self.get_logger().error(self.config_error)
@@ -94,6 +109,9 @@ class CaptureNode(Node):
         create_guarded_service(self, CancelCapture, "~/cancel", self._on_cancel, group)
         create_guarded_service(self, ListEpisodes, "~/list_episodes", self._on_list_episodes, group)
         create_guarded_service(self, ReviewEpisode, "~/review", self._on_review, group)
+        self.silent_warning = ""
+        if self.recorder is not None:
+            self._silent_timer = self.create_timer(SILENT_CHECK_S, self._check_silent_streams)
         self.status_pub = self.create_publisher(CaptureStatus, "~/status", STATUS_QOS_DEPTH)
         self.status_timer = create_status_timer(self, self.status_pub, self.build_status, status_period)
         self.get_logger().info(f"config_file={self.config_file!r} dds_profile="
@@ -154,6 +172,23 @@ class CaptureNode(Node):
         if self.recorder is not None:
             self.recorder.close()
 
+    def _check_silent_streams(self) -> None:
+        """Once, after start-up: a stream with a publisher but no message is a transport fault."""
+        self._silent_timer.cancel()
+        rec = self.recorder
+        assert rec is not None
+        received = rec.status().streams
+        deaf = [(s.name, s.topic, n) for s, st in zip(rec.streams, received, strict=True)
+                if st.received == 0 and (n := self.intake_node.count_publishers(s.topic)) > 0]
+        if deaf:
+            self.silent_warning = (
+                "receiving nothing although publishers are on the graph: "
+                + ", ".join(f"{name} ({topic}, {n} publishers)" for name, topic, n in deaf)
+                + f" after {SILENT_CHECK_S:g} s; after a crash Fast DDS may need about 10 s to reconnect "
+                "its shared-memory transport; if this persists, restart the publishing process (stale "
+                "shared memory of the crashed capture process is the known cause)")
+            self.get_logger().warning(self.silent_warning)
+
     # ---- status ---------------------------------------------------------------------------------
     def build_status(self) -> CaptureStatus:
         msg = CaptureStatus()
@@ -171,10 +206,12 @@ class CaptureNode(Node):
         for s in st.streams:
             ss = StreamStatus()
             ss.name, ss.topic, ss.received, ss.dropped, ss.rate_hz = s.name, s.topic, s.received, s.dropped, s.rate_hz
+            ss.late = s.late
+            ss.jitter_p50_ms, ss.jitter_p99_ms, ss.max_gap_ms = s.jitter_p50_ms, s.jitter_p99_ms, s.max_gap_ms
             msg.streams.append(ss)
         msg.last_episode_index = st.last_episode_index
         msg.last_episode_quality = st.last_episode_quality
-        msg.last_message = st.last_message
+        msg.last_message = st.last_message or self.silent_warning
         return msg
 
     # ---- services -------------------------------------------------------------------------------

@@ -3,7 +3,12 @@
 Publishes exactly the streams the config's ``collection.streams`` lists (same topics, types,
 joint names and image sizes): state and action at ``state_rate`` / ``action_rate`` (100 Hz),
 an optional PoseStamped ee_pose, and every camera at ``camera_rate`` (30 Hz) with moving
-content. Header stamps come from the node clock.
+content.
+
+Timing like a real sensor: sample k of a stream is *scheduled* at ``k / rate`` after the node
+started and its header stamp is that scheduled time on the node clock (as a camera driver
+stamps the exposure), not the moment its publish call happened to run. A tick publishes every
+sample that is due, so a starved simulator delivers late, in a burst, but loses nothing.
 
 Deterministic signals, so a recording can be checked against what was sent:
 
@@ -18,11 +23,16 @@ Fault injection (parameters; times in seconds since the node started, < 0 = off)
 name goes silent), ``nan_after_s`` (NaN in state), ``shape_camera`` + ``shape_after_s`` +
 ``shape_width`` / ``shape_height`` (publish another image size), ``compress_jpeg`` (publish
 CompressedImage cameras as JPEG; automatic for cameras configured as CompressedImage).
+Delivery faults (no sample is lost, only published late, in order): ``jitter_s`` (each sample
+of every stream released a random 0..jitter_s after its scheduled time, seeded by
+``jitter_seed``), ``delay_every`` + ``delay_s`` (every k-th sample of every stream held back
+``delay_s``, and the ones behind it with it).
 """
 
 from __future__ import annotations
 
 import io
+import math
 import sys
 import time
 from typing import Any
@@ -106,6 +116,41 @@ def jpeg_bytes(img: np.ndarray) -> bytes:
     return out.getvalue()
 
 
+class Schedule:
+    """Sample k of a stream: scheduled at t0 + k / rate, released (published) at or after it.
+
+    ``due(now)`` returns the samples whose release time has come, in order; release times are
+    kept monotonic, so a delayed sample delays the ones behind it (as one DDS writer does).
+    """
+
+    def __init__(self, rate: float, t0: float, *, jitter_s: float = 0.0, delay_every: int = 0,
+                 delay_s: float = 0.0, seed: int = 0) -> None:
+        self.rate, self.t0 = float(rate), t0
+        self.jitter_s, self.delay_every, self.delay_s = jitter_s, delay_every, delay_s
+        self.rng = np.random.default_rng(seed)
+        self.k = 0
+        self._prev_release = -math.inf
+        self._release: float | None = None
+
+    def scheduled(self, k: int) -> float:
+        """Seconds after the start at which sample k is taken."""
+        return k / self.rate
+
+    def due(self, now: float) -> list[int]:
+        out = []
+        while True:
+            if self._release is None:
+                delay = float(self.rng.uniform(0.0, self.jitter_s)) if self.jitter_s > 0 else 0.0
+                if self.delay_every > 0 and self.k % self.delay_every == self.delay_every - 1:
+                    delay += self.delay_s
+                self._release = max(self._prev_release, self.t0 + self.scheduled(self.k) + delay)
+            if self._release > now:
+                return out
+            out.append(self.k)
+            self._prev_release, self._release = self._release, None
+            self.k += 1
+
+
 class TeleopSim(Node):
     def __init__(self) -> None:
         super().__init__(NODE_NAME)
@@ -125,89 +170,101 @@ class TeleopSim(Node):
         self.shape_after = float(p("shape_after_s", -1.0).value)
         self.shape_size = (int(p("shape_width", 0).value), int(p("shape_height", 0).value))
         self.compress = bool(p("compress_jpeg", False).value)
+        jitter = float(p("jitter_s", 0.0).value)
+        delay_every = int(p("delay_every", 0).value)
+        delay_s = float(p("delay_s", 0.0).value)
+        seed = int(p("jitter_seed", 0).value)
         self.col = load_config(config_file).collection
         self.streams = {s.name: s for s in streams_from_config(self.col)} if self._has_streams() else {}
         self.t_start = time.monotonic()
-        qos_cam = QoSProfile(depth=5, reliability=ReliabilityPolicy.RELIABLE)
+        # the node clock at the start: stamps are t_start_ns + scheduled time of the sample
+        self.t_start_ns = self.get_clock().now().nanoseconds
+        faults = {"jitter_s": jitter, "delay_every": delay_every, "delay_s": delay_s}
+        self.sched = {name: Schedule(rate, self.t_start, seed=seed + i, **faults)  # type: ignore[arg-type]
+                      for i, (name, rate) in enumerate((("state", self.state_rate), ("action", self.action_rate),
+                                                        ("camera", self.camera_rate)))}
+        # ticks a few times per period when deliveries are delayed, so release times are kept
+        tick = 4.0 if (jitter > 0 or delay_s > 0) else 1.0
+        # histories deep enough for a catch-up burst after a stall (no sample is lost by the sim)
+        qos_cam = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
         self.pubs: dict[str, Any] = {}
         for name, spec in self.streams.items():
             cls = ros_convert.MSG_TYPES[spec.msg_type]
-            self.pubs[name] = self.create_publisher(cls, spec.topic, qos_cam if spec.is_camera else 50)
-        self.n_state = 0
-        self.n_action = 0
-        self.m = 0
+            self.pubs[name] = self.create_publisher(cls, spec.topic, qos_cam if spec.is_camera else 200)
         self.frozen: dict[str, Any] = {}
         self.makers: dict[tuple[str, int, int], FrameMaker] = {}
         self.cam_specs = [s for s in self.streams.values() if s.is_camera]
         if "state" in self.streams or "ee_pose" in self.streams:
-            self.create_timer(1.0 / self.state_rate, self._tick_state)
+            self.create_timer(1.0 / self.state_rate / tick, self._tick_state)
         if "action" in self.streams:
-            self.create_timer(1.0 / self.action_rate, self._tick_action)
+            self.create_timer(1.0 / self.action_rate / tick, self._tick_action)
         if self.cam_specs:
-            self.create_timer(1.0 / self.camera_rate, self._tick_cameras)
+            self.create_timer(1.0 / self.camera_rate / tick, self._tick_cameras)
         self.get_logger().info(f"publishing {sorted(self.streams)} from {config_file or 'defaults'}")
 
     def _has_streams(self) -> bool:
         c = self.col
         return bool(c.state or c.action or c.ee_pose or c.cameras)
 
-    def _t(self) -> float:
-        return time.monotonic() - self.t_start
+    def _silent(self, name: str, t: float) -> bool:
+        return self.stop_stream == name and 0 <= self.stop_after <= t
 
-    def _silent(self, name: str) -> bool:
-        return self.stop_stream == name and 0 <= self.stop_after <= self._t()
-
-    def _stamp(self, msg: Any) -> None:
-        ros_convert.set_stamp(msg, self.get_clock().now().seconds_nanoseconds())
+    def _stamp_of(self, sched: Schedule, k: int) -> tuple[int, int]:
+        ns = self.t_start_ns + round(sched.scheduled(k) * 1e9)
+        return ns // 1_000_000_000, ns % 1_000_000_000
 
     def _tick_state(self) -> None:
-        n = self.n_state
-        self.n_state += 1
-        if "state" in self.streams and not self._silent("state"):
-            spec = self.streams["state"]
-            values = n + 0.25 * np.arange(len(spec.names))
-            if 0 <= self.nan_after <= self._t():
-                values[0] = np.nan
-            self.pubs["state"].publish(self._vector_msg(spec, values))
-        if "ee_pose" in self.streams and not self._silent("ee_pose"):
-            msg = ros_convert.pose_msg([n * 0.001, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0])
-            self._stamp(msg)
-            self.pubs["ee_pose"].publish(msg)
+        sched = self.sched["state"]
+        for n in sched.due(time.monotonic()):
+            t, stamp = sched.scheduled(n), self._stamp_of(sched, n)
+            if "state" in self.streams and not self._silent("state", t):
+                spec = self.streams["state"]
+                values = n + 0.25 * np.arange(len(spec.names))
+                if 0 <= self.nan_after <= t:
+                    values[0] = np.nan
+                self.pubs["state"].publish(self._vector_msg(spec, values, stamp))
+            if "ee_pose" in self.streams and not self._silent("ee_pose", t):
+                msg = ros_convert.pose_msg([n * 0.001, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0])
+                ros_convert.set_stamp(msg, stamp)
+                self.pubs["ee_pose"].publish(msg)
 
     def _tick_action(self) -> None:
-        n = self.n_action
-        self.n_action += 1
-        if self._silent("action"):
-            return
-        spec = self.streams["action"]
-        values = -(n + 0.25 * np.arange(len(spec.names)))
-        self.pubs["action"].publish(self._vector_msg(spec, values))
+        sched = self.sched["action"]
+        for n in sched.due(time.monotonic()):
+            if self._silent("action", sched.scheduled(n)):
+                continue
+            spec = self.streams["action"]
+            values = -(n + 0.25 * np.arange(len(spec.names)))
+            self.pubs["action"].publish(self._vector_msg(spec, values, self._stamp_of(sched, n)))
 
-    def _vector_msg(self, spec: Any, values: np.ndarray) -> Any:
+    def _vector_msg(self, spec: Any, values: np.ndarray, stamp: tuple[int, int]) -> Any:
         """A JointState (stamped, by joint name) or a Float64MultiArray, as the config says."""
         if spec.msg_type == "JointState":
             msg = ros_convert.joint_state_msg(spec.names, values, spec.field)
-            self._stamp(msg)
+            ros_convert.set_stamp(msg, stamp)
             return msg
         return ros_convert.float_array_msg(values)
 
     def _tick_cameras(self) -> None:
-        m = self.m
-        self.m += 1
-        now = self.get_clock().now().seconds_nanoseconds()
+        sched = self.sched["camera"]
+        for m in sched.due(time.monotonic()):
+            self._publish_frames(m, sched.scheduled(m), self._stamp_of(sched, m))
+
+    def _publish_frames(self, m: int, t: float, now: tuple[int, int]) -> None:
+        """Frame m of every camera (one sampling instant, one stamp)."""
         for k, spec in enumerate(self.cam_specs):
             name = spec.name
-            if self._silent(name):
+            if self._silent(name, t):
                 continue
             if name == self.drop_camera and self.drop_every > 0 and m % self.drop_every == self.drop_every - 1:
                 continue
             w, h = spec.width, spec.height
-            if name == self.shape_camera and 0 <= self.shape_after <= self._t():
+            if name == self.shape_camera and 0 <= self.shape_after <= t:
                 w, h = self.shape_size
             maker = self.makers.get((name, w, h))
             if maker is None:
                 maker = self.makers[(name, w, h)] = FrameMaker(w, h, k)
-            if name == self.freeze_camera and 0 <= self.freeze_after <= self._t():
+            if name == self.freeze_camera and 0 <= self.freeze_after <= t:
                 if name not in self.frozen:
                     self.frozen[name] = maker.frame(m)
                 img = self.frozen[name]
