@@ -98,8 +98,12 @@ class SshServer:
     user: str = field(default_factory=getpass.getuser)
 
     @classmethod
-    def start(cls, root: Path, attempts: int = 3) -> SshServer:
-        """Start a server with its files under ``root``; fail loudly if sshd is missing."""
+    def start(cls, root: Path, attempts: int = 3, sftp_only: bool = False) -> SshServer:
+        """Start a server with its files under ``root``; fail loudly if sshd is missing.
+
+        ``sftp_only``: every session runs the SFTP server (ForceCommand internal-sftp), as on
+        hosts that allow no commands, so the upload cannot hash files on the server.
+        """
         if not os.access(SSHD, os.X_OK):
             raise SshdMissing(
                 f"{SSHD} not found: install OpenSSH's server (apt-get install -y openssh-server)"
@@ -135,6 +139,7 @@ class SshServer:
                 "AllowTcpForwarding no",
                 "X11Forwarding no",
                 "Subsystem sftp internal-sftp",
+                *(["ForceCommand internal-sftp"] if sftp_only else []),
                 "",
             ]))
             log = root / "sshd.log"

@@ -17,10 +17,11 @@ from collections.abc import Iterable
 
 import paramiko
 
-HASH_COMMANDS = (  # (probe, command prefix, kind) in order of preference
-    ("openssl version", "openssl dgst -sha256 -r", "openssl"),
-    ("sha256sum --version", "sha256sum", "sha256sum"),
+HASH_COMMANDS = (  # (probe, what its output starts with, command prefix, kind) by preference
+    ("openssl version", b"OpenSSL", "openssl dgst -sha256 -r", "openssl"),
+    ("sha256sum --version", b"sha256sum", "sha256sum", "sha256sum"),
 )
+PROBE_TIMEOUT_S = 5.0
 MAX_COMMAND = 32_000  # bytes of one command line (paths are batched below any shell's limit)
 READ_CHUNK = 1 << 20
 
@@ -34,12 +35,14 @@ class RemoteHasher:
         self.timeout_s = timeout_s
         self.kind = "readback"
         self._prefix = ""
-        for probe, prefix, kind in HASH_COMMANDS:
+        for probe, expect, prefix, kind in HASH_COMMANDS:
             try:
-                status, _out = self._run(probe, timeout_s)
+                status, out = self._run(probe, min(timeout_s, PROBE_TIMEOUT_S))
             except (OSError, EOFError, paramiko.SSHException):
                 break  # no exec channel on this server (or account): read back
-            if status == 0:
+            # an sftp-only account (ForceCommand internal-sftp) answers any command with an
+            # SFTP server that exits at once on end of input: no output, so no hash tool
+            if status == 0 and out.startswith(expect):
                 self.kind, self._prefix = kind, prefix
                 break
 
@@ -56,6 +59,7 @@ class RemoteHasher:
         try:
             chan.settimeout(timeout_s)
             chan.exec_command(command)
+            chan.shutdown_write()  # no input: a command that reads stdin ends instead of waiting
             out = bytearray()
             while True:
                 data = chan.recv(65536)

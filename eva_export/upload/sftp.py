@@ -203,6 +203,8 @@ class SftpBackend:
     def __init__(self, settings: SftpSettings) -> None:
         settings.check()
         self.settings = settings
+        self.last_limiter: RateLimiter | None = None
+        self.last_job: _Job | None = None
 
     def describe(self) -> str:
         s = self.settings
@@ -286,6 +288,8 @@ class SftpBackend:
                    staging=posixpath.join(s.remote_dir, staging_name(name, manifest_digest(manifest_bytes))),
                    progress=progress or (lambda *_: None),
                    limiter=RateLimiter(s.bandwidth_limit_bps) if s.bandwidth_limit_bps else None)
+        self.last_limiter = job.limiter  # its accounting shows the cap held (tests, benchmark)
+        self.last_job: _Job | None = job  # bytes sent etc. of the last upload, also a failed one
         job.report()
         last_error = ""
         while True:
@@ -361,7 +365,7 @@ class SftpBackend:
                 sftp.mkdir(job.staging)
             job.staging_ours = True
             remote_files, remote_dirs = _inventory(sftp, job.staging)
-            for rel in job.manifest.directories:
+            for rel in _directories(job):
                 if rel not in remote_dirs:
                     phase = f"creating {job.staging}/{rel}"
                     sftp.mkdir(posixpath.join(job.staging, rel))
@@ -552,6 +556,18 @@ class SftpBackend:
             sftp.remove(posixpath.join(job.staging, f.rel))
             raise UploadError(f"remote {job.staging}/{f.rel} has SHA-256 {got.get(f.rel)}, the manifest says "
                               f"{f.entry.sha256}: removed, to be sent again")
+
+
+def _directories(job: _Job) -> list[str]:
+    """Every remote directory to create, parents first: the manifest's (empty ones too) and
+    the parents of every file (the manifest may list no directories, e.g. meta/ of itself)."""
+    dirs = set(job.manifest.directories)
+    for f in job.files:
+        parent = posixpath.dirname(f.rel)
+        while parent:
+            dirs.add(parent)
+            parent = posixpath.dirname(parent)
+    return sorted(dirs, key=lambda d: (d.count("/"), d))
 
 
 def _local_prefix_hash(f: _File, n: int) -> str:
