@@ -112,6 +112,7 @@ class SshServer:
         root.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0 and not os.path.isdir("/run/sshd"):
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+        (root / "home").mkdir(exist_ok=True)
         host_key = root / "ssh_host_ed25519_key"
         client_key = root / "client_ed25519"
         host_pub = _keygen(host_key)
@@ -139,6 +140,10 @@ class SshServer:
                 "AllowTcpForwarding no",
                 "X11Forwarding no",
                 "Subsystem sftp internal-sftp",
+                # commands run by the upload (its hash shell) start without the account's
+                # ~/.bashrc, which bash reads under sshd: on this machine root's runs pyenv
+                # init, seconds of start-up and sometimes a wait on pyenv's lock
+                f"SetEnv HOME={root / 'home'}",
                 *(["ForceCommand internal-sftp"] if sftp_only else []),
                 "",
             ]))

@@ -118,7 +118,7 @@ def _kill_process_at(settings: SftpSettings, src: Path, name: str, at: int) -> b
     assert proc.stdout is not None
     try:
         for line in proc.stdout:
-            if line.strip() != "done" and int(line) >= at:
+            if line.strip().isdigit() and int(line) >= at:
                 proc.send_signal(signal.SIGKILL)  # like a node killed mid-upload
                 killed = True
                 break

@@ -1,11 +1,17 @@
-"""SHA-256 of remote files: by a command over an SSH exec channel, else by reading them back.
+"""SHA-256 of remote files: by a hash tool over an SSH exec channel, else by reading them back.
 
 SFTP (version 3, as OpenSSH serves it) has no hash request. Where the server lets the user
-run commands, ``openssl dgst -sha256 -r`` (uses the CPU's SHA instructions; about 6x faster
-than coreutils' ``sha256sum`` on the machine this was written on) or ``sha256sum`` hashes
-the files on the server. Where it does not (an sftp-only account), the bytes are read back
-over SFTP and hashed here; that costs a second transfer of what is checked, so the upload
-then verifies the complete files by size and reads back only resumed prefixes.
+run commands, one long-lived shell per connection hashes the files on the server with
+``openssl dgst -sha256 -r`` (uses the CPU's SHA instructions; about 6x faster than
+coreutils' ``sha256sum`` on the machine this was written on) or ``sha256sum``. One shell,
+not one command per file: starting a session costs what the account's shell start-up
+costs (about a second on the test machine, whose root ``.bashrc`` runs ``pyenv init``),
+and that start overlaps the transfer because the shell is started with the connection.
+
+Where the server runs no commands (an sftp-only account: ``ForceCommand internal-sftp``),
+the bytes are read back over SFTP and hashed here; that costs a second transfer of what
+is checked, so the upload then verifies complete files by size and reads back only the
+prefixes it resumes from.
 """
 
 from __future__ import annotations
@@ -13,88 +19,145 @@ from __future__ import annotations
 import hashlib
 import posixpath
 import shlex
+import threading
+import time
 from collections.abc import Iterable
 
 import paramiko
 
-HASH_COMMANDS = (  # (probe, what its output starts with, command prefix, kind) by preference
-    ("openssl version", b"OpenSSL", "openssl dgst -sha256 -r", "openssl"),
-    ("sha256sum --version", b"sha256sum", "sha256sum", "sha256sum"),
+# Prints READY and the tool, then answers one absolute path per input line with the tool's
+# output line (or ERR) and an END line; NOHASH when neither tool exists.
+SCRIPT = (
+    'if command -v openssl >/dev/null 2>&1; then H="openssl dgst -sha256 -r"; '
+    'elif command -v sha256sum >/dev/null 2>&1; then H=sha256sum; '
+    'else echo NOHASH; exit 0; fi; echo "READY $H"; '
+    'while IFS= read -r f; do $H "$f" 2>/dev/null || echo ERR; echo END; done'
 )
-PROBE_TIMEOUT_S = 5.0
-MAX_COMMAND = 32_000  # bytes of one command line (paths are batched below any shell's limit)
+READY_TIMEOUT_S = 5.0  # an sftp-only account never answers; read back after this long
 READ_CHUNK = 1 << 20
 
 
 class RemoteHasher:
-    """Hashes files under one remote directory; ``kind`` is "openssl", "sha256sum" or "readback"."""
+    """Hashes files under remote directories; ``kind`` says how ("openssl", "sha256sum", "readback").
 
-    def __init__(self, client: paramiko.SSHClient, sftp: paramiko.SFTPClient, timeout_s: float) -> None:
+    ``start()`` opens the remote shell without waiting; the first ``hash_files`` waits for it.
+    Thread-safe: requests are served one at a time.
+    """
+
+    def __init__(self, client: paramiko.SSHClient, sftp: paramiko.SFTPClient, timeout_s: float,
+                 allow_exec: bool = True) -> None:
         self.client = client
         self.sftp = sftp
         self.timeout_s = timeout_s
-        self.kind = "readback"
-        self._prefix = ""
-        for probe, expect, prefix, kind in HASH_COMMANDS:
+        self.kind = "" if allow_exec else "readback"  # "" until the shell answered
+        self._chan: paramiko.Channel | None = None
+        self._buf = b""
+        self._lock = threading.Lock()
+        self._started_at = 0.0
+
+    def start(self) -> None:
+        if self.kind:
+            return
+        transport = self.client.get_transport()
+        try:
+            if transport is None or not transport.is_active():
+                raise EOFError("the SSH connection is closed")
+            chan = transport.open_session(timeout=self.timeout_s)
+            chan.exec_command(f"sh -c {shlex.quote(SCRIPT)}")
+        except (OSError, EOFError, paramiko.SSHException):
+            self.kind = "readback"  # no exec channel on this server (or account)
+            return
+        self._chan = chan
+        self._started_at = time.monotonic()
+
+    def _ready(self) -> None:
+        """Wait for the shell's first line (once); fall back to read-back without one."""
+        if self.kind:
+            return
+        if self._chan is None:
+            self.start()
+            if self.kind:
+                return
+        assert self._chan is not None
+        left = READY_TIMEOUT_S + self.timeout_s - (time.monotonic() - self._started_at)
+        line = self._line(max(0.1, left))
+        if line is not None and line.startswith(b"READY "):
+            self.kind = "openssl" if b"openssl" in line else "sha256sum"
+        else:
+            self.kind = "readback"
+            self.close()
+
+    def _line(self, timeout: float) -> bytes | None:
+        """One output line of the shell, None on timeout or end of output."""
+        assert self._chan is not None
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            self._chan.settimeout(left)
             try:
-                status, out = self._run(probe, min(timeout_s, PROBE_TIMEOUT_S))
-            except (OSError, EOFError, paramiko.SSHException):
-                break  # no exec channel on this server (or account): read back
-            # an sftp-only account (ForceCommand internal-sftp) answers any command with an
-            # SFTP server that exits at once on end of input: no output, so no hash tool
-            if status == 0 and out.startswith(expect):
-                self.kind, self._prefix = kind, prefix
-                break
+                data = self._chan.recv(65536)
+            except TimeoutError:
+                return None
+            if not data:
+                return None
+            self._buf += data
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line
 
     @property
     def remote(self) -> bool:
         """True when the server computes the hashes (no bytes come back)."""
+        with self._lock:
+            self._ready()
         return self.kind != "readback"
 
-    def _run(self, command: str, timeout_s: float) -> tuple[int, bytes]:
-        transport = self.client.get_transport()
-        if transport is None or not transport.is_active():
-            raise EOFError("the SSH connection is closed")
-        chan = transport.open_session(timeout=timeout_s)
-        try:
-            chan.settimeout(timeout_s)
-            chan.exec_command(command)
-            chan.shutdown_write()  # no input: a command that reads stdin ends instead of waiting
-            out = bytearray()
-            while True:
-                data = chan.recv(65536)
-                if not data:
-                    break
-                out += data
-            return chan.recv_exit_status(), bytes(out)
-        finally:
-            chan.close()
+    def close(self) -> None:
+        chan, self._chan = self._chan, None
+        if chan is not None:
+            try:
+                chan.close()
+            except (OSError, EOFError, paramiko.SSHException):
+                pass  # the connection is gone already
 
-    def hash_files(self, root: str, rels: Iterable[str], total_bytes: int = 0) -> dict[str, str]:
-        """``{rel: sha256}`` of files under ``root``; a file that could not be hashed is absent."""
+    def hash_files(self, root: str, rels: Iterable[str], total_bytes: int = 0,
+                   readback: bool = True) -> dict[str, str]:
+        """``{rel: sha256}`` of files under ``root``; a file that could not be hashed is absent.
+
+        ``readback=False`` (a background thread: the SFTP session is the caller's) skips
+        the files the server cannot hash instead of reading them back.
+        """
         rels = list(rels)
-        if not rels:
-            return {}
-        if not self.remote:
-            return {rel: self.readback(posixpath.join(root, rel)) for rel in rels}
         out: dict[str, str] = {}
-        # a plain name is passed as ./rel; names a shell or the hash tool would mangle are read back
-        plain = [r for r in rels if "\n" not in r and "\\" not in r]
-        for rel in set(rels) - set(plain):
-            out[rel] = self.readback(posixpath.join(root, rel))
+        with self._lock:
+            if rels:
+                self._ready()
+            for rel in rels:
+                path = posixpath.join(root, rel)
+                if self.kind == "readback" or "\n" in rel or "\\" in rel:
+                    if readback:
+                        out[rel] = self.readback(path)
+                    continue
+                digest = self._remote_one(path, total_bytes)
+                if digest is not None:
+                    out[rel] = digest
+        return out
+
+    def _remote_one(self, path: str, total_bytes: int) -> str | None:
+        assert self._chan is not None
+        self._chan.sendall(path.encode("utf-8", "surrogateescape") + b"\n")  # absolute: never an option
         # hashing reads at >= ~150 MB/s even with sha256sum: allow for that beyond the timeout
         timeout = self.timeout_s + total_bytes / 100e6
-        for batch in _batches(plain, len(root) + len(self._prefix) + 16):
-            cmd = f"cd {shlex.quote(root)} && {self._prefix} " + " ".join(shlex.quote("./" + r) for r in batch)
-            status, text = self._run(cmd, timeout)
-            for line in text.decode("utf-8", "surrogateescape").splitlines():
-                digest, name = line[:64], line[64:]
-                name = name[2:] if name[:2] in (" *", "  ") else name.lstrip(" *")
-                if name.startswith("./") and len(digest) == 64:
-                    out[name[2:]] = digest.lower()
-            # a non-zero status means some file was missing or unreadable: it is just absent
-            del status
-        return out
+        digest = None
+        while True:
+            line = self._line(timeout)
+            if line is None:
+                raise TimeoutError(f"the server's hash tool did not answer for {path}")
+            if line == b"END":
+                return digest
+            if len(line) >= 64 and line[:64].isalnum():
+                digest = line[:64].decode("ascii").lower()
 
     def readback(self, path: str, limit: int | None = None) -> str:
         """SHA-256 of a remote file (or of its first ``limit`` bytes), read over SFTP."""
@@ -111,17 +174,3 @@ class RemoteHasher:
                 h.update(data)
                 left -= len(data)
         return h.hexdigest()
-
-
-def _batches(rels: list[str], overhead: int) -> Iterable[list[str]]:
-    batch: list[str] = []
-    size = overhead
-    for rel in rels:
-        n = len(shlex.quote("./" + rel)) + 1
-        if batch and size + n > MAX_COMMAND:
-            yield batch
-            batch, size = [], overhead
-        batch.append(rel)
-        size += n
-    if batch:
-        yield batch

@@ -36,7 +36,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -139,6 +139,7 @@ class _Job:
     done_files: int = 0
     done_bytes: int = 0
     inflight: dict[str, int] = field(default_factory=dict)
+    hashes: dict[str, Future[dict[str, str]]] = field(default_factory=dict)  # hashed after sending
 
     @property
     def total_bytes(self) -> int:
@@ -205,6 +206,7 @@ class SftpBackend:
         self.settings = settings
         self.last_limiter: RateLimiter | None = None
         self.last_job: _Job | None = None
+        self._no_exec = False  # learnt from the server: it runs no commands (read back instead)
 
     def describe(self) -> str:
         s = self.settings
@@ -348,8 +350,12 @@ class SftpBackend:
         """One connection's worth of work; raises UploadError (retryable) or _Permanent."""
         client = self.connect()
         phase = "opening the SFTP session"
+        hasher: RemoteHasher | None = None
         try:
             sftp = self._open_sftp(client)
+            # the server-side hash shell starts now: its start-up overlaps what follows
+            hasher = RemoteHasher(client, sftp, self.settings.transfer_timeout_s, allow_exec=not self._no_exec)
+            hasher.start()
             remote_dir = self.settings.remote_dir
             if job.publishing:
                 phase = "checking an earlier publication"
@@ -369,12 +375,10 @@ class SftpBackend:
                 if rel not in remote_dirs:
                     phase = f"creating {job.staging}/{rel}"
                     sftp.mkdir(posixpath.join(job.staging, rel))
-            hasher = RemoteHasher(client, sftp, self.settings.transfer_timeout_s)
-            job.verified_kind = "sha256" if hasher.remote else "size"
             phase = "checking what the server already has"
             plan = self._plan(job, sftp, hasher, remote_files)
             phase = "uploading"
-            self._send_all(job, client, sftp, plan)
+            self._send_all(job, client, sftp, plan, hasher)
             phase = "verifying the uploaded files"
             self._verify(job, sftp, hasher, {f.rel for f, _off in plan})
             phase = "publishing"
@@ -391,6 +395,9 @@ class SftpBackend:
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise UploadError(f"while {phase}: {_describe(exc)}") from exc
         finally:
+            if hasher is not None:
+                self._no_exec = self._no_exec or hasher.kind == "readback"
+                hasher.close()
             client.close()
 
     def _result(self, job: _Job, target: str, taken: bool) -> UploadResult:
@@ -417,6 +424,7 @@ class SftpBackend:
     def _plan(self, job: _Job, sftp: paramiko.SFTPClient, hasher: RemoteHasher,
               remote_files: dict[str, int]) -> list[tuple[_File, int]]:
         """Which files to send and from which offset; removes remote files not in the manifest."""
+        job.hashes.clear()  # futures of a failed attempt belong to its dead connection
         wanted = {f.rel for f in job.files}
         for rel in sorted(set(remote_files) - wanted):
             sftp.remove(posixpath.join(job.staging, rel))
@@ -435,7 +443,7 @@ class SftpBackend:
                     plan.append((f, 0))
             else:
                 check.append(f)
-        if not hasher.remote:  # size-only servers: complete sizes are trusted, prefixes read back
+        if check and not hasher.remote:  # size-only servers: complete sizes trusted, prefixes read back
             for f in [f for f in check if remote_files[f.rel] == f.size]:
                 job.verified_remote.add(f.rel)
             check = [f for f in check if remote_files[f.rel] < f.size]
@@ -472,7 +480,7 @@ class SftpBackend:
         return plan
 
     def _send_all(self, job: _Job, client: paramiko.SSHClient, sftp: paramiko.SFTPClient,
-                  plan: list[tuple[_File, int]]) -> None:
+                  plan: list[tuple[_File, int]], hasher: RemoteHasher) -> None:
         small = [p for p in plan if p[0].size < SMALL_FILE and p[0].path is not None]
         rest = [p for p in plan if not (p[0].size < SMALL_FILE and p[0].path is not None)]
         workers = min(self.settings.parallel_files, len(small))
@@ -480,8 +488,12 @@ class SftpBackend:
             self._send_parallel(job, client, small, workers)
         else:
             rest = small + rest
-        for f, offset in rest:
-            self._send_one(job, sftp, f, offset)
+        # large files are hashed on the server while the next one is sent
+        with ThreadPoolExecutor(1, thread_name_prefix="upload-hash") as pool:
+            for f, offset in rest:
+                self._send_one(job, sftp, f, offset)
+                if f.size >= SMALL_FILE:
+                    job.hashes[f.rel] = pool.submit(hasher.hash_files, job.staging, [f.rel], f.size, False)
 
     def _send_parallel(self, job: _Job, client: paramiko.SSHClient, items: list[tuple[_File, int]],
                        workers: int) -> None:
@@ -541,10 +553,18 @@ class SftpBackend:
                 raise UploadError(f"remote {job.staging}/{f.rel} has {have} bytes after the upload, "
                                   f"the manifest says {f.size}")
         if not hasher.remote:
+            job.verified_kind = "size"
             job.verified_remote.update(f.rel for f in job.files)
             return
+        job.verified_kind = "sha256"
         todo = [f for f in job.files if f.rel not in job.verified_remote or f.rel in sent]
-        got = hasher.hash_files(job.staging, [f.rel for f in todo], sum(f.size for f in todo))
+        got: dict[str, str] = {}
+        for f in todo:
+            fut = job.hashes.pop(f.rel, None)
+            if fut is not None:
+                got.update(fut.result())
+        got.update(hasher.hash_files(job.staging, [f.rel for f in todo if f.rel not in got],
+                                     sum(f.size for f in todo if f.rel not in got)))
         for f in todo:
             if got.get(f.rel) == f.entry.sha256:
                 job.verified_remote.add(f.rel)
