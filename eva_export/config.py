@@ -94,8 +94,19 @@ class SftpSettings:
     remote_dir: str = ""
     connect_timeout_s: float = 10.0
     transfer_timeout_s: float = 30.0
+    # flaky links (issue 19): attempts per job, exponential backoff between them
+    max_attempts: int = 5
+    retry_backoff_s: float = 2.0  # first wait; doubles after every failed attempt
+    retry_backoff_max_s: float = 60.0
+    bandwidth_limit_bps: int = 0  # bytes/s over all transfers of a job; 0: no cap
+    parallel_files: int = 4  # small files (< 1 MiB) sent over this many SFTP channels at once
 
     def check(self) -> None:
+        if self.max_attempts < 1 or self.parallel_files < 1:
+            raise ConfigError("collection.storage.sftp.max_attempts and parallel_files must be at least 1")
+        if self.retry_backoff_s < 0 or self.retry_backoff_max_s < 0 or self.bandwidth_limit_bps < 0:
+            raise ConfigError("collection.storage.sftp retry_backoff_s, retry_backoff_max_s and "
+                              "bandwidth_limit_bps must not be negative")
         rd = self.remote_dir
         if not rd.startswith("/"):
             raise ConfigError(f"collection.storage.sftp.remote_dir {rd!r} must be absolute")

@@ -53,6 +53,12 @@ def _keygen(path: Path) -> str:
     return Path(f"{path}.pub").read_text().strip()
 
 
+def _launch(config: Path, log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as log_fh:
+        return subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL,
+                                stdout=log_fh, stderr=subprocess.STDOUT)
+
+
 def _children(pid: int) -> list[int]:
     """Every descendant pid of ``pid`` (read from /proc; sshd sessions call setsid)."""
     parents: dict[int, int] = {}
@@ -92,8 +98,12 @@ class SshServer:
     user: str = field(default_factory=getpass.getuser)
 
     @classmethod
-    def start(cls, root: Path, attempts: int = 3) -> SshServer:
-        """Start a server with its files under ``root``; fail loudly if sshd is missing."""
+    def start(cls, root: Path, attempts: int = 3, sftp_only: bool = False) -> SshServer:
+        """Start a server with its files under ``root``; fail loudly if sshd is missing.
+
+        ``sftp_only``: every session runs the SFTP server (ForceCommand internal-sftp), as on
+        hosts that allow no commands, so the upload cannot hash files on the server.
+        """
         if not os.access(SSHD, os.X_OK):
             raise SshdMissing(
                 f"{SSHD} not found: install OpenSSH's server (apt-get install -y openssh-server)"
@@ -102,6 +112,7 @@ class SshServer:
         root.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0 and not os.path.isdir("/run/sshd"):
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+        (root / "home").mkdir(exist_ok=True)
         host_key = root / "ssh_host_ed25519_key"
         client_key = root / "client_ed25519"
         host_pub = _keygen(host_key)
@@ -129,12 +140,15 @@ class SshServer:
                 "AllowTcpForwarding no",
                 "X11Forwarding no",
                 "Subsystem sftp internal-sftp",
+                # commands run by the upload (its hash shell) start without the account's
+                # ~/.bashrc, which bash reads under sshd: on this machine root's runs pyenv
+                # init, seconds of start-up and sometimes a wait on pyenv's lock
+                f"SetEnv HOME={root / 'home'}",
+                *(["ForceCommand internal-sftp"] if sftp_only else []),
                 "",
             ]))
             log = root / "sshd.log"
-            with open(log, "wb") as log_fh:
-                proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL,
-                                        stdout=log_fh, stderr=subprocess.STDOUT)
+            proc = _launch(config, log)
             known_hosts = root / "known_hosts"
             known_hosts.write_text(f"[127.0.0.1]:{port} {host_key_line}\n")
             server = cls(root=root, port=port, proc=proc, host_key_line=host_key_line,
@@ -159,6 +173,17 @@ class SshServer:
             time.sleep(0.02)
         return False
 
+    def restart(self, timeout: float = 10.0) -> None:
+        """Start the listener again on the same port and host key (after ``stop()`` or a kill)."""
+        self.stop()
+        for _ in range(50):  # the old socket may linger for a moment
+            self.proc = _launch(self.root / "sshd_config", self.log)
+            if self._wait_ready(timeout):
+                return
+            self.stop()
+            time.sleep(0.1)
+        raise RuntimeError(f"sshd did not restart on port {self.port}; see {self.log}")
+
     def sftp_settings(self, remote_dir: str, **kw: object) -> SftpSettings:
         """Settings of the project's SFTP backend that reach this server."""
         from eva_export.config import SftpSettings
@@ -166,7 +191,8 @@ class SshServer:
         args: dict[str, object] = dict(host=self.host, port=self.port, user=self.user,
                                        identity_file=str(self.client_key),
                                        known_hosts=str(self.known_hosts), remote_dir=remote_dir,
-                                       connect_timeout_s=10.0, transfer_timeout_s=15.0)
+                                       connect_timeout_s=10.0, transfer_timeout_s=15.0,
+                                       retry_backoff_s=0.05, retry_backoff_max_s=0.5)
         args.update(kw)
         return SftpSettings(**args)  # type: ignore[arg-type]
 

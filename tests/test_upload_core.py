@@ -25,7 +25,8 @@ from eva_export.errors import ConfigError, UploadError, UploadRefused  # noqa: E
 from eva_export.export.records import QualitySplit  # noqa: E402
 from eva_export.jobs import COMPLETED, FAILED, RUNNING, Job, JobStore  # noqa: E402
 from eva_export.upload import SftpBackend, UploadService, check_upload, publish_name  # noqa: E402
-from eva_export.upload.sftp import ProgressFn, UploadResult  # noqa: E402
+from eva_export.export.manifest import write_manifest  # noqa: E402
+from eva_export.upload.sftp import AttemptFn, ProgressFn, UploadResult  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 MB = 1 << 20
@@ -88,6 +89,8 @@ def make_export(tmp_path: Path, store: JobStore, fmt: str = "hdf5", dataset: str
             fields.update(marker)
         QualitySplit(source_episode_indices=[0, 3], **fields).write(root)  # type: ignore[arg-type]
     (out / "accepted" / "empty_dir").mkdir()
+    for subset in ("accepted", "rejected"):
+        write_manifest(out / subset)  # as export/publish.py does for every published subset
     job = Job.new("export", str(source), fmt, state=COMPLETED, accepted_dir=str(out / "accepted"),
                   rejected_dir=str(out / "rejected"), finished_at=finished_at or time.time())
     store.save(job)
@@ -139,13 +142,14 @@ class HookBackend:
     def describe(self) -> str:
         return self.inner.describe()
 
-    def upload(self, local_dir: Path, name: str, progress: ProgressFn | None = None) -> UploadResult:
+    def upload(self, local_dir: Path, name: str, progress: ProgressFn | None = None,
+               on_attempt: AttemptFn | None = None) -> UploadResult:
         def wrapped(fd: int, ft: int, bd: int, bt: int) -> None:
             self.hook(bd)
             if progress:
                 progress(fd, ft, bd, bt)
 
-        return self.inner.upload(local_dir, name, wrapped)
+        return self.inner.upload(local_dir, name, wrapped, on_attempt)
 
 
 # -- successful uploads ---------------------------------------------------------------
@@ -162,7 +166,7 @@ def test_upload_byte_for_byte(tmp_path: Path, server: SshServer) -> None:
     assert final.state == COMPLETED, final.error
     assert final.remote_path == str(remote_root(tmp_path) / "pick_hdf5_accepted")
     same_tree(exp.accepted, Path(final.remote_path))
-    n_files = len(exp.files) + 1  # + meta/quality_split.json
+    n_files = len(exp.files) + 2  # + meta/quality_split.json + meta/manifest.json
     size = sum(p.stat().st_size for p in exp.accepted.rglob("*") if p.is_file())
     assert (final.files_done, final.files_total) == (n_files, n_files)
     assert (final.bytes_done, final.bytes_total) == (size, size)
@@ -207,7 +211,12 @@ def big_export(tmp_path: Path, cfg: Config) -> Export:
     return make_export(tmp_path, JobStore(cfg.export.jobs_dir), files=files)
 
 
-def test_server_killed_mid_transfer(tmp_path: Path, server: SshServer) -> None:
+def staging_dirs(tmp_path: Path) -> list[str]:
+    return sorted(p.name for p in remote_root(tmp_path).iterdir() if ".staging-" in p.name)
+
+
+def test_server_killed_mid_transfer_resumes(tmp_path: Path, server: SshServer) -> None:
+    """The connection's sshd dies mid-file: the next attempt resumes and publishes once."""
     settings = server.sftp_settings(str(remote_root(tmp_path)))
     cfg = make_config(tmp_path, settings)
     exp = big_export(tmp_path, cfg)
@@ -220,39 +229,64 @@ def test_server_killed_mid_transfer(tmp_path: Path, server: SshServer) -> None:
         if bytes_done >= 12 * MB and not killed:
             killed.extend(server.kill_sessions())  # the connection's sshd dies mid-file
 
-    service = UploadService(cfg, backend=HookBackend(SftpBackend(settings), kill))
+    seen: list[Job] = []
+    service = UploadService(cfg, backend=HookBackend(SftpBackend(settings), kill), on_change=seen.append)
     final = wait_done(service, service.start(str(exp.source), "hdf5", str(exp.accepted)))
     assert killed, "the transfer ended before the server was killed"
-    assert final.state == FAILED and not final.remote_path
-    assert "failed while uploading" in final.error
-    assert "staging directory was removed and nothing was published" in final.error
-    assert 12 * MB <= final.bytes_done < final.bytes_total
-    assert sorted(p.name for p in remote_root(tmp_path).iterdir()) == ["pick_hdf5_accepted"]
+    assert final.state == COMPLETED, final.error
+    assert final.attempts == 2 and "while uploading" in final.last_error
+    assert any(j.attempts == 2 and j.state == RUNNING and j.last_error for j in seen)  # shown while retrying
+    assert final.remote_path != str(old)  # the older target is never replaced
+    same_tree(exp.accepted, Path(final.remote_path))
     assert [p.name for p in old.iterdir()] == ["old.txt"]
+    assert staging_dirs(tmp_path) == []
     stored = JobStore(cfg.upload.jobs_dir).get(final.job_id)
-    assert stored is not None and stored.state == FAILED and stored.error == final.error
+    assert stored is not None and stored.attempts == 2 and stored.last_error == final.last_error
 
 
-def test_whole_server_killed_mid_transfer(tmp_path: Path, server: SshServer) -> None:
-    """With no server left the staging directory cannot be removed; the job says so."""
-    settings = server.sftp_settings(str(remote_root(tmp_path)), connect_timeout_s=3.0)
+def test_whole_server_killed_leftovers_resumed_by_next_upload(tmp_path: Path, server: SshServer) -> None:
+    """No server left: the job fails after its attempts, keeps the staging directory, and the
+    next upload of the same export (server back) resumes into it and says so."""
+    settings = server.sftp_settings(str(remote_root(tmp_path)), connect_timeout_s=3.0, max_attempts=3)
     cfg = make_config(tmp_path, settings)
     exp = big_export(tmp_path, cfg)
     done: list[bool] = []
 
     def kill(bytes_done: int) -> None:
-        if bytes_done >= 12 * MB and not done:
+        if bytes_done >= 20 * MB and not done:
             done.append(True)
             server.stop()
 
     service = UploadService(cfg, backend=HookBackend(SftpBackend(settings), kill))
     final = wait_done(service, service.start(str(exp.source), "hdf5", str(exp.accepted)))
-    assert final.state == FAILED
-    assert "nothing was published, but the staging directory" in final.error
+    assert final.state == FAILED and final.attempts == 3
+    assert "nothing was published" in final.error and "is kept: the next upload" in final.error
+    assert "cannot connect" in final.last_error
     assert [p.name for p in remote_root(tmp_path).iterdir() if not p.name.startswith(".")] == []
+    left = staging_dirs(tmp_path)
+    assert len(left) == 1
+    on_server = sum(p.stat().st_size for p in (remote_root(tmp_path) / left[0]).rglob("*") if p.is_file())
+    assert on_server >= 12 * MB
+
+    server.restart()
+    results: list[UploadResult] = []
+
+    class Recording(HookBackend):
+        def upload(self, *a, **kw):  # type: ignore[no-untyped-def]
+            results.append(super().upload(*a, **kw))
+            return results[-1]
+
+    service2 = UploadService(cfg, backend=Recording(SftpBackend(settings), lambda _b: None))
+    again = wait_done(service2, service2.start(str(exp.source), "hdf5", str(exp.accepted)))
+    assert again.state == COMPLETED, again.error
+    assert f"resumed into {remote_root(tmp_path) / left[0]}" in again.last_error
+    same_tree(exp.accepted, Path(again.remote_path))
+    total = sum(p.stat().st_size for p in exp.accepted.rglob("*") if p.is_file())
+    assert results[0].sent_bytes <= total - on_server  # nothing that was on the server is re-sent
+    assert staging_dirs(tmp_path) == []
 
 
-def test_frozen_server_fails_instead_of_hanging(tmp_path: Path, server: SshServer) -> None:
+def test_frozen_server_is_retried_instead_of_hanging(tmp_path: Path, server: SshServer) -> None:
     settings = server.sftp_settings(str(remote_root(tmp_path)), transfer_timeout_s=1.0)
     cfg = make_config(tmp_path, settings)
     exp = big_export(tmp_path, cfg)
@@ -267,10 +301,10 @@ def test_frozen_server_fails_instead_of_hanging(tmp_path: Path, server: SshServe
     final = wait_done(service, service.start(str(exp.source), "hdf5", str(exp.accepted)), timeout=60)
     assert frozen
     assert time.monotonic() - t0 < 30
-    assert final.state == FAILED and "transfer timeout" in final.error
-    # the listener still answers, so the staging directory was removed over a fresh connection
-    assert "staging directory was removed" in final.error
-    assert list(remote_root(tmp_path).iterdir()) == []
+    # the listener still answers: a fresh connection resumed the upload
+    assert final.state == COMPLETED and final.attempts >= 2 and "transfer timeout" in final.last_error
+    same_tree(exp.accepted, Path(final.remote_path))
+    assert staging_dirs(tmp_path) == []
 
 
 def test_wrong_host_key_is_refused(tmp_path: Path, server: SshServer) -> None:
@@ -389,7 +423,8 @@ class BlockingBackend:
     def describe(self) -> str:
         return "blocking"
 
-    def upload(self, local_dir: Path, name: str, progress: ProgressFn | None = None) -> UploadResult:
+    def upload(self, local_dir: Path, name: str, progress: ProgressFn | None = None,
+               on_attempt: AttemptFn | None = None) -> UploadResult:
         self.entered.set()
         assert self.release.wait(30)
         return UploadResult(f"/x/{name}", 0, 0, False)
@@ -467,6 +502,7 @@ def test_cli_upload(tmp_path: Path, server: SshServer) -> None:
 
 
 def test_close_cancels_a_running_upload(tmp_path: Path, server: SshServer) -> None:
+    """A node shutdown cancels the upload; the staging directory is kept and the next start resumes."""
     settings = server.sftp_settings(str(remote_root(tmp_path)))
     cfg = make_config(tmp_path, settings)
     exp = big_export(tmp_path, cfg)
@@ -487,7 +523,15 @@ def test_close_cancels_a_running_upload(tmp_path: Path, server: SshServer) -> No
     service.close(cancel=True, timeout=60)
     final = service.get(job.job_id)
     assert final is not None and final.state == FAILED and "cancelled" in final.error
-    assert "staging directory was removed" in final.error
-    assert list(remote_root(tmp_path).iterdir()) == []
+    assert "nothing was published" in final.error and "is kept: the next upload" in final.error
+    assert [p.name for p in remote_root(tmp_path).iterdir() if not p.name.startswith(".")] == []
     with pytest.raises(UploadRefused, match="shutting down"):
         service.start(str(exp.source), "hdf5", str(exp.accepted))
+    # the local snapshot is gone with the job
+    assert not list((exp.accepted.parent.parent).glob(".upload-*"))
+
+    restarted = UploadService(cfg)
+    again = wait_done(restarted, restarted.start(str(exp.source), "hdf5", str(exp.accepted)))
+    assert again.state == COMPLETED and "resumed into" in again.last_error
+    same_tree(exp.accepted, Path(again.remote_path))
+    assert staging_dirs(tmp_path) == []

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ..errors import ExportError, PublicationError
 from ..fsutil import fsync_dir
+from .manifest import write_manifest
 from .paths import SUBSETS, ExportPaths
 from .records import QualitySplit
 from .split import Faults
@@ -99,6 +100,8 @@ def publish_pair(paths: ExportPaths, staged_pair: Path, job_id: str, faults: Fau
     """Move ``staged_pair`` (accepted/ + rejected/) to ``<export>/<format>`` as one unit."""
     faults = faults or Faults()
     check_staged(staged_pair, paths.fmt, job_id)
+    for name in SUBSETS:  # content manifest (meta/manifest.json), hashed while the page cache is hot
+        write_manifest(staged_pair / name)
     faults.check("check_staged")
     backup: Path | None = None
     published = False

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..dataset.meta import INFO
 from ..dataset.records import FORMAT_V21
+from ..export.manifest import verify_manifest
 from ..export.records import QUALITY_SPLIT_FILE
 from ..fsutil import read_json
 from .base import VerifyReport
@@ -53,6 +54,7 @@ def verify_export(root: Path) -> VerifyReport:
     if fmt is None:
         return VerifyReport(path=str(root), dataset_format="unknown", errors=problems or ["format not detected"])
     report = get_exporter(fmt).verify(root)
+    report.errors.extend(verify_manifest(root, required=False))  # sizes + SHA-256 of meta/manifest.json
     for p in problems:  # e.g. quality_split.json unreadable while info.json named the format
         if p not in report.errors:
             report.errors.append(p)

@@ -4,6 +4,12 @@
 records a Job(kind="upload") and transfers in a background thread that keeps the job's
 file and byte progress up to date; the job ends ``completed`` with ``remote_path`` or
 ``failed`` with ``error``.
+
+The transfer works from a hard-link snapshot of the accepted directory (snapshot.py), so a
+re-export of the same format during the upload cannot mix two versions. ``Job.attempts``
+counts the backend's connection attempts; ``Job.last_error`` holds the error of the last
+failed attempt while it retries, and on completion also what the backend noted (resumed
+into a leftover staging directory, removed other versions' leftovers, re-sent a corrupt copy).
 """
 
 from __future__ import annotations
@@ -15,10 +21,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..config import Config
-from ..errors import EvaError, UploadError, UploadRefused
+from ..errors import EvaError, UploadRefused
 from ..jobs import COMPLETED, FAILED, RUNNING, Job, JobStore
 from .gate import check_upload, publish_name
-from .sftp import UploadBackend, backend_for
+from .sftp import UploadBackend, UploadCancelled, backend_for
+from .snapshot import take_snapshot
 
 SAVE_EVERY_S = 0.5  # progress is written to the job file at most this often
 IDLE = "IDLE"
@@ -145,7 +152,7 @@ class UploadService:
         def progress(files_done: int, files_total: int, bytes_done: int, bytes_total: int) -> None:
             nonlocal last_save
             if self._closing.is_set():
-                raise UploadError("cancelled: the upload service is shutting down")
+                raise UploadCancelled("cancelled: the upload service is shutting down")
             with self._lock:
                 job.files_done, job.files_total = files_done, files_total
                 job.bytes_done, job.bytes_total = bytes_done, bytes_total
@@ -154,18 +161,35 @@ class UploadService:
                 last_save = now
                 self._save(job)
 
+        def on_attempt(attempt: int, previous_error: str) -> None:
+            with self._lock:
+                job.attempts = attempt
+                if previous_error:
+                    job.last_error = previous_error
+            self._save(job)
+
         with self._lock:
             job.state = RUNNING
         self._save(job)
+        snapshot = None
         try:
-            result = self.backend.upload(Path(target), name, progress)
+            # <export>/<format>/accepted -> snapshots live in <export>, on the same file system
+            snapshot = take_snapshot(Path(target), Path(target).parent.parent, job.format, job.job_id)
+            result = self.backend.upload(snapshot.path, name, progress, on_attempt)
         except EvaError as exc:
             self._finish(job, target, FAILED, error=str(exc))
         except Exception as exc:  # a bug must still end the job, not leave it running
             self._finish(job, target, FAILED, error=f"unexpected {type(exc).__name__}: {exc}")
         else:
+            notes = list(getattr(result, "notes", ()))
+            if notes:
+                with self._lock:
+                    job.last_error = "; ".join(([job.last_error] if job.last_error else []) + notes)
             self._finish(job, target, COMPLETED, remote_path=result.remote_path,
                          files=result.files, size=result.bytes)
+        finally:
+            if snapshot is not None:
+                snapshot.close()
 
     def _finish(self, job: Job, target: str, state: str, error: str = "", remote_path: str = "",
                 files: int | None = None, size: int | None = None) -> None:

@@ -1,0 +1,196 @@
+"""The content manifest of a published subset: ``meta/manifest.json``.
+
+Every file of the subset (except the manifest itself) is listed with its relative POSIX path,
+its size and its SHA-256. The upload resumes and verifies against it, and the receiver of an
+upload can check what arrived with it.
+
+Why JSON and not a ``sha256sum``-style text file: the subset's other records (info.json,
+quality_split.json) are JSON already, so one reader serves all of them; a JSON record carries
+its own version and the sizes (a size check is cheap and catches a truncated file before any
+hashing); and paths need no escaping rules (``sha256sum`` escapes backslashes and newlines
+in names with a leading ``\\``, which receivers often get wrong). The digest of the manifest
+file's bytes names one exact version of the subset (the upload's remote staging name uses it).
+
+The manifest is written once, over the staged subset just before publication (its files were
+just written, so the read is served from the page cache); hashing inside every format writer
+would need the same change in each of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..fsutil import atomic_write_bytes
+
+MANIFEST_FILE = "meta/manifest.json"
+MANIFEST_VERSION = 1
+HASH_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    """One file of the subset."""
+
+    path: str  # POSIX path relative to the subset root
+    size: int
+    sha256: str  # lowercase hex
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "size": self.size, "sha256": self.sha256}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ManifestEntry:
+        path, size, digest = d["path"], d["size"], d["sha256"]
+        if not isinstance(path, str) or not _safe_rel(path):
+            raise ValueError(f"manifest path {path!r} is not a plain relative path")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ValueError(f"manifest size of {path} is not a non-negative integer: {size!r}")
+        if not isinstance(digest, str) or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise ValueError(f"manifest sha256 of {path} is not 64 lowercase hex digits")
+        return cls(path, size, digest)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Every file of a subset, sorted by path; ``directories`` keeps empty ones too."""
+
+    files: tuple[ManifestEntry, ...]
+    directories: tuple[str, ...] = ()  # every directory, relative, parents first
+    version: int = MANIFEST_VERSION
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(e.size for e in self.files)
+
+    def by_path(self) -> dict[str, ManifestEntry]:
+        return {e.path: e for e in self.files}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "algorithm": "sha256",
+                "directories": list(self.directories),
+                "files": [e.to_dict() for e in self.files]}
+
+    def to_bytes(self) -> bytes:
+        return (json.dumps(self.to_dict(), indent=1, ensure_ascii=False) + "\n").encode("utf-8")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Manifest:
+        if not isinstance(d, dict) or d.get("version") != MANIFEST_VERSION or d.get("algorithm") != "sha256":
+            raise ValueError(f"not a version {MANIFEST_VERSION} sha256 manifest")
+        files = tuple(ManifestEntry.from_dict(e) for e in d.get("files", []))
+        dirs = tuple(str(x) for x in d.get("directories", []))
+        if any(not _safe_rel(x) for x in dirs):
+            raise ValueError("manifest directories must be plain relative paths")
+        if len({e.path for e in files}) != len(files):
+            raise ValueError("manifest lists a path twice")
+        return cls(files, dirs)
+
+    @classmethod
+    def read(cls, subset_dir: Path) -> Manifest:
+        with open(Path(subset_dir) / MANIFEST_FILE, encoding="utf-8") as fh:
+            return cls.from_dict(json.load(fh))
+
+    def write(self, subset_dir: Path) -> bytes:
+        """Write ``meta/manifest.json`` atomically; return the bytes written."""
+        data = self.to_bytes()
+        atomic_write_bytes(Path(subset_dir) / MANIFEST_FILE, data)
+        return data
+
+
+def _safe_rel(path: str) -> bool:
+    parts = path.split("/")
+    return bool(path) and not path.startswith("/") and all(p not in ("", ".", "..") for p in parts) \
+        and "\0" not in path
+
+
+def sha256_file(path: Path, limit: int | None = None) -> str:
+    """SHA-256 of a file, or of its first ``limit`` bytes."""
+    h = hashlib.sha256()
+    left = limit
+    with open(path, "rb") as fh:
+        while left is None or left > 0:
+            chunk = fh.read(HASH_CHUNK if left is None else min(HASH_CHUNK, left))
+            if not chunk:
+                break
+            h.update(chunk)
+            if left is not None:
+                left -= len(chunk)
+    return h.hexdigest()
+
+
+def scan_tree(root: Path) -> tuple[list[str], list[tuple[str, Path]]]:
+    """Directories and regular files (relative POSIX path, path) of ``root``, sorted."""
+    dirs: list[str] = []
+    files: list[tuple[str, Path]] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        rel_dir = os.path.relpath(dirpath, root)
+        if rel_dir != ".":
+            dirs.append(Path(rel_dir).as_posix())
+        for name in sorted(filenames):
+            p = Path(dirpath) / name
+            if not stat.S_ISREG(p.stat().st_mode):
+                raise ValueError(f"{p} is not a regular file; a subset holds only files and directories")
+            files.append((p.relative_to(root).as_posix(), p))
+    return dirs, files
+
+
+def build_manifest(subset_dir: Path) -> Manifest:
+    """Hash every file of ``subset_dir`` except an existing manifest."""
+    dirs, files = scan_tree(Path(subset_dir))
+    entries = tuple(ManifestEntry(rel, p.stat().st_size, sha256_file(p))
+                    for rel, p in files if rel != MANIFEST_FILE)
+    return Manifest(entries, tuple(dirs))
+
+
+def write_manifest(subset_dir: Path) -> Manifest:
+    """Build and write ``meta/manifest.json`` for a finished (staged) subset."""
+    manifest = build_manifest(subset_dir)
+    manifest.write(subset_dir)
+    return manifest
+
+
+def manifest_digest(data: bytes) -> str:
+    """Names one version of a subset: the SHA-256 of its manifest file's bytes."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def verify_manifest(subset_dir: Path, required: bool = True) -> list[str]:
+    """Problems found comparing ``subset_dir`` with its manifest (empty: it matches).
+
+    Checks that the manifest is readable, that every listed file exists with its size and
+    SHA-256, and that no unlisted file is present. With ``required=False`` a subset without
+    a manifest (written by an exporter directly, or before manifests existed) passes.
+    """
+    root = Path(subset_dir)
+    try:
+        manifest = Manifest.read(root)
+    except FileNotFoundError:
+        return [f"{MANIFEST_FILE} is missing"] if required else []
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return [f"{MANIFEST_FILE} is unreadable: {exc}"]
+    problems: list[str] = []
+    try:
+        _dirs, files = scan_tree(root)
+    except (OSError, ValueError) as exc:
+        return [f"cannot list {root}: {exc}"]
+    present = {rel: p for rel, p in files if rel != MANIFEST_FILE}
+    for entry in manifest.files:
+        p = present.pop(entry.path, None)
+        if p is None:
+            problems.append(f"{entry.path}: listed in {MANIFEST_FILE} but missing")
+            continue
+        size = p.stat().st_size
+        if size != entry.size:
+            problems.append(f"{entry.path}: {size} bytes, {MANIFEST_FILE} says {entry.size}")
+        elif sha256_file(p) != entry.sha256:
+            problems.append(f"{entry.path}: SHA-256 differs from {MANIFEST_FILE} (content changed or corrupt)")
+    for rel in sorted(present):
+        problems.append(f"{rel}: not listed in {MANIFEST_FILE}")
+    return problems
