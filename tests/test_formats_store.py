@@ -357,15 +357,16 @@ def test_sigkill_during_export_leaves_no_half_shard_and_rerun_reuses(tmp_path: P
         if trial % 2 == 0:  # k finished shards visible
             k = rng.randrange(2, N_KILL_EPISODES)
             cond = lambda: len(_visible_shards(paths.staging)) >= k  # noqa: E731
-        else:  # a shard being written right now
-            cond = lambda: bool(list(paths.staging.glob("out/*/shards/.shard-*.partial")))  # noqa: E731
+        else:  # a shard being written right now, after at least one finished
+            cond = lambda: (bool(_visible_shards(paths.staging))  # noqa: E731
+                            and bool(list(paths.staging.glob("out/*/shards/.shard-*.partial"))))
         while time.monotonic() < deadline and proc.poll() is None and not cond():
             time.sleep(0.0005)
         assert proc.poll() is None, f"the export finished before the kill (trial {trial}); make it longer"
         proc.send_signal(signal.SIGKILL)
         proc.communicate()
         before = _check_visible_shards_whole(paths.staging)
-        assert before, "the kill came before any shard was finished"
+        assert before, f"the kill came before any shard was finished (trial {trial})"
         rerun = subprocess.run(_cmd(config, src), env=_env(), capture_output=True, text=True, timeout=300)
         assert rerun.returncode == 0, rerun.stderr
         job = json.loads(rerun.stdout)
