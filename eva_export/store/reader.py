@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import numpy as np
 
 from ..errors import EvaError
@@ -76,12 +77,50 @@ class _Shard:
         return data
 
     def frame(self, name: str, row: int) -> np.ndarray:
-        path = self.dir / self.spec.blocks[name].paths[0]
+        block = self.spec.blocks[name]
+        path = self.dir / block.paths[0]
+        if block.codec == "raw" and block.shape:
+            return self._raw_frame(name, row, tuple(block.shape[1:]), path)
         try:
             codec, shape, data = unpack_record(self.record(name, row))
             return decode_image(data, codec, shape)
         except ValueError as exc:
             raise StoreError(f"{path}: record {row} does not decode ({exc})") from exc
+
+    def _raw_frame(self, name: str, row: int, shape: tuple[int, ...], path: Path) -> np.ndarray:
+        """A raw frame read straight into its array: one copy, no MessagePack unpack of the pixels.
+
+        The record is ``{"codec", "shape", "data"}`` with the pixels last, so they are its final
+        ``prod(shape)`` bytes. The header before them is parsed and must say exactly that.
+        """
+        fd, offsets, size = self.records[name]
+        start, end = int(offsets[row]), int(offsets[row + 1])
+        nbytes = int(np.prod(shape))
+        head_len = end - start - nbytes
+        if not (0 <= start <= end <= size and 2 < head_len <= 256):
+            raise StoreError(f"{self.dir / self.spec.blocks[name].paths[1]}: record {row} spans [{start}, {end}), "
+                             f"which cannot hold a {shape} raw frame inside the {size}-byte payload")
+        head = os.pread(fd, head_len, start)
+        # MessagePack's bin header before the pixels: bin8, bin16 or bin32 by payload size
+        marker, width = (0xC4, 1) if nbytes < 1 << 8 else (0xC5, 2) if nbytes < 1 << 16 else (0xC6, 4)
+        try:
+            unpacker = msgpack.Unpacker(raw=False)
+            unpacker.feed(head[:-1 - width])
+            fields = {}
+            for _ in range(unpacker.read_map_header()):
+                key = unpacker.unpack()
+                fields[key] = None if key == "data" else unpacker.unpack()
+            ok = (list(fields) == ["codec", "shape", "data"] and fields["codec"] == "raw"
+                  and tuple(fields["shape"]) == shape and head[-1 - width] == marker
+                  and int.from_bytes(head[-width:], "big") == nbytes)
+        except Exception:  # noqa: BLE001 - any parse failure is a bad record
+            ok = False
+        if not ok:
+            raise StoreError(f"{path}: record {row} does not decode (not a raw {shape} frame record)")
+        out = np.empty(shape, np.uint8)
+        if os.preadv(fd, [memoryview(out).cast("B")], start + head_len) != nbytes:
+            raise StoreError(f"{path}: short read of record {row}")
+        return out
 
     def close(self) -> None:
         for fd, _, _ in self.records.values():
