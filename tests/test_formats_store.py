@@ -468,3 +468,20 @@ def test_parquet_image_column_is_carried(tmp_path: Path) -> None:
     assert store.manifest.shards[1].blocks["observation.images.wrist"].codec == "png"
     for i, key in enumerate([(0, r) for r in range(5)] + [(1, r) for r in range(4)]):
         np.testing.assert_array_equal(store[i]["observation.images.wrist"], wrist[key])
+
+
+def test_raw_fast_path_refuses_shifted_records(tmp_path: Path) -> None:
+    """Raw frames skip the MessagePack unpack of their pixels; the header is still checked."""
+    src = make_subset(tmp_path / "src", [Ep(frames=4)], cameras=1)
+    out = tmp_path / "out"
+    EvaStoreExporter(image_codec="raw").export(src, out)
+    assert verify_export(out).ok
+    rel_off = "shards/shard-00000/records/observation.images.cam0.offsets.npy"
+    off = np.load(out / rel_off)
+    off[1:-1] += 1  # in bounds and increasing, but every record after the first starts one byte late
+    np.save(out / rel_off, off)
+    rep = verify_export(out)
+    assert not rep.ok and any("observation.images.cam0.msgpack: record 2 does not decode" in e for e in rep.errors), \
+        rep.errors
+    with pytest.raises(StoreError, match="record 1 does not decode"):
+        open_store(out)[1]
