@@ -17,7 +17,7 @@ import yaml
 from . import confine
 from .errors import ConfigError, UnsafeNameError
 
-FORMATS = ("lerobot_v21", "lerobot_v3", "hdf5", "mcap")
+FORMATS = ("lerobot_v21", "lerobot_v3", "hdf5", "mcap", "eva_store")
 VECTOR_TYPES = ("JointState", "Float64MultiArray")
 IMAGE_TYPES = ("Image", "CompressedImage")
 
@@ -159,12 +159,23 @@ class CollectionConfig:
 
 
 @dataclass(frozen=True)
+class StoreSettings:
+    """export.eva_store: options of the eva_store training format (constructor kwargs)."""
+
+    image_codec: str = "jpeg"  # jpeg, png (lossless) or raw (uncompressed)
+    jpeg_quality: int = 90
+    val_ratio: float = 0.0  # share of episodes in split "val"; 0: every sample is split "all"
+    split_seed: int = 0
+
+
+@dataclass(frozen=True)
 class ExportConfig:
     data_roots: tuple[Path, ...]
     jobs_dir: Path
     v3_data_file_mb: float = 100.0
     v3_video_file_mb: float = 200.0
     hdf5_compression: str = ""  # "", "lzf" or "gzip"
+    eva_store: StoreSettings = StoreSettings()
 
 
 @dataclass(frozen=True)
@@ -216,6 +227,19 @@ def _vector(d: Any, where: str) -> VectorStream | None:
     if vs.field not in ("position", "velocity", "effort"):
         raise ConfigError(f"{where}.field must be position, velocity or effort")
     return vs
+
+
+def _store_settings(d: Any) -> StoreSettings:
+    d = _take(d or {}, "export.eva_store", set(StoreSettings.__dataclass_fields__))
+    try:
+        st = StoreSettings(image_codec=str(d.get("image_codec", "jpeg")), jpeg_quality=int(d.get("jpeg_quality", 90)),
+                           val_ratio=float(d.get("val_ratio", 0.0)), split_seed=int(d.get("split_seed", 0)))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"export.eva_store: {exc}") from exc
+    if st.image_codec not in ("jpeg", "png", "raw") or not 1 <= st.jpeg_quality <= 100 or not 0 <= st.val_ratio < 1:
+        raise ConfigError("export.eva_store: image_codec must be jpeg, png or raw, jpeg_quality 1..100, "
+                          "val_ratio in [0, 1)")
+    return st
 
 
 def default_log_dir() -> Path:
@@ -271,7 +295,8 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> Config:
         ee_pose=ee_pose, cameras=tuple(cams), capture=capture, sftp=sftp,
     )
     ex = _take(raw.get("export") or {}, "export",
-               {"data_roots", "jobs_dir", "v3_data_file_mb", "v3_video_file_mb", "hdf5_compression"})
+               {"data_roots", "jobs_dir", "v3_data_file_mb", "v3_video_file_mb", "hdf5_compression",
+                "eva_store"})
     roots = tuple(Path(r).expanduser().absolute() for r in (ex.get("data_roots") or [log_dir]))
     export = ExportConfig(
         data_roots=roots,
@@ -279,6 +304,7 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> Config:
         v3_data_file_mb=float(ex.get("v3_data_file_mb", 100.0)),
         v3_video_file_mb=float(ex.get("v3_video_file_mb", 200.0)),
         hdf5_compression=str(ex.get("hdf5_compression", "")),
+        eva_store=_store_settings(ex.get("eva_store")),
     )
     if export.hdf5_compression not in ("", "lzf", "gzip"):
         raise ConfigError("export.hdf5_compression must be '', 'lzf' or 'gzip'")

@@ -20,6 +20,7 @@ formats) -> pair publication (publish.py) -> staging removed.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import importlib
 import logging
 import os
@@ -53,6 +54,8 @@ def exporter_options(config: Config, fmt: str) -> dict[str, Any]:
         return {"data_files_size_in_mb": ex.v3_data_file_mb, "video_files_size_in_mb": ex.v3_video_file_mb}
     if fmt == "hdf5":
         return {"compression": ex.hdf5_compression}
+    if fmt == "eva_store":
+        return dataclasses.asdict(ex.eva_store)
     return {}
 
 

@@ -19,6 +19,7 @@ FORMATS: dict[str, str] = {
     "lerobot_v3": "lerobot_v3:LeRobotV3Exporter",
     "hdf5": "hdf5:Hdf5Exporter",
     "mcap": "mcap_eva:McapExporter",
+    "eva_store": "eva_store:EvaStoreExporter",
 }
 
 
