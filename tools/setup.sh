@@ -14,7 +14,7 @@ cd "$ROOT"
 VENV="$ROOT/.venv"
 BUILD_DIR="$ROOT/build/interfaces"
 STAMP="$VENV/.stamp"
-APT_PACKAGES=(openssh-server ffmpeg hdf5-tools cmake)
+APT_PACKAGES=(openssh-server ffmpeg hdf5-tools cmake systemd)
 T_ALL=$(date +%s.%N)
 
 log() { printf '[setup] %s\n' "$*"; }
