@@ -68,7 +68,7 @@ log "pip install -r requirements-robot.txt"
 log "colcon build in $WS"
 cd "$WS"
 "$PY" -m colcon build --base-paths "$SRC" "$SRC/interfaces" \
-  --cmake-args -DBUILD_TESTING=OFF -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$PY" \
+  --cmake-args -DBUILD_TESTING=OFF -DPython3_EXECUTABLE="$PY" \
   "$@"
 
 # --- check: the installed nodes import (all Python dependencies present) ------------------------
