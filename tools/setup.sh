@@ -14,7 +14,7 @@ cd "$ROOT"
 VENV="$ROOT/.venv"
 BUILD_DIR="$ROOT/build/interfaces"
 STAMP="$VENV/.stamp"
-APT_PACKAGES=(openssh-server ffmpeg hdf5-tools cmake chromium)  # chromium: the console browser tests
+APT_PACKAGES=(openssh-server ffmpeg hdf5-tools cmake systemd chromium)  # systemd: systemd-analyze verify of the unit; chromium: the console browser tests
 T_ALL=$(date +%s.%N)
 
 log() { printf '[setup] %s\n' "$*"; }
