@@ -58,6 +58,7 @@ class Job:
     unrated_episodes: int = 0  # export: no quality field and no verdict (rejected by the rule)
     attempts: int = 0  # upload: connection attempts so far
     last_error: str = ""  # upload: error of the last failed attempt, kept while retrying
+    messages_done: int = 0  # ingest: bag messages read so far
     pid: int = 0  # the process running the job (0: not recorded), to detect a dead runner
     host: str = ""
     staging_dir: str = ""  # export: staging left by a failed job (reused or removed by the next run)
