@@ -485,3 +485,23 @@ def test_raw_fast_path_refuses_shifted_records(tmp_path: Path) -> None:
         rep.errors
     with pytest.raises(StoreError, match="record 1 does not decode"):
         open_store(out)[1]
+
+
+def test_descriptor_eviction_keeps_numeric_columns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With more shards than MAX_OPEN_SHARDS, descriptors are recycled; Zarr is read once per shard."""
+    import eva_export.store.reader as reader_mod
+
+    src = make_subset(tmp_path / "src", [Ep(frames=3) for _ in range(4)], cameras=1)
+    out = tmp_path / "out"
+    EvaStoreExporter(image_codec="raw").export(src, out)
+    monkeypatch.setattr(reader_mod, "MAX_OPEN_SHARDS", 2)
+    reads = []
+    real = reader_mod._read_numeric
+    monkeypatch.setattr(reader_mod, "_read_numeric", lambda d, spec: reads.append(spec.shard_id) or real(d, spec))
+    store = open_store(out)
+    order = [0, 3, 6, 9, 0, 9, 3, 6, 11, 1]
+    got = [store[i] for i in order]
+    assert len(store._open) == 2 and len(store._numeric_cache) == 4
+    assert sorted(reads) == [f"shard-{e:05d}" for e in range(4)]  # each shard's columns read once
+    for i, s in zip(order, got):
+        np.testing.assert_array_equal(s["observation.state"], state_value(i // 3, i % 3))

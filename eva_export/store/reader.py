@@ -7,8 +7,10 @@ Built for training loaders with many worker processes:
   created before ``fork`` (a PyTorch ``DataLoader`` with workers) opens its own descriptors in
   every worker and never shares a file offset (reads use ``os.pread`` anyway);
 * a shard's numeric columns (a few KB per episode) are read whole from Zarr on first use and
-  kept, because one Zarr ``__getitem__`` costs milliseconds of Python while a NumPy row is
-  free; frame records are read with one ``pread`` each through the offsets array;
+  kept for the life of the process, because one Zarr ``__getitem__`` costs milliseconds of
+  Python while a NumPy row is free (opening a shard costs ~30 ms of CPU once per process);
+  record descriptors stay open for the last ``MAX_OPEN_SHARDS`` shards; frames are read with
+  one ``pread`` each through the offsets array (raw frames: one ``preadv`` into the array);
 * optional temporal context: ``delta_timestamps={"action": [0.0, 0.1, ...]}`` returns stacked
   rows at those offsets, clamped at the episode's edges, with a ``<key>_is_pad`` mask (the
   convention of LeRobot's datasets).
@@ -39,24 +41,33 @@ class StoreError(EvaError):
     """An eva_store is unreadable or inconsistent; the message names the file."""
 
 
+def _read_numeric(shard_dir: Path, spec: ShardSpec) -> dict[str, np.ndarray]:
+    """Every Zarr column of a shard, whole. About 30 ms of CPU per shard (zarr's per-array
+    overhead), paid once per process: the result is small and never evicted."""
+    import zarr
+
+    out: dict[str, np.ndarray] = {}
+    group = None
+    for name, block in spec.blocks.items():
+        if block.kind == KIND_ZARR:
+            if group is None:
+                group = zarr.open_group(str(shard_dir / block.paths[0].split("/")[0]), mode="r")
+            out[name] = np.asarray(group[block.paths[0].split("/", 1)[1]][...])
+    return out
+
+
 class _Shard:
     """One shard opened in this process: numeric columns in memory, record files by descriptor."""
 
-    def __init__(self, root: Path, spec: ShardSpec) -> None:
-        import zarr
-
+    def __init__(self, root: Path, spec: ShardSpec, numeric: dict[str, np.ndarray] | None = None) -> None:
         self.spec = spec
         self.dir = root / spec.relative_dir
         self.numeric: dict[str, np.ndarray] = {}
         self.records: dict[str, tuple[int, np.ndarray, int]] = {}  # name -> (fd, offsets, blob size)
         try:
-            group = None
+            self.numeric = numeric if numeric is not None else _read_numeric(self.dir, spec)
             for name, block in spec.blocks.items():
-                if block.kind == KIND_ZARR:
-                    if group is None:
-                        group = zarr.open_group(str(self.dir / block.paths[0].split("/")[0]), mode="r")
-                    self.numeric[name] = np.asarray(group[block.paths[0].split("/", 1)[1]][...])
-                elif block.kind == KIND_RECORDS:
+                if block.kind == KIND_RECORDS:
                     payload, offsets_path = (self.dir / p for p in block.paths)
                     offsets = np.load(offsets_path, allow_pickle=False)
                     fd = os.open(payload, os.O_RDONLY)
@@ -171,6 +182,7 @@ class Store:
             self.delta_frames[key] = np.rint(np.asarray(deltas, np.float64) * self.fps).astype(np.int64)
         self._pid = -1
         self._open: collections.OrderedDict[int, _Shard] = collections.OrderedDict()
+        self._numeric_cache: dict[int, dict[str, np.ndarray]] = {}  # per process, like the descriptors
 
     # ---- per-process handles ---------------------------------------------------------------
     def _shard_handle(self, pos: int) -> _Shard:
@@ -178,10 +190,12 @@ class Store:
             for h in self._open.values():
                 h.close()  # the child's copies of the parent's descriptors
             self._open = collections.OrderedDict()
+            self._numeric_cache = {}
             self._pid = os.getpid()
         h = self._open.get(pos)
         if h is None:
-            h = _Shard(self.root, self.manifest.shards[pos])
+            h = _Shard(self.root, self.manifest.shards[pos], self._numeric_cache.get(pos))
+            self._numeric_cache[pos] = h.numeric  # kept when the descriptors are evicted: reopening is cheap
             self._open[pos] = h
             if len(self._open) > MAX_OPEN_SHARDS:
                 self._open.popitem(last=False)[1].close()
@@ -197,6 +211,7 @@ class Store:
     def __getstate__(self) -> dict[str, Any]:  # picklable for spawn-based workers: no descriptors
         state = dict(self.__dict__)
         state["_open"] = collections.OrderedDict()
+        state["_numeric_cache"] = {}
         state["_pid"] = -1
         return state
 
