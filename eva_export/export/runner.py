@@ -13,15 +13,14 @@ synchronous). Requests are refused at once, with a reason, when:
 Jobs of different sources queue and run one at a time, in order. Across processes (node and
 CLI) an flock on ``<export>/.lock-<format>`` keeps two runs off the same staging and pair.
 Each job runs: validate the source (nothing written before this passes) -> resumable native
-split in ``<export>/.staging-<format>-<key>`` -> format conversion of each subset (non-native
-formats) -> pair publication (publish.py) -> staging removed.
+split in ``<export>/.staging-<format>-<key>`` -> each subset written by the format's exporter
+(formats.registry; the native lerobot_v21 one only relabels the split) -> verification -> pair
+publication (publish.py) -> staging removed.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
-import importlib
 import logging
 import os
 import shutil
@@ -33,8 +32,9 @@ from typing import Any
 
 from .. import confine
 from ..config import FORMATS, Config, inside
-from ..dataset.records import FORMAT_V21
 from ..errors import ConfigError, EvaError, ExportError, UnsafeNameError
+from ..formats.base import Exporter, Progress
+from ..formats.registry import get_spec
 from ..jobs import COMPLETED, FAILED, QUEUED, RUNNING, Job, JobStore
 from .paths import SUBSETS, ExportPaths
 from .publish import export_lock, publish_pair, recover_pair
@@ -49,27 +49,16 @@ SAVE_PERIOD_S = 0.25
 
 def exporter_options(config: Config, fmt: str) -> dict[str, Any]:
     """Constructor options of a format's exporter, from the export section of the config."""
-    ex = config.export
-    if fmt == "lerobot_v3":
-        return {"data_files_size_in_mb": ex.v3_data_file_mb, "video_files_size_in_mb": ex.v3_video_file_mb}
-    if fmt == "hdf5":
-        return {"compression": ex.hdf5_compression}
-    if fmt == "eva_store":
-        return dataclasses.asdict(ex.eva_store)
-    return {}
+    return get_spec(fmt).options(config.export)
 
 
-def load_exporter(fmt: str, **options: Any) -> Any:
-    """The format's exporter from eva_export.formats.registry (imported lazily)."""
+def load_exporter(fmt: str, **options: Any) -> Exporter:
+    """The format's exporter from the registry (its module imported now, not before)."""
     try:
-        registry = importlib.import_module("eva_export.formats.registry")
-    except ImportError as exc:
-        raise ExportError(f"no exporter for {fmt!r}: eva_export.formats.registry is not available ({exc})") from exc
-    try:
-        return registry.get_exporter(fmt, **options)
+        return get_spec(fmt).make(**options)
     except EvaError:
         raise
-    except Exception as exc:  # noqa: BLE001 - name the format, whatever the registry raised
+    except Exception as exc:  # noqa: BLE001 - name the format, whatever the import raised
         raise ExportError(f"no exporter for {fmt!r}: {exc}") from exc
 
 
@@ -246,8 +235,9 @@ class ExportService:
         fmt = job.format
         source = Path(job.source_dir)
         paths = ExportPaths.of(source, fmt)
-        exporter = None if fmt == FORMAT_V21 else (self.exporters[fmt]() if fmt in self.exporters
-                                                   else load_exporter(fmt, **exporter_options(self.config, fmt)))
+        spec = get_spec(fmt)
+        exporter = (self.exporters[fmt]() if fmt in self.exporters
+                    else load_exporter(fmt, **exporter_options(self.config, fmt)))
         if paths.backups():
             with export_lock(paths):
                 # A kill between the two publication renames left the old pair in .backup-*:
@@ -265,7 +255,7 @@ class ExportService:
             raise
         faults.check("validate")
         n = len(check.episodes)
-        self._set(job, episodes_total=n if exporter is None else 2 * n, files_total=check.files_total,
+        self._set(job, episodes_total=n if spec.native else 2 * n, files_total=check.files_total,
                   bytes_total=check.bytes_total)
         self._save(job, force=True)
 
@@ -283,9 +273,7 @@ class ExportService:
             split = NativeSplit(check, paths.staging, job.job_id, progress=SplitProgress(on_unit),
                                 faults=faults).run()
             self._set(job, unrated_episodes=len(split.unrated))
-            pair = paths.staging / "native"
-            if exporter is not None:
-                pair = self._convert(job, exporter, paths.staging, faults)
+            pair = self._convert(job, exporter, paths.staging, faults, count=not spec.native)
             verify_staged(fmt, pair, exporter)  # publish only what verifies
             faults.check("verified")
             publish_pair(paths, pair, job.job_id, faults)
@@ -301,10 +289,12 @@ class ExportService:
         if staging.is_dir():
             self._set(job, staging_dir=str(staging), staging_bytes=tree_bytes(staging))
 
-    def _convert(self, job: Job, exporter: Any, staging: Path, faults: Faults) -> Path:
-        from ..formats.base import Progress  # no ROS, no heavy imports
+    def _convert(self, job: Job, exporter: Exporter, staging: Path, faults: Faults, count: bool) -> Path:
+        """Each staged native subset written in the job's format into ``staging/out``."""
 
         def on_episode(_index: int, nbytes: int) -> None:
+            if not count:  # a native format relabels the split: its episodes are counted once
+                return
             with self._lock:
                 job.episodes_done += 1
             self._save(job)
@@ -331,16 +321,13 @@ def tree_bytes(root: Path) -> int:
     return total
 
 
-def verify_staged(fmt: str, pair: Path, exporter: Any = None) -> None:
+def verify_staged(fmt: str, pair: Path, verifier: Exporter) -> None:
     """Run the format's verifier (``eva-export verify``) on both staged subsets; raise on findings.
 
-    Cheap by design: totals against the files, frame counts from the container index or by
-    demuxing (lerobot_v21: no full decode), and one sample read per subset.
+    The exporter that wrote the pair verifies it (it knows its layout; tests inject one). Cheap
+    by design: totals against the files, frame counts from the container index or by demuxing
+    (no full decode), and one sample read per subset.
     """
-    verifier = exporter  # the object that wrote it knows its layout (also an injected backend)
-    if verifier is None or not hasattr(verifier, "verify"):
-        registry: Any = importlib.import_module("eva_export.formats.registry")
-        verifier = registry.get_exporter(fmt, **({"decode_frames": False} if fmt == FORMAT_V21 else {}))
     findings = []
     for name in SUBSETS:
         report = verifier.verify(pair / name)
