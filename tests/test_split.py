@@ -288,7 +288,8 @@ def test_duplicate_source_refused_and_jobs_survive_restart(tmp_path: Path) -> No
         done = svc.wait(second.job_id, timeout=60)
         assert done is not None and done.state == COMPLETED
         assert svc.get(first.job_id).state == COMPLETED  # type: ignore[union-attr]
-        state, queued, current = svc.status()
+        st = svc.status()
+        state, queued, current = st.state, st.queued, st.current
         assert (state, queued) == ("IDLE", 0) and current is not None and current.job_id == second.job_id
         assert svc.latest().job_id == second.job_id  # type: ignore[union-attr]
     finally:

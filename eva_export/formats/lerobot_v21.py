@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
+import pyarrow.parquet as pq  # type: ignore[import-untyped]  # pyarrow ships no type information
 
 from ..dataset.meta import DatasetMeta, read_meta
 from ..dataset.records import FORMAT_V21
