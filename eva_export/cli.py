@@ -17,6 +17,7 @@ from typing import Any
 
 from .config import FORMATS, Config, load_config, parse_config
 from .errors import EvaError
+from .formats.registry import SPECS as FORMAT_SPECS
 from .jobs import COMPLETED, JobStore
 
 
@@ -135,28 +136,10 @@ def _jobs(args: argparse.Namespace) -> int:
 
 
 def _verify_one(path: Path) -> tuple[bool, list[str]]:
-    """verify_export from eva_export.formats.verify when present; else the native check."""
-    lines: list[str] = []
-    try:
-        verify_mod: Any = importlib.import_module("eva_export.formats.verify")
-    except ImportError:
-        verify_mod = None
-    if verify_mod is not None:
-        rep = verify_mod.verify_export(path)
-        lines += [f"ok    {c}" for c in rep.checks] + [f"FAIL  {e}" for e in rep.errors]
-        return rep.ok, lines
-    from .export.records import QualitySplit
-    from .export.validate import verify_native
+    from .formats.verify import verify_export
 
-    try:
-        fmt = QualitySplit.read(path).dataset_format
-    except (OSError, ValueError, TypeError) as exc:
-        return False, [f"FAIL  {path}/meta/quality_split.json unreadable: {exc}"]
-    if fmt != "lerobot_v21":
-        return False, [f"FAIL  {path}: cannot verify {fmt}: eva_export.formats.verify is not installed"]
-    rep = verify_native(path)
-    lines += [f"ok    {c}" for c in rep.checks] + [f"FAIL  {e}" for e in rep.errors]
-    return rep.ok, lines
+    rep = verify_export(path)
+    return rep.ok, [f"ok    {c}" for c in rep.checks] + [f"FAIL  {e}" for e in rep.errors]
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -196,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source", nargs="?", help="the raw v2.1 dataset directory")
     p.add_argument("--source", dest="source_opt", help="the same, as an option")
     p.add_argument("--config", help="the eva_export YAML config (default: data root = the source's parent)")
-    p.add_argument("--format", required=True, dest="fmt", choices=FORMATS)
+    p.add_argument("--format", required=True, dest="fmt", choices=FORMATS,
+                   help="; ".join(f"{s.name}: {s.description}" for s in FORMAT_SPECS))
     p.set_defaults(func=_export)
     p = sub.add_parser("review", help="set or clear the operator verdict of episodes (no ROS needed)")
     p.add_argument("dir", help="the raw v2.1 dataset directory")

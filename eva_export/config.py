@@ -16,8 +16,9 @@ import yaml
 
 from . import confine
 from .errors import ConfigError, UnsafeNameError
+from .formats import registry as _formats
 
-FORMATS = ("lerobot_v21", "lerobot_v3", "hdf5", "mcap", "eva_store")
+FORMATS = tuple(_formats.FORMATS)  # the registry is the only list of formats
 VECTOR_TYPES = ("JointState", "Float64MultiArray")
 IMAGE_TYPES = ("Image", "CompressedImage")
 

@@ -9,6 +9,7 @@ Every export is read back with the consumer's reader (pyarrow, PyAV, h5py, mcap)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -285,12 +286,9 @@ def test_job_of_a_dead_process_is_marked_interrupted(tmp_path: Path) -> None:
     store = JobStore(tmp_path / "jobs")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    job = Job.new("export", "/x", "hdf5", state=RUNNING)
-    job.claim()
-    job.pid = dead.pid
+    job = dataclasses.replace(Job.new("export", "/x", "hdf5", state=RUNNING).claimed(), pid=dead.pid)
     store.save(job)
-    alive = Job.new("export", "/y", "hdf5", state=RUNNING)
-    alive.claim()  # this very process: alive
+    alive = Job.new("export", "/y", "hdf5", state=RUNNING).claimed()  # this very process: alive
     store.save(alive)
     JobStore(tmp_path / "jobs")  # any process opening the store
     got = store.get(job.job_id)

@@ -22,7 +22,7 @@ from eva_export.dataset.meta import read_info
 from eva_export.dataset.writer import DatasetWriter
 from eva_export.export.paths import ExportPaths
 from eva_export.export.records import QualitySplit
-from eva_export.export.validate import verify_native
+from eva_export.formats.lerobot_v21 import verify_v21
 
 REPO = Path(__file__).resolve().parents[1]
 TRIALS = int(os.environ.get("EVA_KILL_TRIALS", "24"))
@@ -58,7 +58,7 @@ def _pair(paths: ExportPaths) -> str | None:
     assert qa.job_id == qr.job_id, f"half pair: accepted {qa.job_id} beside rejected {qr.job_id}"
     assert sorted(qa.source_episode_indices + qr.source_episode_indices) == list(range(N_EPISODES))
     for d in (paths.accepted, paths.rejected):
-        rep = verify_native(d, count_video_frames=False)
+        rep = verify_v21(d, decode_frames=False)
         assert rep.ok, rep.errors
     return qa.job_id
 

@@ -11,7 +11,7 @@ from eva_export_interfaces.msg import JobQueueStatus
 from eva_export_interfaces.srv import GetJob, StartExport
 
 from eva_export.export.records import QualitySplit
-from eva_export.export.validate import verify_native
+from eva_export.formats.lerobot_v21 import verify_v21
 from eva_export.jobs import JobStore
 
 pytestmark = pytest.mark.timeout(180)
@@ -62,7 +62,7 @@ def test_export_through_the_node(node_factory, ros_client, config_file: Path, tm
     assert job.finished_at >= job.created_at > 0 and job.kind == "export" and job.format == "lerobot_v21"
     assert QualitySplit.read(Path(job.accepted_dir)).source_episode_indices == [0, 2, 4]
     assert QualitySplit.read(Path(job.rejected_dir)).source_episode_indices == [1, 3]
-    assert verify_native(Path(job.accepted_dir)).ok and verify_native(Path(job.rejected_dir)).ok
+    assert verify_v21(Path(job.accepted_dir)).ok and verify_v21(Path(job.rejected_dir)).ok
 
     latest = ros_client.call(GetJob, node.service("get_job"), GetJob.Request(job_id=""))
     assert latest.success and latest.job.job_id == r.job_id

@@ -18,7 +18,7 @@ from eva_export.export.paths import ExportPaths
 from eva_export.export.publish import PUBLISH_STEPS, recover_pair
 from eva_export.export.records import QualitySplit
 from eva_export.export.runner import ExportService
-from eva_export.export.validate import verify_native
+from eva_export.formats.lerobot_v21 import verify_v21
 from eva_export.fsutil import atomic_write_jsonl, iter_jsonl
 from eva_export.jobs import COMPLETED, FAILED
 from test_split import CopyExporter
@@ -55,7 +55,7 @@ def pair_state(paths: ExportPaths, native: bool = True) -> tuple[str, str] | Non
     assert qa.job_id == qr.job_id, "a pair mixes two publications"
     assert sorted(os.listdir(paths.pair_dir)) == ["accepted", "rejected"]
     if native:
-        assert verify_native(paths.accepted).ok and verify_native(paths.rejected).ok
+        assert verify_v21(paths.accepted).ok and verify_v21(paths.rejected).ok
     return qa.job_id, str(qa.source_episode_indices)
 
 

@@ -19,7 +19,8 @@ from eva_export.export.paths import ExportPaths, export_root
 from eva_export.export.records import ACCEPTED, REJECTED, QualitySplit
 from eva_export.export.runner import ExportService
 from eva_export.export.split import classify
-from eva_export.export.validate import validate_dataset, validate_source, verify_native
+from eva_export.export.validate import validate_dataset, validate_source
+from eva_export.formats.lerobot_v21 import verify_v21
 from eva_export.fsutil import atomic_write_json, atomic_write_jsonl, iter_jsonl, read_json
 from eva_export.jobs import COMPLETED, FAILED
 
@@ -143,7 +144,7 @@ def test_split_mixed_source(tmp_path: Path) -> None:
     v_old = src / "videos/chunk-000/observation.images.cam0/episode_000002.mp4"
     assert v_new.stat().st_ino == v_old.stat().st_ino
     for d in (acc, rej):
-        rep = verify_native(d)
+        rep = verify_v21(d)
         assert rep.ok, rep.errors
     # The source is untouched and the staging root is gone.
     assert {p: p.stat().st_mtime_ns for p in src.rglob("*") if p.is_file()} == before
@@ -170,7 +171,7 @@ def test_empty_subset_is_valid(tmp_path: Path, kind: str) -> None:
         assert (empty / "meta" / name).read_text() == ""
     assert read_json(empty / "meta/stats.json") == {}
     assert validate_dataset(empty).episodes == []
-    assert verify_native(empty).ok and verify_native(full).ok
+    assert verify_v21(empty).ok and verify_v21(full).ok
 
 
 # ---- validation ---------------------------------------------------------------------------------
@@ -287,7 +288,8 @@ def test_duplicate_source_refused_and_jobs_survive_restart(tmp_path: Path) -> No
         done = svc.wait(second.job_id, timeout=60)
         assert done is not None and done.state == COMPLETED
         assert svc.get(first.job_id).state == COMPLETED  # type: ignore[union-attr]
-        state, queued, current = svc.status()
+        st = svc.status()
+        state, queued, current = st.state, st.queued, st.current
         assert (state, queued) == ("IDLE", 0) and current is not None and current.job_id == second.job_id
         assert svc.latest().job_id == second.job_id  # type: ignore[union-attr]
     finally:
@@ -329,7 +331,7 @@ def test_rerun_reuses_finished_units(tmp_path: Path) -> None:
     assert finished >= {0, 1, 2, 3, 4} and 5 not in finished
     job = service(tmp_path / "logs").run(src, "lerobot_v21")
     assert job.state == COMPLETED and job.reused_episodes == len(finished) and job.episodes_done == 8
-    assert verify_native(paths.accepted).ok and verify_native(paths.rejected).ok
+    assert verify_v21(paths.accepted).ok and verify_v21(paths.rejected).ok
     assert not paths.staging.exists()
 
 
@@ -342,7 +344,7 @@ def test_damaged_unit_is_rebuilt(tmp_path: Path) -> None:
     (unit / "data/chunk-000/.episode_000003.parquet.tmp").write_bytes(b"left by a kill")
     job = service(tmp_path / "logs").run(src, "lerobot_v21")
     assert job.state == COMPLETED and job.reused_episodes == 3
-    assert verify_native(paths.accepted).ok
+    assert verify_v21(paths.accepted).ok
     assert not list(paths.accepted.rglob("*.tmp"))
 
 
@@ -356,7 +358,7 @@ def test_staging_of_another_source_state_not_reused(tmp_path: Path) -> None:
     paths = ExportPaths.of(src, "lerobot_v21")
     assert QualitySplit.read(paths.accepted).source_episode_indices == [0, 2, 3]
     assert QualitySplit.read(paths.rejected).source_episode_indices == [1]
-    assert verify_native(paths.accepted).ok and verify_native(paths.rejected).ok
+    assert verify_v21(paths.accepted).ok and verify_v21(paths.rejected).ok
 
 
 # ---- non-native formats go through a native split and the format's exporter ------------------------

@@ -1,4 +1,4 @@
-"""Source validation (before anything is written) and a native v2.1 subset check.
+"""Source validation: a raw v2.1 dataset checked before anything is written.
 
 ``validate_source`` reads only metadata, Parquet footers and the ``task_index`` column, so it
 is cheap enough to run before every export. Each failure is a ``DatasetError`` naming the file
@@ -19,14 +19,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import confine
-from ..errors import DatasetError, EvaError, UnsafeNameError
+from ..errors import DatasetError, UnsafeNameError
 from ..fsutil import read_json
 from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, TASKS, DatasetMeta, read_meta
 from ..dataset.records import CODEBASE_V21, FORMAT_V21, DatasetInfo, EpisodeRow, Feature
 from ..dataset.table import arrow_type
 from ..dataset.stats import STAT_KEYS
-from ..dataset.video import count_frames
-from .records import QualitySplit
 
 REQUIRED_COLUMNS = ("episode_index", "index")
 SMALL_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
@@ -88,7 +86,7 @@ def validate_source(root: Path, *, allow_empty_dataset: bool = True, as_source: 
     Reads metadata, Parquet footers and the small index columns, and demuxes (never decodes)
     every MP4. Every message names the raw file and the raw episode index at fault. With
     ``as_source`` an export (anything inside an export tree or carrying quality_split.json)
-    is refused; ``verify_native`` checks exported subsets with ``as_source=False``.
+    is refused; the lerobot_v21 verifier checks exported subsets with ``as_source=False``.
     """
     root = Path(root)
     if as_source:
@@ -389,69 +387,3 @@ def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: di
 def validate_dataset(root: Path) -> SourceCheck:
     """Validate any raw v2.1 dataset (e.g. after a capture crash); raises DatasetError."""
     return validate_source(root, allow_empty_dataset=True, as_source=False)
-
-
-@dataclass
-class NativeReport:
-    path: str
-    checks: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    episodes: int = 0
-    frames: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return not self.errors
-
-
-def verify_native(root: Path, count_video_frames: bool = True) -> NativeReport:
-    """Check an exported native v2.1 subset against its own metadata.
-
-    Marker readable; source-level validation; indices 0..N-1; Parquet episode_index and global
-    index contiguous; info.json totals; every MP4 frame count equals its Parquet row count.
-    """
-    root = Path(root)
-    rep = NativeReport(path=str(root))
-    try:
-        marker = QualitySplit.read(root)
-        rep.checks.append(f"quality_split.json: subset {marker.subset}, format {marker.dataset_format}, "
-                          f"source episodes {marker.source_episode_indices}")
-    except (OSError, ValueError, TypeError) as exc:
-        rep.errors.append(f"{root}/meta/quality_split.json unreadable: {exc}")
-        return rep
-    try:
-        check = validate_source(root, as_source=False)
-    except EvaError as exc:
-        rep.errors.append(str(exc))
-        return rep
-    info = check.meta.info
-    rep.episodes = len(check.episodes)
-    rep.frames = sum(e.rows for e in check.episodes)
-    if [e.index for e in check.episodes] != list(range(len(check.episodes))):
-        rep.errors.append(f"episode indices {[e.index for e in check.episodes]} are not 0..N-1")
-    if len(marker.source_episode_indices) != len(check.episodes):
-        rep.errors.append("quality_split.json source_episode_indices does not match the episode count")
-    if info.total_episodes != rep.episodes or info.total_frames != rep.frames:
-        rep.errors.append(f"info.json totals {info.total_episodes} episodes / {info.total_frames} frames, "
-                          f"found {rep.episodes} / {rep.frames}")
-    offset = 0
-    for e in check.episodes:
-        with pq.ParquetFile(e.data_path) as pf:
-            t = pf.read(columns=["episode_index", "index"])
-        epi = t.column("episode_index").to_numpy()
-        idx = t.column("index").to_numpy()
-        if not (epi == e.index).all():
-            rep.errors.append(f"{e.data_path}: episode_index column is not {e.index}")
-        if not np.array_equal(idx, np.arange(offset, offset + e.rows)):
-            rep.errors.append(f"{e.data_path}: index column is not {offset}..{offset + e.rows - 1}")
-        offset += e.rows
-        if count_video_frames:
-            for key, vp in e.video_paths.items():
-                n = count_frames(vp)
-                if n != e.rows:
-                    rep.errors.append(f"{vp}: {n} frames, table has {e.rows} rows")
-    if rep.ok:
-        rep.checks.append(f"{rep.episodes} episodes, {rep.frames} frames: indices contiguous, "
-                          f"{'video frame counts match rows, ' if count_video_frames else ''}totals match")
-    return rep
-

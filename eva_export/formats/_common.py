@@ -28,9 +28,9 @@ from ..errors import DatasetError, ExportError
 from ..export.records import QUALITY_SPLIT_FILE, QualitySplit
 from ..fsutil import atomic_write_json, fsync_dir, read_json
 from .base import Progress, VerifyReport
+from .registry import get_spec
 
 COMMON_META = (EPISODES, TASKS, EPISODES_STATS, STATS)
-EMBEDDED_IMAGE_FORMATS = ("hdf5", "mcap")  # images carried inside the episode files, no MP4s
 EPISODE_CHUNK_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}"
 
 
@@ -272,7 +272,7 @@ def start_report(out_dir: Path, dataset_format: str) -> tuple[VerifyReport, dict
             report.errors.append(f"{INFO}: dataset_format {fmt!r}, expected {dataset_format!r}")
         report.episodes = int(info.get("total_episodes", 0))
         report.frames = int(info.get("total_frames", 0))
-        if dataset_format in EMBEDDED_IMAGE_FORMATS and (
+        if get_spec(dataset_format).embedded_images and (
                 not info.get("embedded_images") or info.get("total_videos") != 0 or "video_path" in info):
             report.errors.append("info.json must have embedded_images true, total_videos 0 and no video_path")
     return report, info

@@ -1,4 +1,4 @@
-"""The exporter interface every format implements, and the registry of formats.
+"""The exporter interface every format implements (the formats are listed in registry.py).
 
 An exporter turns one staged native subset (a complete LeRobot v2.1 dataset directory with
 its meta/quality_split.json, produced by the quality split) into the same subset in its own
@@ -38,7 +38,7 @@ class VerifyReport:
 
 
 class Exporter(Protocol):
-    name: str  # the format value: lerobot_v21, lerobot_v3, hdf5, mcap
+    name: str  # the format value (its FormatSpec.name in registry.py)
 
     def export(self, native_subset: Path, out_dir: Path, progress: Progress) -> None:
         """Write ``native_subset`` in this format into the empty or absent ``out_dir``.

@@ -4,8 +4,10 @@ Writer: every file of the staged native subset is hard-linked (or copied) into t
 meta/quality_split.json is rewritten with dataset_format "lerobot_v21" (a new inode, so the
 staged original is never modified through a link).
 
-Verifier: info.json totals against the episode tables, and per episode the Parquet row count
-against the frames really decoded from each camera MP4; then one state value, one action
+Verifier (the only one of v2.1 exports): info.json totals against the episode tables, and per
+episode the Parquet row count against the frames really decoded (or demuxed) from each camera
+MP4; the source-level validation of a raw v2.1 dataset (``validate_source``, as an export);
+episode_index and the global index columns contiguous; then one state value, one action
 value and one decoded frame.
 """
 
@@ -14,13 +16,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pyarrow.parquet as pq
+import numpy as np
+import pyarrow.parquet as pq  # type: ignore[import-untyped]  # pyarrow ships no type information
 
 from ..dataset.meta import DatasetMeta, read_meta
 from ..dataset.records import FORMAT_V21
 from ..dataset.video import count_frames, decode_count, iter_frames
-from ..errors import DatasetError, ExportError, VideoError
-from ..export.records import QUALITY_SPLIT_FILE
+from ..errors import DatasetError, EvaError, ExportError, VideoError
+from ..export.records import QUALITY_SPLIT_FILE, QualitySplit
+from ..export.validate import validate_source
 from . import _common as common
 from .base import Progress, VerifyReport
 
@@ -56,6 +60,21 @@ class LeRobotV21Exporter:
             size += sum(meta.video_path(k, ep.episode_index).stat().st_size for k in meta.info.video_keys
                         if meta.video_path(k, ep.episode_index).is_file())
             progress.on_episode(ep.episode_index, size)
+
+    def verify(self, out_dir: Path) -> VerifyReport:
+        return verify_v21(Path(out_dir), self.decode_frames)
+
+
+def verify_v21(root: Path, decode_frames: bool = True) -> VerifyReport:
+    """Check a v2.1 export against its own metadata; ``decode_frames`` False: demux only."""
+    return _Verifier(decode_frames).verify(Path(root))
+
+
+class _Verifier:
+    name = FORMAT_V21
+
+    def __init__(self, decode_frames: bool) -> None:
+        self.decode_frames = decode_frames
 
     def verify(self, out_dir: Path) -> VerifyReport:
         report, info = common.start_report(Path(out_dir), self.name)
@@ -96,6 +115,7 @@ class LeRobotV21Exporter:
             report.checks.append(f"every episode: Parquet rows == {how} MP4 frames for {len(meta.info.video_keys)} "
                                  "camera(s)")
         common.check_totals(report, info, len(meta.episodes), frames, "the episode tables")
+        _check_structure(Path(out_dir), report)
         self._sample(meta, report)
         return report
 
@@ -123,3 +143,30 @@ class LeRobotV21Exporter:
                 report.errors.append(str(exc))
         common.check_sample(report, state, action, frame, f"episode {ep} (pyarrow + PyAV)")
 
+
+
+def _check_structure(root: Path, report: VerifyReport) -> None:
+    """What a raw v2.1 dataset must satisfy (validate_source, as an export, not a source), the
+    marker's episode count, and episode_index / global index columns contiguous per episode."""
+    try:
+        check = validate_source(root, as_source=False)
+        marker = QualitySplit.read(root)
+    except (EvaError, OSError, ValueError, TypeError) as exc:
+        report.errors.append(str(exc))
+        return
+    before = len(report.errors)
+    if len(marker.source_episode_indices) != len(check.episodes):
+        report.errors.append(f"{QUALITY_SPLIT_FILE}: {len(marker.source_episode_indices)} source_episode_indices "
+                             f"for {len(check.episodes)} episodes")
+    offset = 0
+    for e in check.episodes:
+        with pq.ParquetFile(e.data_path) as pf:
+            t = pf.read(columns=["episode_index", "index"])
+        if not (t.column("episode_index").to_numpy() == e.index).all():
+            report.errors.append(f"{e.data_path}: episode_index column is not {e.index}")
+        if not np.array_equal(t.column("index").to_numpy(), np.arange(offset, offset + e.rows)):
+            report.errors.append(f"{e.data_path}: index column is not {offset}..{offset + e.rows - 1}")
+        offset += e.rows
+    if len(report.errors) == before:
+        report.checks.append(f"{len(check.episodes)} episodes valid as a v2.1 dataset: episode_index and "
+                             "index columns contiguous")

@@ -17,7 +17,7 @@ from ..export.manifest import verify_manifest
 from ..export.records import QUALITY_SPLIT_FILE
 from ..fsutil import read_json
 from .base import VerifyReport
-from .registry import FORMATS, get_exporter
+from .registry import FORMATS, get_spec
 
 
 def detect_format(root: Path) -> tuple[str | None, list[str]]:
@@ -53,7 +53,7 @@ def verify_export(root: Path) -> VerifyReport:
     fmt, problems = detect_format(root)
     if fmt is None:
         return VerifyReport(path=str(root), dataset_format="unknown", errors=problems or ["format not detected"])
-    report = get_exporter(fmt).verify(root)
+    report = get_spec(fmt).verify(root)
     report.errors.extend(verify_manifest(root, required=False))  # sizes + SHA-256 of meta/manifest.json
     for p in problems:  # e.g. quality_split.json unreadable while info.json named the format
         if p not in report.errors:

@@ -1,4 +1,5 @@
-"""Shared pieces of the eva_export nodes: the process main() runner and a status timer.
+"""Shared pieces of the eva_export nodes: the process main() runner, a status timer and the
+base of the job nodes (export, upload).
 
 The runner gives every node the same life cycle: ``rclpy.init``, spin a
 ``MultiThreadedExecutor`` until SIGINT (or an external shutdown), then tear down cleanly and
@@ -14,13 +15,20 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import rclpy
+# The generated interface package ships no type information (no py.typed): its types are Any.
+from eva_export_interfaces.msg import Job as JobMsg  # type: ignore[import-untyped]
+from eva_export_interfaces.msg import JobQueueStatus
+from eva_export_interfaces.srv import GetJob  # type: ignore[import-untyped]
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.executors import Executor, ExternalShutdownException, MultiThreadedExecutor
 from rclpy.node import Node
 from rclpy.publisher import Publisher
 from rclpy.timer import Timer
 
+from eva_export import confine
+from eva_export.config import Config, load_config
 from eva_export.errors import EvaError
+from eva_export.jobs import Job, ServiceStatus
 
 
 #: Default period of the ``~/status`` topics, seconds (parameter ``status_period``).
@@ -98,7 +106,7 @@ def create_guarded_service(node: Node, srv_type: Any, name: str, handler: Callab
 
 def create_status_timer(
     node: Node,
-    publisher: Publisher,
+    publisher: Publisher[Any],
     build: Callable[[], Any],
     period: float,
 ) -> Timer:
@@ -156,3 +164,83 @@ def run_node(
         rclpy.try_shutdown()
     return 0
 
+
+
+_CASTS: dict[str, Callable[[Any], Any]] = {"string": str, "double": float, "float": float, "boolean": bool}
+
+
+def job_to_msg(job: Job | None, kind: str) -> JobMsg:
+    """The ``eva_export_interfaces/msg/Job`` of a core Job record, field by field (the names are
+    the same); for None an empty message of ``kind`` (empty job_id)."""
+    msg = JobMsg()
+    msg.kind = str(kind)
+    if job is None:
+        return msg
+    for name, idl in JobMsg.get_fields_and_field_types().items():
+        value = getattr(job, name)
+        setattr(msg, name, max(0, int(value)) if "int" in idl else _CASTS.get(idl, str)(value))
+    return msg
+
+
+class JobServiceNode(Node):
+    """A node over a job service (eva_export.jobs.JobEngine): ``~/start`` (the subclass's
+    request type), ``~/get_job`` GetJob and ``~/status`` JobQueueStatus, parameters
+    ``config_file`` and ``status_period``.
+
+    A subclass sets ``KIND`` and ``NO_JOB`` (how a reply names a missing job), builds its
+    service in ``make_service(config)`` and answers ``~/start`` in ``on_start``; it may override
+    ``job_msg`` (e.g. to redact errors) and ``find_job``.
+    """
+
+    KIND = ""
+    NO_JOB = "job"
+
+    def __init__(self, node_name: str, start_type: Any) -> None:
+        super().__init__(node_name)
+        self.config_file, status_period = declare_common_parameters(self)
+        self.make_service(load_config(self.config_file))
+        group = service_group()
+        create_guarded_service(self, start_type, "~/start", self.on_start, group)
+        create_guarded_service(self, GetJob, "~/get_job", self._on_get_job, group)
+        self.status_pub = self.create_publisher(JobQueueStatus, "~/status", STATUS_QOS_DEPTH)
+        self.status_timer = create_status_timer(self, self.status_pub, self.build_status, status_period)
+        self.get_logger().info(f"config_file={self.config_file!r}")
+
+    # ---- what a subclass provides ----------------------------------------------------------
+    def make_service(self, config: Config) -> None:
+        raise NotImplementedError
+
+    def on_start(self, request: Any, response: Any) -> Any:
+        raise NotImplementedError
+
+    def service_status(self) -> ServiceStatus:
+        raise NotImplementedError
+
+    def find_job(self, job_id: str) -> Job | None:
+        """The job ``job_id`` names; an empty id: the latest."""
+        raise NotImplementedError
+
+    def job_msg(self, job: Job | None) -> JobMsg:
+        return job_to_msg(job, self.KIND)
+
+    # ---- shared ----------------------------------------------------------------------------
+    def build_status(self) -> JobQueueStatus:
+        status = self.service_status()
+        msg = JobQueueStatus()
+        msg.state = status.state
+        msg.queued = status.queued
+        msg.current = self.job_msg(status.current)
+        return msg
+
+    def _on_get_job(self, request: GetJob.Request, response: GetJob.Response) -> GetJob.Response:
+        job = self.find_job(request.job_id)
+        response.job = self.job_msg(job)
+        if job is None:
+            response.success = False
+            # An invalid id (traversal, 256+ chars) is just not a job: no path is ever read for it.
+            response.message = (f"no {self.NO_JOB} {confine.short_repr(request.job_id)}" if request.job_id
+                                else f"no {self.NO_JOB} yet")
+            return response
+        response.success = True
+        response.message = str(job.state)
+        return response

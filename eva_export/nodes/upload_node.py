@@ -12,23 +12,14 @@ from __future__ import annotations
 
 import sys
 
-from eva_export_interfaces.msg import Job as JobMsg
-from eva_export_interfaces.msg import JobQueueStatus
-from eva_export_interfaces.srv import GetJob, StartUpload
-from rclpy.node import Node
+from eva_export_interfaces.msg import Job as JobMsg  # type: ignore[import-untyped]  # no py.typed
+from eva_export_interfaces.srv import StartUpload  # type: ignore[import-untyped]  # no py.typed
 
 from eva_export import confine
-from eva_export.config import load_config
+from eva_export.config import Config
 from eva_export.errors import EvaError
-from eva_export.jobs import Job
-from eva_export.nodes.common import (
-    STATUS_QOS_DEPTH,
-    create_guarded_service,
-    create_status_timer,
-    declare_common_parameters,
-    run_node,
-    service_group,
-)
+from eva_export.jobs import Job, JobKind, ServiceStatus
+from eva_export.nodes.common import JobServiceNode, run_node
 from eva_export.upload import UploadService
 
 NODE_NAME = "eva_upload"
@@ -36,29 +27,16 @@ NODE_NAME = "eva_upload"
 CLOSE_TIMEOUT_S = 5.0
 
 
-def job_to_msg(job: Job | None) -> JobMsg:
-    """The ``eva_export_interfaces/msg/Job`` of a core Job record (empty job_id for None)."""
-    msg = JobMsg()
-    msg.kind = "upload"
-    if job is None:
-        return msg
-    for name, idl_type in JobMsg.get_fields_and_field_types().items():
-        value = getattr(job, name)
-        if idl_type == "double":
-            value = float(value)
-        elif idl_type.startswith("uint"):
-            value = max(0, int(value))
-        setattr(msg, name, value)
-    return msg
-
-
-class UploadNode(Node):
+class UploadNode(JobServiceNode):
     """Thin ROS wrapper around ``eva_export.upload.UploadService``."""
 
+    KIND = JobKind.UPLOAD
+    NO_JOB = "upload job"
+
     def __init__(self) -> None:
-        super().__init__(NODE_NAME)
-        self.config_file, status_period = declare_common_parameters(self)
-        config = load_config(self.config_file)
+        super().__init__(NODE_NAME, StartUpload)
+
+    def make_service(self, config: Config) -> None:
         self.uploads = UploadService(config)
         sftp = config.collection.sftp
         self.secrets = [] if sftp is None else [
@@ -66,30 +44,26 @@ class UploadNode(Node):
             sftp.host, sftp.identity_file, sftp.known_hosts, sftp.remote_dir]
         for job in self.uploads.interrupted:
             self.get_logger().warning(f"upload {job.job_id} was left unfinished; marked failed")
-        if config.collection.sftp is None:
+        if sftp is None:
             self.get_logger().warning(
                 "no upload backend configured (collection.storage.sftp); every upload is refused"
             )
-        group = service_group()
-        create_guarded_service(self, StartUpload, "~/start", self._on_start, group)
-        create_guarded_service(self, GetJob, "~/get_job", self._on_get_job, group)
-        self.status_pub = self.create_publisher(JobQueueStatus, "~/status", STATUS_QOS_DEPTH)
-        self.status_timer = create_status_timer(
-            self, self.status_pub, self.build_status, status_period
-        )
-        self.get_logger().info(f"config_file={self.config_file!r}")
 
-    def build_status(self) -> JobQueueStatus:
-        status = self.uploads.status()
-        msg = JobQueueStatus()
-        msg.state = status.state
-        msg.queued = status.queued
-        msg.current = job_to_msg(status.current)
+    def service_status(self) -> ServiceStatus:
+        return self.uploads.status()
+
+    def find_job(self, job_id: str) -> Job | None:
+        return self.uploads.get(job_id)
+
+    def job_msg(self, job: Job | None) -> JobMsg:
+        # Anyone on the graph may ask: errors keep their reason but not user@host:port, the
+        # remote directory or key file paths (the node log has the full text).
+        msg = super().job_msg(job)
+        msg.error = confine.redact(msg.error, self.secrets)
+        msg.last_error = confine.redact(msg.last_error, self.secrets)
         return msg
 
-    def _on_start(
-        self, request: StartUpload.Request, response: StartUpload.Response
-    ) -> StartUpload.Response:
+    def on_start(self, request: StartUpload.Request, response: StartUpload.Response) -> StartUpload.Response:
         try:
             job = self.uploads.start(request.source_dir, request.format, request.accepted_dir)
         except EvaError as exc:  # UploadRefused: the gate said no; no job was created
@@ -101,23 +75,6 @@ class UploadNode(Node):
         response.job_id = job.job_id
         response.message = f"upload {job.job_id} started: {job.accepted_dir}"
         self.get_logger().info(response.message)
-        return response
-
-    def _on_get_job(self, request: GetJob.Request, response: GetJob.Response) -> GetJob.Response:
-        job = self.uploads.get(request.job_id)
-        if job is None:
-            response.success = False
-            response.message = (f"no upload job {confine.short_repr(request.job_id)}" if request.job_id
-                                else "no upload job yet")
-            response.job = job_to_msg(None)
-            return response
-        response.success = True
-        response.message = job.state
-        response.job = job_to_msg(job)
-        # Anyone on the graph may ask: errors keep their reason but not user@host:port, the
-        # remote directory or key file paths (the node log has the full text).
-        response.job.error = confine.redact(job.error, self.secrets)
-        response.job.last_error = confine.redact(job.last_error, self.secrets)
         return response
 
     def close(self) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..config import load_config
 from ..errors import ConfigError, UploadRefused
+from ..formats.registry import help_text as format_help
 from ..jobs import COMPLETED, Job
 
 
@@ -33,7 +34,7 @@ def add_upload_commands(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--config", required=True, help="the eva_export YAML config")
     p.add_argument("--source", required=True, help="the raw source directory that was exported")
-    p.add_argument("--format", required=True, dest="fmt", help="lerobot_v21, lerobot_v3, hdf5, mcap or eva_store")
+    p.add_argument("--format", required=True, dest="fmt", help=format_help())
     p.add_argument("--accepted", required=True, help="the export's accepted directory")
     p.add_argument("--wait", action="store_true", help="print the finished job instead of the started one")
     p.set_defaults(func=run_upload)

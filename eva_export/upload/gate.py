@@ -13,7 +13,7 @@ from pathlib import Path
 from ..config import FORMATS, SftpSettings, check_name
 from ..errors import UnsafeNameError, UploadRefused
 from ..export.records import ACCEPTED, QUALITY_SPLIT_FILE, QualitySplit
-from ..jobs import COMPLETED, Job, JobStore
+from ..jobs import COMPLETED, Job, JobKind, JobStore
 
 
 def _resolved(path: str | Path) -> str:
@@ -24,7 +24,7 @@ def _export_of(export_jobs: JobStore, directory: str) -> tuple[Job, str] | None:
     """The newest completed export whose accepted or rejected dir is ``directory``."""
     found = None
     for job in export_jobs.all():
-        if job.kind != "export" or job.state != COMPLETED:
+        if job.kind != JobKind.EXPORT or job.state != COMPLETED:
             continue
         for subset, d in (("accepted", job.accepted_dir), ("rejected", job.rejected_dir)):
             if d and _resolved(d) == directory:
@@ -78,7 +78,7 @@ def check_upload(
     source = _resolved(request_source_dir)
     target = _resolved(accepted_dir)
 
-    latest = export_jobs.latest_completed("export", source, fmt)
+    latest = export_jobs.latest_completed(JobKind.EXPORT, source, fmt)
     if latest is None:
         _refuse_foreign(_export_of(export_jobs, target), accepted_dir, fmt, source,
                         f"export {source} as {fmt} first")
