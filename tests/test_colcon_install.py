@@ -194,7 +194,7 @@ def test_install_space_resolves_like_ros2_launch_and_run(workspace, probe):
     # ros2 launch eva_export eva.launch.py: every node's executable where `ros2 run` looks,
     # the default config from the installed share directory
     nodes = probe["nodes"]
-    assert {n["name"] for n in nodes} == {"eva_capture", "eva_export", "eva_upload"}
+    assert {n["name"] for n in nodes} == {"eva_capture", "eva_export", "eva_upload", "eva_console"}
     for node in nodes:
         exe = Path(probe["prefix"]) / "lib" / "eva_export" / node["executable"]
         assert exe.is_file() and os.access(exe, os.X_OK), exe
@@ -288,9 +288,9 @@ IMPORT_SOURCES = {
     "launch": "launch", "launch_ros": "launch_ros",
     "numpy": "python3-numpy", "h5py": "python3-h5py", "yaml": "python3-yaml", "msgpack": "python3-msgpack",
     "paramiko": "python3-paramiko",
-    "pyarrow": "pip", "av": "pip", "mcap": "pip",
+    "pyarrow": "pip", "av": "pip", "mcap": "pip", "zarr": "pip", "simplejpeg": "pip",
 }
-PIP_NAMES = {"pyarrow": "pyarrow", "av": "av", "mcap": "mcap"}
+PIP_NAMES = {"pyarrow": "pyarrow", "av": "av", "mcap": "mcap", "zarr": "zarr", "simplejpeg": "simplejpeg"}
 
 
 def third_party_imports() -> set[str]:
