@@ -60,7 +60,7 @@ def test_classify(quality: str, verdict: str, note: str | None, expect: str) -> 
         extra["qc_verdict"] = verdict
     if note is not None:
         extra["note"] = note
-    assert classify(EpisodeRow(0, ["t"], 10, extra)) == expect
+    assert classify(EpisodeRow.from_dict({"episode_index": 0, "tasks": ["t"], "length": 10, **extra})) == expect
 
 
 def test_paths() -> None:

@@ -125,12 +125,13 @@ def episode_markers(row: EpisodeRow, nonfinite: dict[str, list[int]]) -> list[di
     """Timeline marks: every red reason or stream entry that says which frames, plus the frames
     with NaN/inf values found in the data. Reasons without a 'when' are not marked (listed only)."""
     marks: list[dict[str, Any]] = []
-    for issue in row.extra.get("quality_issues") or []:
+    fields = row.fields_dict()  # typed issues as dicts, or a foreign row's value as it is
+    for issue in fields.get("quality_issues") or []:
         if isinstance(issue, dict):
             for a, b in _frames_from(issue, row.length):
                 marks.append({"code": str(issue.get("code", "")), "from": a, "to": b,
                               "detail": str(issue.get("detail", ""))})
-    stats = row.extra.get("stream_stats")
+    stats = fields.get("stream_stats")
     if isinstance(stats, dict):
         for stream, st in stats.items():
             if isinstance(st, dict):

@@ -57,7 +57,7 @@ def stream_summaries(rows: list[EpisodeRow]) -> tuple[list[str], list[StreamSumm
     """Per stream and known stream_stats key: min, mean, max over the episodes that have it."""
     values: dict[str, dict[str, list[float]]] = {}
     for row in rows:
-        stats = row.extra.get("stream_stats")
+        stats = row.fields_dict().get("stream_stats")
         if not isinstance(stats, dict):
             continue
         for stream, st in stats.items():
@@ -123,13 +123,13 @@ def build_report(root: Path, title: str | None = None) -> str:
     # drop and late timelines over the episodes, per stream
     out.append("<h2>Drops and late frames per episode</h2>")
     any_stream = False
-    stream_names = sorted({str(s) for r in rows if isinstance(r.extra.get("stream_stats"), dict)
-                           for s in r.extra["stream_stats"]})
+    stream_stats = [r.fields_dict().get("stream_stats") for r in rows]
+    stream_names = sorted({str(s) for st in stream_stats if isinstance(st, dict) for s in st})
     for stream in stream_names:
         for key, colour in (("dropped", "#b00020"), ("late", "#d08000")):
             vals = []
-            for r in rows:
-                st = (r.extra.get("stream_stats") or {}).get(stream)
+            for r_stats in stream_stats:
+                st = (r_stats or {}).get(stream)
                 v = st.get(key) if isinstance(st, dict) else None
                 vals.append(float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else -1.0)
             if all(v < 0 for v in vals):

@@ -39,7 +39,7 @@ from ..errors import DatasetError, VideoError
 from ..fsutil import atomic_write_json, atomic_write_jsonl, fsync_dir, read_json
 from . import stats as stats_mod
 from .meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS, read_meta
-from .records import (CODEBASE_V21, DEFAULT_FEATURES, DatasetInfo, EpisodeRow, EpisodeStats, Feature,
+from .records import (CODEBASE_V21, DEFAULT_FEATURES, DatasetInfo, EpisodeRow, EpisodeStats, Feature, REVIEW_VERDICTS,
                       TaskRow)
 from .table import build_table, schema, write_table
 from .video import VideoEncoder, VideoSettings
@@ -318,7 +318,7 @@ class DatasetWriter:
             write_table(table, ep.staging / "data.parquet")
             ep_stats = {k: stats_mod.column_stats(cols[k]) for k in self.info.table_keys}
             ep_stats.update(done.image_stats)
-            row = EpisodeRow(episode_index=index, tasks=[ep.task], length=n, extra=dict(row_extra or {}))
+            row = EpisodeRow.from_dict({**(row_extra or {}), "episode_index": index, "tasks": [ep.task], "length": n})
             moves = [("data.parquet", self.info.data_file(index))]
             moves += [(f"{k}.mp4", self.info.video_file(k, index)) for k in self.info.video_keys]
             journal = {"episode": row.to_dict(), "stats": EpisodeStats(index, ep_stats).to_dict(),
@@ -380,7 +380,7 @@ class DatasetWriter:
     # ---- review ----------------------------------------------------------------------------
     def review(self, episode_index: int, verdict: str, note: str | None) -> EpisodeRow:
         """Set or clear qc_verdict and optionally replace the note; quality fields stay."""
-        if verdict not in ("", "pass", "fail", "clear"):
+        if verdict not in REVIEW_VERDICTS:
             raise DatasetError(f"verdict {verdict!r} must be pass, fail, clear or empty")
         with self.lock:
             for row in self.episodes:
@@ -388,13 +388,7 @@ class DatasetWriter:
                     break
             else:
                 raise DatasetError(f"{self.root}: no episode {episode_index}")
-            if verdict == "clear":
-                row.extra.pop("qc_verdict", None)
-            elif verdict:
-                row.extra["qc_verdict"] = verdict
-            if note is not None:
-                row.extra["note"] = note
-            row.extra["reviewed_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            row.review(verdict, note, time.strftime("%Y-%m-%dT%H:%M:%S%z"))
             atomic_write_jsonl(self.root / EPISODES, [e.to_dict() for e in self.episodes])
             self._fix_meta_modes()
             return row

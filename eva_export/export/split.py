@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from ..dataset import stats as stats_mod
 from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS
-from ..dataset.records import FORMAT_V21, DatasetInfo, EpisodeRow
+from ..dataset.records import FORMAT_V21, DatasetInfo, EpisodeRow, Quality, Verdict
 from ..dataset.table import to_numpy
 from ..errors import DatasetError, ExportError
 from ..fsutil import atomic_write_json, dumps_json, jsonl_dumps, read_json, set_file_mode
@@ -44,11 +44,11 @@ RECOMPUTED_COLUMNS = ("episode_index", "index", "task_index")
 def classify(row: EpisodeRow) -> str:
     """The split rule (records.SPLIT_RULE), written once: operator verdict first, then quality."""
     verdict = row.qc_verdict.strip().lower()
-    if verdict == "pass":
+    if verdict == Verdict.PASS:
         return ACCEPTED
-    if verdict == "fail":
+    if verdict == Verdict.FAIL:
         return REJECTED
-    return ACCEPTED if row.quality.strip().lower() == "green" else REJECTED
+    return ACCEPTED if row.quality.strip().lower() == Quality.GREEN else REJECTED
 
 
 def is_unrated(row: EpisodeRow) -> bool:
@@ -58,7 +58,10 @@ def is_unrated(row: EpisodeRow) -> bool:
     their episodes all land in rejected. Counted so the user is told, not left with
     "accepted 0" and no reason.
     """
-    return not row.quality.strip() and not row.qc_verdict.strip()
+    # A foreign row's non-text value ("quality": null) stays in extra: it counts as rated
+    # (present, not green), a falsy non-text verdict as none.
+    rated = row.quality.strip() or "quality" in row.extra
+    return not rated and not row.qc_verdict.strip() and not row.extra.get("qc_verdict")
 
 
 class Faults:

@@ -25,7 +25,7 @@ from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS, Dataset
 from ..dataset.records import CODEBASE_V21, FORMAT_V21, DatasetInfo, EpisodeRow
 from ..dataset.video import iter_frames
 from ..errors import DatasetError, ExportError
-from ..export.records import QUALITY_SPLIT_FILE, QualitySplit
+from ..dataset.records import QUALITY_SPLIT_FILE, QualitySplit
 from ..fsutil import atomic_write_json, fsync_dir, read_json
 from .base import Progress, VerifyReport
 

@@ -35,7 +35,7 @@ from ..dataset.meta import INFO, DatasetMeta
 from ..dataset.records import EpisodeRow
 from ..dataset.video import iter_frames
 from ..errors import ExportError, VideoError
-from ..export.records import QualitySplit
+from ..dataset.records import QualitySplit
 from ..fsutil import atomic_write_json, fsync_dir, read_json
 from ..store.codecs import CODECS, encode_image, pack_record, sniff_codec
 from ..store.records import (

@@ -20,7 +20,7 @@ from ..dataset.meta import DatasetMeta, read_meta
 from ..dataset.records import FORMAT_V21
 from ..dataset.video import count_frames, decode_count, iter_frames
 from ..errors import DatasetError, ExportError, VideoError
-from ..export.records import QUALITY_SPLIT_FILE
+from ..dataset.records import QUALITY_SPLIT_FILE
 from . import _common as common
 from .base import Progress, VerifyReport
 

@@ -492,14 +492,15 @@ class LeRobotV3Exporter:
             for s in stat_names:
                 cols[f"stats/{feat}/{s}"] = stats_column([st.get(feat, {}).get(s) for st in ep_stats])
         extra_keys: list[str] = []
-        for ep in meta.episodes:
-            for k in ep.extra:
+        episode_fields = [ep.fields_dict() for ep in meta.episodes]
+        for fields in episode_fields:
+            for k in fields:
                 if k not in extra_keys:
                     extra_keys.append(k)
         for k in extra_keys:
             if k in cols or k.startswith(("meta/episodes/", "videos/", "stats/", "data/")):
                 raise ExportError(f"episode field {k!r} collides with a LeRobot v3 episode metadata column")
-            cols[k] = extra_field_column([ep.extra.get(k) for ep in meta.episodes])
+            cols[k] = extra_field_column([fields.get(k) for fields in episode_fields])
         cols["meta/episodes/chunk_index"] = pa.array([0] * n, pa.int64())
         cols["meta/episodes/file_index"] = pa.array([0] * n, pa.int64())
         path = out / EPISODES_PATH_V30.format(chunk_index=0, file_index=0)
