@@ -109,6 +109,16 @@ class DatasetInfo:
         return self.video_path.format(episode_chunk=self.chunk_of(episode_index), video_key=video_key,
                                       episode_index=episode_index)
 
+    def set_totals(self, episodes: int, frames: int, tasks: int, index_end: int | None = None) -> None:
+        """The v2.1 totals, computed here only: one video file per episode and video key;
+        chunks cover the episode indices [0, index_end) (default: ``episodes``)."""
+        end = episodes if index_end is None else index_end
+        self.total_episodes = episodes
+        self.total_frames = frames
+        self.total_tasks = tasks
+        self.total_videos = episodes * len(self.video_keys)
+        self.total_chunks = (end + self.chunks_size - 1) // self.chunks_size
+
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
             "codebase_version": self.codebase_version,
@@ -302,6 +312,48 @@ class EpisodeRow:
                 continue
             row.present.add(key)
         return row
+
+
+@dataclass(frozen=True)
+class StagingJournal:
+    """journal.json of one staged episode (dataset/writer.py): written last, it is the commit
+    point; replaying it moves the staged files into place and appends the rows."""
+
+    episode: EpisodeRow
+    stats: EpisodeStats
+    task: str
+    moves: tuple[tuple[str, str], ...]  # (staged file name, final path relative to the dataset)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"episode": self.episode.to_dict(), "stats": self.stats.to_dict(), "task": self.task,
+                "moves": [list(m) for m in self.moves]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StagingJournal:
+        return cls(EpisodeRow.from_dict(d["episode"]), EpisodeStats.from_dict(d["stats"]), str(d["task"]),
+                   tuple((str(a), str(b)) for a, b in d["moves"]))
+
+
+@dataclass(frozen=True)
+class UnitRecord:
+    """The commit record of one exported episode (a "unit", export/split.py): written after its
+    files, so a rerun trusts the unit only when this exists and matches the plan."""
+
+    source_episode_index: int
+    episode_index: int
+    rows: int
+    offset: int  # global index of the unit's first frame in its subset
+    row: dict[str, Any]  # the subset's episodes.jsonl line (renumbered, with source_episode_index)
+    stats: dict[str, Any]
+    video_sizes: dict[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> UnitRecord:
+        return cls(int(d["source_episode_index"]), int(d["episode_index"]), int(d["rows"]), int(d["offset"]),
+                   dict(d["row"]), dict(d["stats"]), {str(k): int(v) for k, v in d["video_sizes"].items()})
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,8 @@ from ..errors import DatasetError, VideoError
 from ..fsutil import atomic_write_json, atomic_write_jsonl, fsync_dir, read_json
 from . import stats as stats_mod
 from .meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS, read_meta
-from .records import (CODEBASE_V21, DEFAULT_FEATURES, DatasetInfo, EpisodeRow, EpisodeStats, Feature, REVIEW_VERDICTS,
-                      TaskRow)
+from .records import (CODEBASE_V21, DEFAULT_FEATURES, DatasetInfo, EpisodeRow, EpisodeStats, Feature,
+                      REVIEW_VERDICTS, StagingJournal, TaskRow)
 from .table import build_table, schema, write_table
 from .video import VideoEncoder, VideoSettings
 
@@ -215,7 +215,7 @@ class DatasetWriter:
             for d in sorted(staging_root.glob("*")) if staging_root.is_dir() else []:
                 if (d / JOURNAL).is_file():
                     log.warning("%s: finishing the commit of an interrupted save (%s)", self.root, d.name)
-                    self._apply_journal(d, read_json(d / JOURNAL))
+                    self._apply_journal(d, StagingJournal.from_dict(read_json(d / JOURNAL)))
                     done.append(f"finished the interrupted save {d.name}")
                 else:
                     log.warning("%s: discarding an unfinished episode (%s)", self.root, d.name)
@@ -321,11 +321,10 @@ class DatasetWriter:
             row = EpisodeRow.from_dict({**(row_extra or {}), "episode_index": index, "tasks": [ep.task], "length": n})
             moves = [("data.parquet", self.info.data_file(index))]
             moves += [(f"{k}.mp4", self.info.video_file(k, index)) for k in self.info.video_keys]
-            journal = {"episode": row.to_dict(), "stats": EpisodeStats(index, ep_stats).to_dict(),
-                       "task": ep.task, "moves": moves}
+            journal = StagingJournal(row, EpisodeStats(index, ep_stats), ep.task, tuple(moves))
             for name, _ in moves:
                 _fsync_file(ep.staging / name)
-            atomic_write_json(ep.staging / JOURNAL, journal)  # the commit point
+            atomic_write_json(ep.staging / JOURNAL, journal.to_dict())  # the commit point
             self._apply_journal(ep.staging, journal)
             return row
 
@@ -335,12 +334,12 @@ class DatasetWriter:
                 return t.task_index
         return max((t.task_index for t in self.tasks), default=-1) + 1
 
-    def _apply_journal(self, staging: Path, journal: dict[str, Any]) -> None:
-        row = EpisodeRow.from_dict(journal["episode"])
+    def _apply_journal(self, staging: Path, journal: StagingJournal) -> None:
+        row = journal.episode
         if any(e.episode_index == row.episode_index for e in self.episodes):
             shutil.rmtree(staging, ignore_errors=True)  # already fully applied
             return
-        for src_name, final_rel in journal["moves"]:
+        for src_name, final_rel in journal.moves:
             src, dst = staging / src_name, self.root / final_rel
             if src.exists():
                 if dst.exists():
@@ -351,10 +350,10 @@ class DatasetWriter:
                 fsync_dir(dst.parent)
             elif not dst.exists():
                 raise DatasetError(f"journal {staging} lists {src_name} but neither it nor {dst} exists")
-        self.episodes_stats[row.episode_index] = EpisodeStats.from_dict(journal["stats"])
+        self.episodes_stats[row.episode_index] = journal.stats
         atomic_write_jsonl(self.root / EPISODES_STATS,
                            [s.to_dict() for _, s in sorted(self.episodes_stats.items())])
-        task = str(journal["task"])
+        task = journal.task
         if task not in {t.task for t in self.tasks}:
             self.tasks.append(TaskRow(self._task_index_for(task), task))
             atomic_write_jsonl(self.root / TASKS, [t.to_dict() for t in self.tasks])
@@ -367,11 +366,7 @@ class DatasetWriter:
     def _write_derived_meta(self) -> None:
         """info.json totals and stats.json follow from episodes.jsonl and episodes_stats.jsonl."""
         info = self.info
-        info.total_episodes = len(self.episodes)
-        info.total_frames = self.total_frames
-        info.total_tasks = len(self.tasks)
-        info.total_videos = len(self.episodes) * len(info.video_keys)
-        info.total_chunks = (self.next_episode_index + info.chunks_size - 1) // info.chunks_size
+        info.set_totals(len(self.episodes), self.total_frames, len(self.tasks), self.next_episode_index)
         atomic_write_json(self.root / INFO, info.to_dict())
         listed = [self.episodes_stats[e.episode_index].stats for e in self.episodes
                   if e.episode_index in self.episodes_stats]
