@@ -7,17 +7,16 @@ refused (bad config, unknown format, source outside the data roots, already runn
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 from .config import FORMATS, Config, load_config, parse_config
 from .errors import EvaError
 from .jobs import COMPLETED, JobStore
+from .upload.cli import add_upload_commands  # no paramiko until an upload runs
 
 
 def standalone_config(source: str) -> Config:
@@ -135,28 +134,10 @@ def _jobs(args: argparse.Namespace) -> int:
 
 
 def _verify_one(path: Path) -> tuple[bool, list[str]]:
-    """verify_export from eva_export.formats.verify when present; else the native check."""
-    lines: list[str] = []
-    try:
-        verify_mod: Any = importlib.import_module("eva_export.formats.verify")
-    except ImportError:
-        verify_mod = None
-    if verify_mod is not None:
-        rep = verify_mod.verify_export(path)
-        lines += [f"ok    {c}" for c in rep.checks] + [f"FAIL  {e}" for e in rep.errors]
-        return rep.ok, lines
-    from .export.records import QualitySplit
-    from .export.validate import verify_native
+    from .formats.verify import verify_export  # h5py, mcap, PyAV: imported only to verify
 
-    try:
-        fmt = QualitySplit.read(path).dataset_format
-    except (OSError, ValueError, TypeError) as exc:
-        return False, [f"FAIL  {path}/meta/quality_split.json unreadable: {exc}"]
-    if fmt != "lerobot_v21":
-        return False, [f"FAIL  {path}: cannot verify {fmt}: eva_export.formats.verify is not installed"]
-    rep = verify_native(path)
-    lines += [f"ok    {c}" for c in rep.checks] + [f"FAIL  {e}" for e in rep.errors]
-    return rep.ok, lines
+    rep = verify_export(path)
+    return rep.ok, [f"ok    {c}" for c in rep.checks] + [f"FAIL  {e}" for e in rep.errors]
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -219,12 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", help="the raw v2.1 dataset directory")
     p.add_argument("-o", "--output", help="the HTML file (default: DIR_report.html beside DIR)")
     p.set_defaults(func=_report)
-    try:
-        upload_cli: Any = importlib.import_module("eva_export.upload.cli")
-    except ImportError:
-        upload_cli = None
-    if upload_cli is not None and hasattr(upload_cli, "add_upload_commands"):
-        upload_cli.add_upload_commands(sub)
+    add_upload_commands(sub)
     return parser
 
 
