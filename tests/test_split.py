@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -364,7 +365,7 @@ class CopyExporter:
     """A stand-in format backend (injected the way the registry would provide one)."""
 
     name = "hdf5"
-    seen: list[Path] = []
+    seen: ClassVar[list[Path]] = []  # shared by every instance the runner creates
 
     def export(self, native_subset: Path, out_dir: Path, progress) -> None:  # type: ignore[no-untyped-def]
         assert QualitySplit.read(native_subset).dataset_format == "lerobot_v21"

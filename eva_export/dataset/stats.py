@@ -116,7 +116,7 @@ def column_stats(values: np.ndarray) -> dict[str, Any]:
     with warnings.catch_warnings():  # an element that is NaN in every row stays NaN, quietly
         warnings.simplefilter("ignore", RuntimeWarning)
         qs = quantile(f, list(QUANTILES.values()), axis=0)
-    for name, row in zip(QUANTILES, qs):
+    for name, row in zip(QUANTILES, qs, strict=False):
         d[name] = row.tolist()
     return d
 

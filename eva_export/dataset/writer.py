@@ -39,8 +39,17 @@ from ..errors import DatasetError, VideoError
 from ..fsutil import atomic_write_json, atomic_write_jsonl, fsync_dir, read_json
 from . import stats as stats_mod
 from .meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS, read_meta
-from .records import (CODEBASE_V21, DEFAULT_FEATURES, DatasetInfo, EpisodeRow, EpisodeStats, Feature,
-                      REVIEW_VERDICTS, StagingJournal, TaskRow)
+from .records import (
+    CODEBASE_V21,
+    DEFAULT_FEATURES,
+    REVIEW_VERDICTS,
+    DatasetInfo,
+    EpisodeRow,
+    EpisodeStats,
+    Feature,
+    StagingJournal,
+    TaskRow,
+)
 from .table import build_table, schema, write_table
 from .video import VideoEncoder, VideoSettings
 

@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .. import confine
 from ..dataset import stats as stats_mod
 from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS
 from ..dataset.records import FORMAT_V21, DatasetInfo, EpisodeRow, Quality, UnitRecord, Verdict
@@ -34,7 +35,6 @@ from ..dataset.table import to_numpy
 from ..errors import DatasetError, ExportError
 from ..fsutil import atomic_write_json, dumps_json, jsonl_dumps, read_json, set_file_mode
 from .records import ACCEPTED, QUALITY_SPLIT_FILE, REJECTED, QualitySplit
-from .. import confine
 from .validate import SourceCheck, SourceEpisode
 
 MANIFEST = "manifest.json"
@@ -263,9 +263,8 @@ def build_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats
     # Statistics: keep the source's, recompute the columns whose values changed or are missing.
     st: dict[str, Any] = dict(source_stats)
     for key in info.table_keys:
-        if key in RECOMPUTED_COLUMNS or key not in st:
-            if key in table.column_names:
-                st[key] = stats_mod.column_stats(to_numpy(table.column(key)))
+        if (key in RECOMPUTED_COLUMNS or key not in st) and key in table.column_names:
+            st[key] = stats_mod.column_stats(to_numpy(table.column(key)))
     del table
     sizes = {}
     for key, vp in src.video_paths.items():

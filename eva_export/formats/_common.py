@@ -8,41 +8,41 @@ this shim eases merging branches that still edit ``_common``.
 
 from __future__ import annotations
 
-from .source import (  # noqa: F401
-    COMMON_META,
-    load_source,
-    read_episode_table,
-    column_numpy,
-    state_action_keys,
-    copy_common_meta,
-    write_quality_split,
-    write_info,
-    link_or_copy,
-)
-from .episode_stats import (  # noqa: F401
-    dataset_stats,
-    episode_stats,
-    missing_image_stats,
-    image_stats_of,
-)
-from .images import (  # noqa: F401
-    parquet_image_keys,
-    decode_png,
-    iter_table_images,
-    camera_frames,
-    Prefetch,
+from .checks import (  # noqa: F401
+    check_sample,
+    check_totals,
+    read_episode_rows,
+    start_report,
 )
 from .episode_files import (  # noqa: F401
     EMBEDDED_IMAGE_FORMATS,
     EPISODE_CHUNK_PATH,
     embedded_info,
     episode_file,
-    to_plain,
     export_episode_files,
+    to_plain,
 )
-from .checks import (  # noqa: F401
-    start_report,
-    read_episode_rows,
-    check_totals,
-    check_sample,
+from .episode_stats import (  # noqa: F401
+    dataset_stats,
+    episode_stats,
+    image_stats_of,
+    missing_image_stats,
+)
+from .images import (  # noqa: F401
+    Prefetch,
+    camera_frames,
+    decode_png,
+    iter_table_images,
+    parquet_image_keys,
+)
+from .source import (  # noqa: F401
+    COMMON_META,
+    column_numpy,
+    copy_common_meta,
+    link_or_copy,
+    load_source,
+    read_episode_table,
+    state_action_keys,
+    write_info,
+    write_quality_split,
 )

@@ -14,6 +14,7 @@ from ..fsutil import iter_jsonl, read_json
 from .base import VerifyReport
 from .episode_files import EMBEDDED_IMAGE_FORMATS
 
+
 def start_report(out_dir: Path, dataset_format: str) -> tuple[VerifyReport, dict[str, Any] | None]:
     """Open a report; check info.json and quality_split.json exist and name ``dataset_format``."""
     out_dir = Path(out_dir)

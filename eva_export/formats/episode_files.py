@@ -24,7 +24,7 @@ EPISODE_CHUNK_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}
 def embedded_info(info: DatasetInfo, dataset_format: str, extension: str) -> dict[str, Any]:
     """info.json of a format that carries images inside its episode files (HDF5, MCAP)."""
     d = info.to_dict()
-    for key, feat in d["features"].items():
+    for feat in d["features"].values():
         if feat["dtype"] == "video":
             feat["dtype"] = "image"
             feat.pop("info", None)

@@ -16,6 +16,7 @@ from ..dataset.records import EpisodeRow
 from ..fsutil import read_json
 from .source import column_numpy
 
+
 def dataset_stats(meta: DatasetMeta, extra: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Dataset statistics for every feature, aggregated from the per-episode statistics.
 

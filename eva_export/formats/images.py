@@ -16,6 +16,7 @@ from ..dataset.records import DatasetInfo
 from ..dataset.video import iter_frames
 from ..errors import ExportError
 
+
 def parquet_image_keys(info: DatasetInfo) -> list[str]:
     """Features stored as images inside the Parquet table (LeRobot's ``use_videos=False``)."""
     return [k for k, f in info.features.items() if f.dtype == "image"]

@@ -438,7 +438,7 @@ class LeRobotV3Exporter:
         self._write_episodes(out, meta, rows, ep_stats)
         pq.write_table(tasks_table([(t.task_index, t.task) for t in meta.tasks]), out / TASKS_PARQUET)
         common.copy_common_meta(src, out)
-        stats = common.dataset_stats(meta, {ep.episode_index: s for ep, s in zip(meta.episodes, ep_stats)})
+        stats = common.dataset_stats(meta, {ep.episode_index: s for ep, s in zip(meta.episodes, ep_stats, strict=False)})
         missing = [k for k in info.features if k not in stats]
         if missing and meta.episodes:  # an empty subset has no values to describe: stats {}
             raise ExportError(f"no statistics for features {missing}")
