@@ -19,9 +19,19 @@ MODULES = [
     "eva_export.dataset.meta",
     "eva_export.dataset.stats",
     "eva_export.dataset.table",
+    "eva_export.dataset.video",
+    "eva_export.dataset.writer",
     "eva_export.export.manifest",
     "eva_export.export.records",
+    "eva_export.store",
+    "eva_export.store.codecs",
+    "eva_export.store.reader",
     "eva_export.store.records",
+    "eva_export.formats.checks",
+    "eva_export.formats.episode_files",
+    "eva_export.formats.episode_stats",
+    "eva_export.formats.images",
+    "eva_export.formats.source",
 ]
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..errors import DatasetError, VideoError
 from ..fsutil import atomic_write_json, atomic_write_jsonl, fsync_dir, read_json
@@ -76,7 +77,7 @@ class _CameraThread:
         h, w = feature.shape[0], feature.shape[1]
         self.encoder = VideoEncoder(path, w, h, fps, settings)
         self.stats = stats_mod.ImageStats()
-        self.q: queue.Queue[np.ndarray | None] = queue.Queue(maxsize=depth)
+        self.q: queue.Queue[NDArray[Any] | None] = queue.Queue(maxsize=depth)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name=f"encode-{path.stem}", daemon=True)
         self.thread.start()
@@ -94,7 +95,7 @@ class _CameraThread:
             except BaseException as exc:  # noqa: BLE001 - reported by finish()
                 self.error = exc
 
-    def put(self, frame: np.ndarray) -> None:
+    def put(self, frame: NDArray[Any]) -> None:
         self.q.put(frame)
 
     def finish(self) -> int:
@@ -128,14 +129,14 @@ class EpisodeWriter:
         self.info = info
         self.task = task
         staging.mkdir(parents=True, exist_ok=False)
-        self._columns: dict[str, list[np.ndarray]] = {
+        self._columns: dict[str, list[NDArray[Any]]] = {
             k: [] for k in info.table_keys if k not in _DEFAULT_KEYS}
         self._cams = {k: _CameraThread(staging / f"{k}.mp4", info.features[k], info.fps, settings, queue_depth)
                       for k in info.video_keys}
         self.rows = 0
         self.finished: FinishedEpisode | None = None
 
-    def add_frame(self, values: dict[str, Any], images: dict[str, np.ndarray]) -> None:
+    def add_frame(self, values: dict[str, Any], images: dict[str, NDArray[Any]]) -> None:
         """Append one grid frame: every non-default table feature and every camera image."""
         for key, col in self._columns.items():
             if key not in values:
@@ -163,7 +164,7 @@ class EpisodeWriter:
             self.finished = FinishedEpisode(self.rows, counts, stats)
         return self.finished
 
-    def columns(self) -> dict[str, np.ndarray]:
+    def columns(self) -> dict[str, NDArray[Any]]:
         return {k: np.stack(v) if v else np.zeros((0,) + self.info.features[k].shape)
                 for k, v in self._columns.items()}
 

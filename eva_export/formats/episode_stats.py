@@ -7,8 +7,8 @@ import copy
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
+from numpy.typing import NDArray
 
 from ..dataset import stats as stats_mod
 from ..dataset.meta import STATS, DatasetMeta
@@ -46,7 +46,7 @@ def missing_image_stats(meta: DatasetMeta, ep: EpisodeRow) -> list[str]:
     have = meta.episodes_stats.get(ep.episode_index)
     return [k for k in meta.info.visual_keys if have is None or k not in have.stats]
 
-def image_stats_of(frames: Iterator[np.ndarray]) -> dict[str, Any]:
+def image_stats_of(frames: Iterator[NDArray[Any]]) -> dict[str, Any]:
     st = stats_mod.ImageStats()
     for f in frames:
         st.add(f)

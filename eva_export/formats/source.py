@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from numpy.typing import NDArray
 
 from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS, DatasetMeta, read_meta
 from ..dataset.records import CODEBASE_V21, FORMAT_V21, QUALITY_SPLIT_FILE, DatasetInfo, EpisodeRow, QualitySplit
@@ -69,7 +70,7 @@ def read_episode_table(meta: DatasetMeta, ep: EpisodeRow, first_index: int | Non
                               f"{first_index} (the subset must be renumbered)")
     return table
 
-def column_numpy(table: pa.Table, name: str) -> np.ndarray:
+def column_numpy(table: pa.Table, name: str) -> NDArray[Any]:
     from ..dataset.table import to_numpy
     return to_numpy(table.column(name))
 
