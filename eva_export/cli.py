@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from .config import FORMATS, Config, load_config, parse_config
+from .dataset.records import REVIEW_VERDICTS, Subset
 from .errors import EvaError
 from .jobs import COMPLETED, JobStore
 from .upload.cli import add_upload_commands  # no paramiko until an upload runs
@@ -142,7 +143,7 @@ def _verify_one(path: Path) -> tuple[bool, list[str]]:
 
 def _verify(args: argparse.Namespace) -> int:
     root = Path(args.dir)
-    targets = [root / "accepted", root / "rejected"] if (root / "accepted").is_dir() else [root]
+    targets = [root / s for s in Subset] if (root / Subset.ACCEPTED).is_dir() else [root]
     ok = True
     for t in targets:
         try:
@@ -182,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("review", help="set or clear the operator verdict of episodes (no ROS needed)")
     p.add_argument("dir", help="the raw v2.1 dataset directory")
     p.add_argument("--episodes", required=True, help="indices and ranges (0,2,5-7) or all")
-    p.add_argument("--verdict", required=True, choices=("pass", "fail", "clear"))
+    p.add_argument("--verdict", required=True, choices=[v for v in REVIEW_VERDICTS if v])
     p.add_argument("--note", default=None, help="replace the episode note")
     p.set_defaults(func=_review)
     p = sub.add_parser("clean", help="remove old staging, publication backups and finished job records")

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..config import check_name, inside
 from ..dataset.meta import INFO, read_info, read_meta
-from ..dataset.records import DatasetInfo, EpisodeRow
+from ..dataset.records import DatasetInfo, EpisodeRow, Quality
 from ..errors import DatasetError, UnsafeNameError
 
 #: Vector features the plots show, in this order, when the dataset has them.
@@ -73,7 +73,7 @@ def list_datasets(log_dir: Path) -> list[DatasetSummary]:
         eps = meta.episodes
         out.append(DatasetSummary(
             name, root, len(eps), sum(e.length for e in eps), meta.info.fps,
-            sum(1 for e in eps if e.quality == "red"), sum(1 for e in eps if not e.qc_verdict)))
+            sum(1 for e in eps if e.quality == Quality.RED), sum(1 for e in eps if not e.qc_verdict)))
     return out
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..dataset.meta import read_meta
-from ..dataset.records import EpisodeRow
+from ..dataset.records import EpisodeRow, Quality
 
 #: stream_stats keys shown as columns, in this order, when any episode has them.
 STREAM_COLUMNS = ("rate_hz", "jitter_p50_ms", "jitter_p99_ms", "max_gap_ms", "max_gap_s", "received",
@@ -101,7 +101,7 @@ def build_report(root: Path, title: str | None = None) -> str:
     meta = read_meta(root)
     rows = meta.episodes
     name = title or root.parent.name if root.name == "raw" else (title or root.name)
-    red = [r for r in rows if r.quality == "red"]
+    red = [r for r in rows if r.quality == Quality.RED]
     codes = Counter(c for r in rows for c in _issue_codes(r))
     verdicts = Counter(r.qc_verdict or "unreviewed" for r in rows)
     out: list[str] = [
@@ -117,7 +117,7 @@ def build_report(root: Path, title: str | None = None) -> str:
     # per-episode lengths coloured by quality
     out.append("<h2>Episodes</h2>")
     out.append(_bars_svg([float(r.length) for r in rows],
-                         ["#b00020" if r.quality == "red" else "#17803d" for r in rows],
+                         ["#b00020" if r.quality == Quality.RED else "#17803d" for r in rows],
                          [f"episode {r.episode_index}: {r.length} frames, {r.quality}" for r in rows],
                          "frames per episode (red = red quality)"))
     # drop and late timelines over the episodes, per stream

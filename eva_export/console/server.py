@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..config import FORMATS
-from ..dataset.records import REVIEW_VERDICTS
+from ..dataset.records import REVIEW_VERDICTS, Quality
 from ..errors import DatasetError, UnsafeNameError
 from ..export.paths import ExportPaths
 from . import data, pages
@@ -222,7 +222,7 @@ class ConsoleHandler(BaseHTTPRequestHandler):
         ok, msg, rows = self.server.backend.list_episodes(name)
         red_only = _one(query, "red") == "1"
         unreviewed_only = _one(query, "unreviewed") == "1"
-        shown = [r for r in rows if (not red_only or r["quality"] == "red")
+        shown = [r for r in rows if (not red_only or r["quality"] == Quality.RED)
                  and (not unreviewed_only or not r["qc_verdict"])]
         self._send_html(pages.episodes_page(name, ok, msg, rows, shown, red_only, unreviewed_only,
                                             self.server.csrf_token, FORMATS))
