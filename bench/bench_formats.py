@@ -241,7 +241,7 @@ def main() -> int:
                 mem.setdefault(fmt, {})[label] = round(peak_rss_mb(fmt, msrc, out), 1)
                 shutil.rmtree(out, ignore_errors=True)
             shutil.rmtree(msrc, ignore_errors=True)
-        for fmt, d in mem.items():
+        for d in mem.values():
             d["long_over_short"] = round(d["long_10x"] / d["short"], 2)
         res["peak_rss_mb"] = mem
         res["lerobot_reference"] = LEROBOT_REFERENCE

@@ -156,7 +156,7 @@ def main() -> int:
             n_ep = len(list((src / "data").rglob("*.parquet")))
             size = du(src)
             best: dict[str, dict] = {}
-            for attempt in range(2):  # alternate, keep the faster of two (page cache warm for both)
+            for _attempt in range(2):  # alternate, keep the faster of two (page cache warm for both)
                 for mode in ("copy", "split"):
                     out = base / f"out_{mode}"
                     export_dir = src.parent / "export"

@@ -7,18 +7,18 @@ refused (bad config, unknown format, source outside the data roots, already runn
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 from .config import FORMATS, Config, load_config, parse_config
+from .dataset.records import REVIEW_VERDICTS, Subset
 from .errors import EvaError
 from .formats.registry import SPECS as FORMAT_SPECS
 from .jobs import COMPLETED, JobStore
+from .upload.cli import add_upload_commands  # no paramiko until an upload runs
 
 
 def standalone_config(source: str) -> Config:
@@ -136,7 +136,7 @@ def _jobs(args: argparse.Namespace) -> int:
 
 
 def _verify_one(path: Path) -> tuple[bool, list[str]]:
-    from .formats.verify import verify_export
+    from .formats.verify import verify_export  # h5py, mcap, PyAV: imported only to verify
 
     rep = verify_export(path)
     return rep.ok, [f"ok    {c}" for c in rep.checks] + [f"FAIL  {e}" for e in rep.errors]
@@ -144,7 +144,7 @@ def _verify_one(path: Path) -> tuple[bool, list[str]]:
 
 def _verify(args: argparse.Namespace) -> int:
     root = Path(args.dir)
-    targets = [root / "accepted", root / "rejected"] if (root / "accepted").is_dir() else [root]
+    targets = [root / s for s in Subset] if (root / Subset.ACCEPTED).is_dir() else [root]
     ok = True
     for t in targets:
         try:
@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("review", help="set or clear the operator verdict of episodes (no ROS needed)")
     p.add_argument("dir", help="the raw v2.1 dataset directory")
     p.add_argument("--episodes", required=True, help="indices and ranges (0,2,5-7) or all")
-    p.add_argument("--verdict", required=True, choices=("pass", "fail", "clear"))
+    p.add_argument("--verdict", required=True, choices=[v for v in REVIEW_VERDICTS if v])
     p.add_argument("--note", default=None, help="replace the episode note")
     p.set_defaults(func=_review)
     p = sub.add_parser("clean", help="remove old staging, publication backups and finished job records")
@@ -203,12 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", help="the raw v2.1 dataset directory")
     p.add_argument("-o", "--output", help="the HTML file (default: DIR_report.html beside DIR)")
     p.set_defaults(func=_report)
-    try:
-        upload_cli: Any = importlib.import_module("eva_export.upload.cli")
-    except ImportError:
-        upload_cli = None
-    if upload_cli is not None and hasattr(upload_cli, "add_upload_commands"):
-        upload_cli.add_upload_commands(sub)
+    add_upload_commands(sub)
     return parser
 
 

@@ -111,7 +111,7 @@ class SftpSettings:
         rd = self.remote_dir
         if not rd.startswith("/"):
             raise ConfigError(f"collection.storage.sftp.remote_dir {rd!r} must be absolute")
-        if posixpath.normpath(rd) != rd or "/../" in rd + "/" or rd.endswith("/") and rd != "/":
+        if posixpath.normpath(rd) != rd or "/../" in rd + "/" or (rd.endswith("/") and rd != "/"):
             raise ConfigError(
                 f"collection.storage.sftp.remote_dir {rd!r} must be canonical "
                 f"(no '..', '.', '//' or trailing '/'); did you mean {posixpath.normpath(rd)!r}?"

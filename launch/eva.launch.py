@@ -12,10 +12,11 @@ Every node gets the same ``config_file`` parameter. Without ``config:=`` the ins
 import os
 import sys
 
-from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
+
+from launch import LaunchDescription
 
 PACKAGE = "eva_export"
 
@@ -34,7 +35,7 @@ def default_config_path():
         from ament_index_python.packages import get_package_share_directory
 
         return os.path.join(get_package_share_directory(PACKAGE), "config", "default.yaml")
-    except Exception:  # PackageNotFoundError, no AMENT_PREFIX_PATH, no ament_index_python
+    except Exception:  # noqa: BLE001 - PackageNotFoundError, no AMENT_PREFIX_PATH, no ament_index_python
         pass
     candidates = (
         os.path.join(sys.prefix, "share", PACKAGE, "config", "default.yaml"),

@@ -22,9 +22,8 @@ pytestmark = pytest.mark.timeout(120 + 40 * KILLS)
 
 
 def test_capture_node_killed_near_stop_receives_again_after_every_restart(tmp_path, node_factory, ros_client):
-    from eva_export_interfaces.srv import StartCapture, StopCapture
-
     from eva_export_interfaces.msg import CaptureStatus
+    from eva_export_interfaces.srv import StartCapture, StopCapture
 
     cfg = write_config(tmp_path, width=160, height=120)
     root = tmp_path / "datasets" / "pick" / "raw"

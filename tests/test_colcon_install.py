@@ -28,9 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
-
 import rosharness
+import yaml
 
 pytestmark = pytest.mark.timeout(1500)
 

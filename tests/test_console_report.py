@@ -97,8 +97,8 @@ def test_nonfinite_frames_are_marked(tmp_path: Path) -> None:
     marks = data.episode_markers(meta.episodes[0], got["nonfinite"])
     assert [(m["code"], m["from"], m["to"]) for m in marks] == [("non_finite", 4, 6), ("non_finite", 9, 9)]
     row = meta.episodes[1]
-    row.extra["quality_issues"][0]["frames"] = [3, 4, 5, 8]
-    row.extra["quality_issues"][1]["ranges"] = [[10, 99]]
+    row.quality_issues[0].extra["frames"] = [3, 4, 5, 8]
+    row.quality_issues[1].extra["ranges"] = [[10, 99]]
     marks = data.episode_markers(row, {})
     assert [(m["code"], m["from"], m["to"]) for m in marks] == [
         ("dropped_frames", 3, 5), ("dropped_frames", 8, 8), ("frozen_camera", 10, 14)]

@@ -12,7 +12,6 @@ import sys
 import textwrap
 
 import pytest
-
 import rosharness
 
 pytestmark = pytest.mark.timeout(120)

@@ -122,7 +122,7 @@ def read_back(fmt: str, subset: Path, info_src: dict[str, Any], rows: list[Episo
     elif fmt == "hdf5":
         files = sorted((subset / "data").rglob("*.hdf5"))
         assert len(files) == len(rows)
-        for path, n in zip(files, lengths):
+        for path, n in zip(files, lengths, strict=False):
             with h5py.File(path, "r") as h:
                 imgs = {it.attrs["key"]: it["value"] for it in h["images"].values()}
                 assert set(imgs) == set(visual), path
@@ -134,7 +134,7 @@ def read_back(fmt: str, subset: Path, info_src: dict[str, Any], rows: list[Episo
     else:
         files = sorted((subset / "data").rglob("*.mcap"))
         assert len(files) == len(rows)
-        for path, n in zip(files, lengths):
+        for path, n in zip(files, lengths, strict=False):
             with open(path, "rb") as fh:
                 counts: dict[str, int] = {}
                 for _s, ch, _m in make_reader(fh, validate_crcs=True).iter_messages():

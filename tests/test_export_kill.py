@@ -99,7 +99,7 @@ def test_sigkill_never_leaves_half_a_pair(tmp_path: Path) -> None:
             how = f"publish+{delay * 1000:.1f}ms"
         else:  # a moment inside the split: once k units are renamed into place
             k = rng.randrange(1, N_EPISODES)
-            _wait_for(proc, lambda: len(list(paths.staging.glob("units/*/ep_*"))) >= k)
+            _wait_for(proc, lambda: len(list(paths.staging.glob("units/*/ep_*"))) >= k)  # noqa: B023 - waited on here
             how = f"after {k} units"
         proc.send_signal(signal.SIGKILL)
         proc.communicate()
@@ -114,7 +114,7 @@ def test_sigkill_never_leaves_half_a_pair(tmp_path: Path) -> None:
         kinds.add(kind)
         old = job["job_id"]
     for r in results:
-        print("trial %2d kill %-14s rc=%s final after kill: %-4s rerun reused %d episodes" % r)
+        print("trial {:2d} kill {!s:<14} rc={} final after kill: {!s:<4} rerun reused {:d} episodes".format(*r))
     reused = [r[4] for r in results]
     print(f"{len(results)} kills; reruns reused episodes in {sum(1 for x in reused if x)} trials "
           f"(total {sum(reused)}); final states seen after kills: {sorted(kinds)}; full run {full_s:.2f}s")

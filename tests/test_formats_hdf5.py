@@ -11,13 +11,13 @@ import h5py
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from dsfactory import Ep, image, state_value, make_subset, replace_video
+from dsfactory import Ep, image, make_subset, replace_video, state_value
 
 from eva_export.dataset.table import to_numpy
 from eva_export.errors import ExportError
 from eva_export.export.records import QualitySplit
-from eva_export.formats import _common as common_mod
 from eva_export.formats import hdf5 as hdf5_mod
+from eva_export.formats import images as images_mod
 from eva_export.formats.hdf5 import Hdf5Exporter, find_item, read_group
 
 W, H, FPS = 64, 48, 30
@@ -110,13 +110,13 @@ def test_hdf5_frame_count_mismatch_raises(tmp_path: Path) -> None:
 
 def test_hdf5_shape_change_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src = subset(tmp_path / "src", [Ep(frames=6)], cameras=1)
-    real = common_mod.iter_frames  # the camera frames of every embedded-image format come from here
+    real = images_mod.iter_frames  # the camera frames of every embedded-image format come from here
 
     def shrinking(path: Path):  # type: ignore[no-untyped-def]
         for i, frame in enumerate(real(path)):
             yield frame if i < 3 else frame[:, :32]
 
-    monkeypatch.setattr(common_mod, "iter_frames", shrinking)
+    monkeypatch.setattr(images_mod, "iter_frames", shrinking)
     with pytest.raises(ExportError, match=r"episode 0: observation.images.cam0 frame 3 has shape \(48, 32, 3\)"):
         Hdf5Exporter().export(src, tmp_path / "out")
     assert not list((tmp_path / "out").rglob("*.hdf5"))

@@ -9,7 +9,7 @@ import msgpack
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from dsfactory import Ep, image, state_value, make_subset, replace_video
+from dsfactory import Ep, image, make_subset, replace_video, state_value
 from mcap.exceptions import DecoderNotFoundError
 from mcap.reader import make_reader
 

@@ -32,8 +32,8 @@ from eva_export.errors import ExportError
 from eva_export.export.paths import ExportPaths
 from eva_export.export.records import QualitySplit
 from eva_export.export.runner import ExportService
-from eva_export.formats.eva_store import EvaStoreExporter, _verify_shard, split_of_episodes
 from eva_export.formats.base import VerifyReport
+from eva_export.formats.eva_store import EvaStoreExporter, _verify_shard, split_of_episodes
 from eva_export.formats.registry import get_exporter
 from eva_export.formats.verify import verify_export
 from eva_export.fsutil import read_json
@@ -76,7 +76,7 @@ def _check_round_trip(src: Path, out: Path, codec: str) -> None:
     meta = read_meta(src)
     assert len(store) == sum(t.num_rows for t in tables)
     i = 0
-    for ep, table in zip(meta.episodes, tables):
+    for ep, table in zip(meta.episodes, tables, strict=False):
         cols = {name: to_numpy(table.column(name)) for name in table.column_names}
         for row in range(table.num_rows):
             s = store[i]
@@ -220,7 +220,7 @@ def test_store_read_from_two_forked_processes_at_once(tmp_path: Path) -> None:
     with ctx.Pool(2) as pool:
         results = pool.map(_forked_worker, orders)  # both workers read at the same time
     assert len({pid for pid, _, _ in results} | {os.getpid()}) == 3
-    for order, (_, sums, child_fds) in zip(orders, results):
+    for order, (_, sums, child_fds) in zip(orders, results, strict=False):
         assert sums == [expect[i] for i in order]
         assert child_fds  # the child opened its own descriptors ...
     # ... and the parent's cache is untouched and still reads correctly after the fork
@@ -356,7 +356,7 @@ def test_sigkill_during_export_leaves_no_half_shard_and_rerun_reuses(tmp_path: P
         deadline = time.monotonic() + 120
         if trial % 2 == 0:  # k finished shards visible
             k = rng.randrange(2, N_KILL_EPISODES)
-            cond = lambda: len(_visible_shards(paths.staging)) >= k  # noqa: E731
+            cond = lambda: len(_visible_shards(paths.staging)) >= k  # noqa: E731, B023 - used in this iteration
         else:  # a shard being written right now, after at least one finished
             cond = lambda: (bool(_visible_shards(paths.staging))  # noqa: E731
                             and bool(list(paths.staging.glob("out/*/shards/.shard-*.partial"))))
@@ -503,5 +503,5 @@ def test_descriptor_eviction_keeps_numeric_columns(tmp_path: Path, monkeypatch: 
     got = [store[i] for i in order]
     assert len(store._open) == 2 and len(store._numeric_cache) == 4
     assert sorted(reads) == [f"shard-{e:05d}" for e in range(4)]  # each shard's columns read once
-    for i, s in zip(order, got):
+    for i, s in zip(order, got, strict=True):
         np.testing.assert_array_equal(s["observation.state"], state_value(i // 3, i % 3))

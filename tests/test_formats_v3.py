@@ -13,7 +13,7 @@ import av
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from dsfactory import Ep, image, make_dataset, state_value, make_subset, replace_video
+from dsfactory import Ep, image, make_dataset, make_subset, replace_video, state_value
 
 from eva_export.dataset.table import to_numpy
 from eva_export.dataset.video import VideoSettings
@@ -57,7 +57,7 @@ def check_through_locator(out: Path, lengths: list[int], cams: int = 2) -> None:
     assert [e["episode_index"] for e in eps] == list(range(len(lengths)))
     shards: dict[Path, list[np.ndarray]] = {}
     data: dict[Path, object] = {}
-    for e, n in zip(eps, lengths):
+    for e, n in zip(eps, lengths, strict=False):
         assert e["length"] == n
         dpath = out / info["data_path"].format(chunk_index=e["data/chunk_index"], file_index=e["data/file_index"])
         t = data.setdefault(dpath, pq.read_table(dpath))
@@ -205,7 +205,7 @@ def test_v3_every_episode_field_survives(tmp_path: Path) -> None:
     fields = {k for r in source_rows for k in r} - {"episode_index", "tasks", "length"}
     assert {"only_first", "only_second", "quality", "quality_issues", "qc_verdict", "note", "stream_stats",
             "source_episode_index", "ratio", "reviewed_at"} <= fields
-    for row, srow in zip(rows, source_rows):
+    for row, srow in zip(rows, source_rows, strict=False):
         for k in fields:
             assert k in row, k
             got = row[k]

@@ -10,8 +10,20 @@ from pathlib import Path
 import pytest
 
 from eva_export.errors import ExportError
-from eva_export.jobs import (BUSY, COMPLETED, FAILED, IDLE, QUEUED, RUNNING, Job, JobEngine, JobKind,
-                             JobState, JobStore, QueuePolicy)
+from eva_export.jobs import (
+    BUSY,
+    COMPLETED,
+    FAILED,
+    IDLE,
+    QUEUED,
+    RUNNING,
+    Job,
+    JobEngine,
+    JobKind,
+    JobState,
+    JobStore,
+    QueuePolicy,
+)
 
 
 def engine(tmp_path: Path, **kw: object) -> JobEngine:

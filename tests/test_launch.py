@@ -16,11 +16,10 @@ import textwrap
 import xml.etree.ElementTree as ET
 from typing import Any
 
-import pytest
-import setuptools
-
 import launch_doubles
+import pytest
 import rosharness
+import setuptools
 from launch_doubles import FakeLaunchConfiguration, recorded, resolve
 
 pytestmark = pytest.mark.timeout(180)
@@ -165,6 +164,7 @@ def test_real_launch(tmp_path, ros_client, config_file):
     """Runs eva.launch.py with the real ROS 2 launch (only where launch_ros is installed)."""
     try:
         import launch_ros  # noqa: F401
+
         from launch import LaunchService  # noqa: F401  (not the repo's launch/ directory)
     except ImportError as exc:
         reason = f"ROS 2 launch/launch_ros not importable here ({exc}); runs on a ROS 2 install"

@@ -1,4 +1,4 @@
-"""The code base stays free of pyflakes findings (unused imports, undefined names...)."""
+"""The code base passes the ruff rule set of pyproject.toml (pyflakes, pycodestyle, import order, bugbear, pyupgrade, simplify, RUF, blind excepts)."""
 
 from __future__ import annotations
 

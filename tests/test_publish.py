@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from dsfactory import Ep, make_dataset
+from test_split import CopyExporter
 
 from eva_export.config import parse_config
 from eva_export.export.paths import ExportPaths
@@ -21,7 +22,6 @@ from eva_export.export.runner import ExportService
 from eva_export.formats.lerobot_v21 import verify_v21
 from eva_export.fsutil import atomic_write_jsonl, iter_jsonl
 from eva_export.jobs import COMPLETED, FAILED
-from test_split import CopyExporter
 
 STEPS_NATIVE = ["validate", "unit:0", "unit:3", "split_units", "assemble_accepted", "assemble_rejected",
                 *[s for s in PUBLISH_STEPS if s != "cleanup"]]
@@ -137,7 +137,6 @@ def test_concurrent_export_of_same_pair_is_locked(tmp_path: Path) -> None:
     with export_lock(paths):
         job = svc(tmp_path).run(src, "lerobot_v21")
         assert job.state == FAILED and "another process is exporting" in job.error
-        with pytest.raises(ExportError):
-            with export_lock(paths):
-                pass
+        with pytest.raises(ExportError), export_lock(paths):
+            pass
     assert svc(tmp_path).run(src, "lerobot_v21").state == COMPLETED

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -61,7 +62,7 @@ def test_classify(quality: str, verdict: str, note: str | None, expect: str) -> 
         extra["qc_verdict"] = verdict
     if note is not None:
         extra["note"] = note
-    assert classify(EpisodeRow(0, ["t"], 10, extra)) == expect
+    assert classify(EpisodeRow.from_dict({"episode_index": 0, "tasks": ["t"], "length": 10, **extra})) == expect
 
 
 def test_paths() -> None:
@@ -366,7 +367,7 @@ class CopyExporter:
     """A stand-in format backend (injected the way the registry would provide one)."""
 
     name = "hdf5"
-    seen: list[Path] = []
+    seen: ClassVar[list[Path]] = []  # shared by every instance the runner creates
 
     def export(self, native_subset: Path, out_dir: Path, progress) -> None:  # type: ignore[no-untyped-def]
         assert QualitySplit.read(native_subset).dataset_format == "lerobot_v21"

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
-
 from dsfactory import Ep, make_dataset
+
 from eva_export.fsutil import iter_jsonl, read_json
 
 REF = Path(__file__).resolve().parent / "fixtures" / "lerobot-written" / "v21"

@@ -132,14 +132,14 @@ def lerobot_episode_ranges(ds: Any) -> dict[int, tuple[int, int]]:
     meta_eps = ds.meta.episodes  # 0.4.x: a datasets.Dataset, one row per episode
     return {int(e): (int(f), int(t)) for e, f, t in zip(meta_eps["episode_index"],
                                                         meta_eps["dataset_from_index"],
-                                                        meta_eps["dataset_to_index"])}
+                                                        meta_eps["dataset_to_index"], strict=False)}
 
 
 def lerobot_episode_lengths(ds: Any) -> dict[int, int]:
     eps = ds.meta.episodes
     if isinstance(eps, dict):  # 0.3.x: {episode_index: {"length": ...}}
         return {int(k): int(v["length"]) for k, v in eps.items()}
-    return {int(e): int(n) for e, n in zip(eps["episode_index"], eps["length"])}
+    return {int(e): int(n) for e, n in zip(eps["episode_index"], eps["length"], strict=False)}
 
 
 def to_np(x: Any) -> np.ndarray:
@@ -183,7 +183,7 @@ class OurDataset:
         t = pq.read_table(self.root / "meta/tasks.parquet")
         cols = t.column_names
         task_col = "task" if "task" in cols else "__index_level_0__"
-        return {int(i): str(s) for i, s in zip(t.column("task_index").to_pylist(), t.column(task_col).to_pylist())}
+        return {int(i): str(s) for i, s in zip(t.column("task_index").to_pylist(), t.column(task_col).to_pylist(), strict=False)}
 
     def _episodes(self) -> dict[int, dict[str, Any]]:
         if self.version == "v2.1":

@@ -26,7 +26,7 @@ step_end() { log "$1 done in $(elapsed "$T_STEP") s"; }
 inputs_hash() {
   {
     echo "python=${EVA_PYTHON:-python3.11}"
-    find requirements*.txt srv msg interfaces setup.py setup.cfg package.xml tools/setup.sh \
+    find requirements*.txt constraints.txt srv msg interfaces setup.py setup.cfg package.xml tools/setup.sh \
       -type f ! -name '*.pyc' 2>/dev/null | LC_ALL=C sort | while read -r f; do
         printf '%s ' "$f"; sha256sum "$f" | cut -d' ' -f1
       done
@@ -98,7 +98,8 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 # pip, quiet; drops the "Location ... is ignored" noise of local index settings
 pip_q() { "${PIP[@]}" install -q "$@" 2>&1 | { grep -v "^WARNING: Location 'file:" || true; }; }
 step_start "pip install requirements-ros.txt requirements.txt"
-pip_q -r requirements-ros.txt -r requirements.txt
+# constraints.txt pins every transitive dependency (tools/pins.py): a fresh clone gets what CI ran.
+pip_q -r requirements-ros.txt -r requirements.txt -c constraints.txt
 step_end "pip install"
 
 # --- interfaces -------------------------------------------------------------------------------
@@ -123,7 +124,7 @@ step_end "build eva_export_interfaces"
 # --- eva_export -------------------------------------------------------------------------------
 step_start "pip install -e . (eva_export)"
 # setuptools 80 dropped `[develop] script_dir`, which ament_python packages (and colcon) use.
-pip_q "setuptools>=68,<80" wheel
+pip_q "setuptools>=68,<80" wheel -c constraints.txt
 pip_q --no-build-isolation -e .
 # Editable installs skip data_files: link the ament index marker, package.xml, launch and
 # config into the venv prefix so ament_index / launch find them (live edits included).

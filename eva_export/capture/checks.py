@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..dataset.records import QualityIssue
+from ..dataset.records import Quality, QualityIssue, Severity
 from .align import Slot, StreamTiming
 
 #: Fraction of slots whose camera-to-camera stamp skew may exceed the tolerance before red.
@@ -164,7 +164,7 @@ class EpisodeChecker:
                 s.dropped = tm.dropped
 
         def add(code: str, detail: str) -> None:
-            issues.append(QualityIssue(code, "error", detail))
+            issues.append(QualityIssue(code, Severity.ERROR, detail))
 
         if rows < self.min_frames:
             add("too_short", f"{rows} frames, fewer than min_frames={self.min_frames}")
@@ -219,7 +219,7 @@ class EpisodeChecker:
                 stats[s.name].update(tm.to_stats())
             if s.max_latency_s is not None:
                 stats[s.name]["max_latency_s"] = round(s.max_latency_s, 4)
-        quality = "red" if any(i.severity == "error" for i in issues) else "green"
+        quality = Quality.RED if any(i.severity == Severity.ERROR for i in issues) else Quality.GREEN
         return QualityResult(quality, issues, stats)
 
     def _stream(self, name: str) -> StreamCounters:

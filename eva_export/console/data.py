@@ -16,7 +16,7 @@ from typing import Any
 
 from ..config import check_name, inside
 from ..dataset.meta import INFO, read_info, read_meta
-from ..dataset.records import DatasetInfo, EpisodeRow
+from ..dataset.records import DatasetInfo, EpisodeRow, Quality
 from ..errors import DatasetError, UnsafeNameError
 
 #: Vector features the plots show, in this order, when the dataset has them.
@@ -73,7 +73,7 @@ def list_datasets(log_dir: Path) -> list[DatasetSummary]:
         eps = meta.episodes
         out.append(DatasetSummary(
             name, root, len(eps), sum(e.length for e in eps), meta.info.fps,
-            sum(1 for e in eps if e.quality == "red"), sum(1 for e in eps if not e.qc_verdict)))
+            sum(1 for e in eps if e.quality == Quality.RED), sum(1 for e in eps if not e.qc_verdict)))
     return out
 
 
@@ -125,12 +125,13 @@ def episode_markers(row: EpisodeRow, nonfinite: dict[str, list[int]]) -> list[di
     """Timeline marks: every red reason or stream entry that says which frames, plus the frames
     with NaN/inf values found in the data. Reasons without a 'when' are not marked (listed only)."""
     marks: list[dict[str, Any]] = []
-    for issue in row.extra.get("quality_issues") or []:
+    fields = row.fields_dict()  # typed issues as dicts, or a foreign row's value as it is
+    for issue in fields.get("quality_issues") or []:
         if isinstance(issue, dict):
             for a, b in _frames_from(issue, row.length):
                 marks.append({"code": str(issue.get("code", "")), "from": a, "to": b,
                               "detail": str(issue.get("detail", ""))})
-    stats = row.extra.get("stream_stats")
+    stats = fields.get("stream_stats")
     if isinstance(stats, dict):
         for stream, st in stats.items():
             if isinstance(st, dict):

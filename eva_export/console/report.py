@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..dataset.meta import read_meta
-from ..dataset.records import EpisodeRow
+from ..dataset.records import EpisodeRow, Quality
 
 #: stream_stats keys shown as columns, in this order, when any episode has them.
 STREAM_COLUMNS = ("rate_hz", "jitter_p50_ms", "jitter_p99_ms", "max_gap_ms", "max_gap_s", "received",
@@ -57,7 +57,7 @@ def stream_summaries(rows: list[EpisodeRow]) -> tuple[list[str], list[StreamSumm
     """Per stream and known stream_stats key: min, mean, max over the episodes that have it."""
     values: dict[str, dict[str, list[float]]] = {}
     for row in rows:
-        stats = row.extra.get("stream_stats")
+        stats = row.fields_dict().get("stream_stats")
         if not isinstance(stats, dict):
             continue
         for stream, st in stats.items():
@@ -101,7 +101,7 @@ def build_report(root: Path, title: str | None = None) -> str:
     meta = read_meta(root)
     rows = meta.episodes
     name = title or root.parent.name if root.name == "raw" else (title or root.name)
-    red = [r for r in rows if r.quality == "red"]
+    red = [r for r in rows if r.quality == Quality.RED]
     codes = Counter(c for r in rows for c in _issue_codes(r))
     verdicts = Counter(r.qc_verdict or "unreviewed" for r in rows)
     out: list[str] = [
@@ -117,19 +117,19 @@ def build_report(root: Path, title: str | None = None) -> str:
     # per-episode lengths coloured by quality
     out.append("<h2>Episodes</h2>")
     out.append(_bars_svg([float(r.length) for r in rows],
-                         ["#b00020" if r.quality == "red" else "#17803d" for r in rows],
+                         ["#b00020" if r.quality == Quality.RED else "#17803d" for r in rows],
                          [f"episode {r.episode_index}: {r.length} frames, {r.quality}" for r in rows],
                          "frames per episode (red = red quality)"))
     # drop and late timelines over the episodes, per stream
     out.append("<h2>Drops and late frames per episode</h2>")
     any_stream = False
-    stream_names = sorted({str(s) for r in rows if isinstance(r.extra.get("stream_stats"), dict)
-                           for s in r.extra["stream_stats"]})
+    stream_stats = [r.fields_dict().get("stream_stats") for r in rows]
+    stream_names = sorted({str(s) for st in stream_stats if isinstance(st, dict) for s in st})
     for stream in stream_names:
         for key, colour in (("dropped", "#b00020"), ("late", "#d08000")):
             vals = []
-            for r in rows:
-                st = (r.extra.get("stream_stats") or {}).get(stream)
+            for r_stats in stream_stats:
+                st = (r_stats or {}).get(stream)
                 v = st.get(key) if isinstance(st, dict) else None
                 vals.append(float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else -1.0)
             if all(v < 0 for v in vals):

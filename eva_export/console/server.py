@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..config import FORMATS
+from ..dataset.records import REVIEW_VERDICTS, Quality
 from ..errors import DatasetError, UnsafeNameError
 from ..export.paths import ExportPaths
 from . import data, pages
@@ -221,7 +222,7 @@ class ConsoleHandler(BaseHTTPRequestHandler):
         ok, msg, rows = self.server.backend.list_episodes(name)
         red_only = _one(query, "red") == "1"
         unreviewed_only = _one(query, "unreviewed") == "1"
-        shown = [r for r in rows if (not red_only or r["quality"] == "red")
+        shown = [r for r in rows if (not red_only or r["quality"] == Quality.RED)
                  and (not unreviewed_only or not r["qc_verdict"])]
         self._send_html(pages.episodes_page(name, ok, msg, rows, shown, red_only, unreviewed_only,
                                             self.server.csrf_token, FORMATS))
@@ -254,7 +255,7 @@ class ConsoleHandler(BaseHTTPRequestHandler):
             "dataset": name, "fps": info.fps, "episode": row, "cameras": cams,
             "series": plot["series"],
             "issues": [i.to_dict() for i in disk.quality_issues] if disk else [],
-            "stream_stats": (disk.extra.get("stream_stats") if disk else None) or {},
+            "stream_stats": (disk.fields_dict().get("stream_stats") if disk else None) or {},
             "markers": data.episode_markers(disk, plot["nonfinite"]) if disk else [],
             "prev": indices[pos - 1] if pos > 0 else None,
             "next": indices[pos + 1] if pos + 1 < len(indices) else None,
@@ -265,7 +266,7 @@ class ConsoleHandler(BaseHTTPRequestHandler):
     def _review(self, body: dict[str, Any]) -> None:
         name = str(body.get("dataset", ""))
         verdict = str(body.get("verdict", ""))
-        if verdict not in ("pass", "fail", "clear", ""):
+        if verdict not in REVIEW_VERDICTS:
             raise Refused(HTTPStatus.BAD_REQUEST, "verdict must be pass, fail, clear or empty")
         try:
             index = int(body.get("episode", -1))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .. import confine
 from ..errors import DatasetError
@@ -56,7 +57,7 @@ def read_info(root: Path) -> DatasetInfo:
         raise DatasetError(f"{path}: {exc}") from exc
 
 
-def _rows(path: Path, required: bool):
+def _rows(path: Path, required: bool) -> list[dict[str, Any]]:
     if not path.is_file():
         if required:
             raise DatasetError(f"{path} is missing")

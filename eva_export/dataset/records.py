@@ -7,8 +7,13 @@ not know are kept in ``extra`` and written back, so nothing a producer stored is
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import KW_ONLY, dataclass, field
+from enum import StrEnum
+from pathlib import Path
 from typing import Any
+
+from ..fsutil import atomic_write_json, read_json
 
 CODEBASE_V21 = "v2.1"
 FORMAT_V21 = "lerobot_v21"
@@ -104,6 +109,16 @@ class DatasetInfo:
         return self.video_path.format(episode_chunk=self.chunk_of(episode_index), video_key=video_key,
                                       episode_index=episode_index)
 
+    def set_totals(self, episodes: int, frames: int, tasks: int, index_end: int | None = None) -> None:
+        """The v2.1 totals, computed here only: one video file per episode and video key;
+        chunks cover the episode indices [0, index_end) (default: ``episodes``)."""
+        end = episodes if index_end is None else index_end
+        self.total_episodes = episodes
+        self.total_frames = frames
+        self.total_tasks = tasks
+        self.total_videos = episodes * len(self.video_keys)
+        self.total_chunks = (end + self.chunks_size - 1) // self.chunks_size
+
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
             "codebase_version": self.codebase_version,
@@ -148,53 +163,130 @@ class DatasetInfo:
         )
 
 
+class Quality(StrEnum):
+    """An episode's automatic rating, written by capture (capture/checks.py)."""
+
+    GREEN = "green"  # no issue of severity "error"
+    RED = "red"
+
+
+class Verdict(StrEnum):
+    """An operator's review verdict (qc_verdict). An empty verdict means not reviewed."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    NONE = ""
+
+
+#: What a review request may set: a verdict, "clear" (drop the verdict) or "" (note only).
+REVIEW_VERDICTS = ("", Verdict.PASS.value, Verdict.FAIL.value, "clear")
+
+
+class Subset(StrEnum):
+    """The two halves of a quality split (directory names and quality_split.json's subset)."""
+
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+
+
+class Severity(StrEnum):
+    ERROR = "error"  # makes the episode red
+    WARNING = "warning"  # informative
+
+
 @dataclass(frozen=True)
 class QualityIssue:
     code: str
-    severity: str  # "error" makes the episode red; "warning" is informative
+    severity: str  # Severity: "error" makes the episode red; "warning" is informative
     detail: str
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. frames / ranges (console)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"code": self.code, "severity": self.severity, "detail": self.detail}
+        d: dict[str, Any] = {"code": self.code, "severity": self.severity, "detail": self.detail}
+        d.update(copy.deepcopy(self.extra))
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> QualityIssue:
-        return cls(str(d["code"]), str(d.get("severity", "error")), str(d.get("detail", "")))
+        return cls(str(d["code"]), str(d.get("severity", Severity.ERROR)), str(d.get("detail", "")),
+                   {k: copy.deepcopy(v) for k, v in d.items() if k not in ("code", "severity", "detail")})
+
+
+# The typed episode fields besides the three LeRobot ones, in the order they are written.
+_TEXT_FIELDS = ("quality", "qc_verdict", "note", "reviewed_at")
+_EPISODE_FIELDS = ("quality", "quality_issues", "stream_stats", "qc_verdict", "note", "reviewed_at")
+
+
+def _issues(value: Any) -> list[QualityIssue] | None:
+    """quality_issues as typed records, or None when the value has another shape (kept verbatim)."""
+    if not isinstance(value, list) or not all(isinstance(i, dict) and "code" in i for i in value):
+        return None
+    return [QualityIssue.from_dict(i) for i in value]
 
 
 @dataclass
 class EpisodeRow:
     """One line of meta/episodes.jsonl.
 
-    Capture writes quality, quality_issues and stream_stats; review writes qc_verdict and
-    note. Every other key is kept verbatim in ``extra``.
+    Capture writes quality, quality_issues and stream_stats; review writes qc_verdict, note and
+    reviewed_at. Those are typed fields ("" / empty when absent); ``present`` remembers which
+    of them the row carries on disk, so an empty value written on purpose ("note": "",
+    "quality_issues": []) is written back. A known key whose value has another type (a foreign
+    dataset's "quality": null) and every unknown key stay verbatim in ``extra``.
     """
 
     episode_index: int
     tasks: list[str]
     length: int
+    _: KW_ONLY
+    quality: str = ""  # Quality for rows capture wrote; foreign datasets may say anything
+    quality_issues: list[QualityIssue] = field(default_factory=list)
+    stream_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    qc_verdict: str = ""  # Verdict
+    note: str = ""
+    reviewed_at: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    present: set[str] = field(default_factory=set, compare=False, repr=False)
 
-    @property
-    def quality(self) -> str:
-        return str(self.extra.get("quality", ""))
+    def review(self, verdict: str, note: str | None, reviewed_at: str) -> None:
+        """Set (or with "clear" drop) the verdict, replace the note when given, stamp the time."""
+        if verdict == "clear":
+            self.qc_verdict = ""
+            self.present.discard("qc_verdict")
+            self.extra.pop("qc_verdict", None)
+        elif verdict:
+            self._set("qc_verdict", verdict)
+        if note is not None:
+            self._set("note", note)
+        self._set("reviewed_at", reviewed_at)
 
-    @property
-    def qc_verdict(self) -> str:
-        return str(self.extra.get("qc_verdict") or "")
+    def _set(self, name: str, value: str) -> None:
+        setattr(self, name, value)
+        self.present.add(name)
+        self.extra.pop(name, None)
 
-    @property
-    def note(self) -> str:
-        return str(self.extra.get("note") or "")
+    def _is_written(self, name: str) -> bool:
+        return name in self.present or bool(getattr(self, name))
 
-    @property
-    def quality_issues(self) -> list[QualityIssue]:
-        return [QualityIssue.from_dict(i) for i in self.extra.get("quality_issues") or []]
+    def fields_dict(self) -> dict[str, Any]:
+        """Every key of the row but the three LeRobot ones (exporters carry these as columns)."""
+        d: dict[str, Any] = {}
+        for name in _EPISODE_FIELDS:
+            if name in self.extra or not self._is_written(name):
+                continue
+            if name == "quality_issues":
+                d[name] = [i.to_dict() for i in self.quality_issues]
+            elif name == "stream_stats":
+                d[name] = copy.deepcopy(self.stream_stats)
+            else:
+                d[name] = getattr(self, name)
+        d.update(copy.deepcopy(self.extra))
+        return d
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"episode_index": self.episode_index, "tasks": list(self.tasks),
                              "length": self.length}
-        d.update(copy.deepcopy(self.extra))
+        d.update(self.fields_dict())
         return d
 
     @classmethod
@@ -205,10 +297,63 @@ class EpisodeRow:
         tasks = d.get("tasks") or []
         if isinstance(tasks, str):
             tasks = [tasks]
-        return cls(episode_index=int(d["episode_index"]), tasks=[str(t) for t in tasks],
-                   length=int(d["length"]),
-                   extra={k: copy.deepcopy(v) for k, v in d.items()
-                          if k not in ("episode_index", "tasks", "length")})
+        row = cls(episode_index=int(d["episode_index"]), tasks=[str(t) for t in tasks], length=int(d["length"]))
+        for key, value in d.items():
+            if key in ("episode_index", "tasks", "length"):
+                continue
+            if key in _TEXT_FIELDS and isinstance(value, str):
+                setattr(row, key, value)
+            elif key == "quality_issues" and (issues := _issues(value)) is not None:
+                row.quality_issues = issues
+            elif key == "stream_stats" and isinstance(value, dict):
+                row.stream_stats = copy.deepcopy(value)
+            else:
+                row.extra[key] = copy.deepcopy(value)
+                continue
+            row.present.add(key)
+        return row
+
+
+@dataclass(frozen=True)
+class StagingJournal:
+    """journal.json of one staged episode (dataset/writer.py): written last, it is the commit
+    point; replaying it moves the staged files into place and appends the rows."""
+
+    episode: EpisodeRow
+    stats: EpisodeStats
+    task: str
+    moves: tuple[tuple[str, str], ...]  # (staged file name, final path relative to the dataset)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"episode": self.episode.to_dict(), "stats": self.stats.to_dict(), "task": self.task,
+                "moves": [list(m) for m in self.moves]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StagingJournal:
+        return cls(EpisodeRow.from_dict(d["episode"]), EpisodeStats.from_dict(d["stats"]), str(d["task"]),
+                   tuple((str(a), str(b)) for a, b in d["moves"]))
+
+
+@dataclass(frozen=True)
+class UnitRecord:
+    """The commit record of one exported episode (a "unit", export/split.py): written after its
+    files, so a rerun trusts the unit only when this exists and matches the plan."""
+
+    source_episode_index: int
+    episode_index: int
+    rows: int
+    offset: int  # global index of the unit's first frame in its subset
+    row: dict[str, Any]  # the subset's episodes.jsonl line (renumbered, with source_episode_index)
+    stats: dict[str, Any]
+    video_sizes: dict[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> UnitRecord:
+        return cls(int(d["source_episode_index"]), int(d["episode_index"]), int(d["rows"]), int(d["offset"]),
+                   dict(d["row"]), dict(d["stats"]), {str(k): int(v) for k, v in d["video_sizes"].items()})
 
 
 @dataclass(frozen=True)
@@ -237,3 +382,62 @@ class EpisodeStats:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EpisodeStats:
         return cls(int(d["episode_index"]), dict(d["stats"]))
+
+
+# ---- meta/quality_split.json: the marker written into every exported subset ---------------------
+# Here (not in export/) because formats/ and upload/ read it too: one home below all of them.
+
+QUALITY_SPLIT_FILE = "meta/quality_split.json"
+ACCEPTED = Subset.ACCEPTED
+REJECTED = Subset.REJECTED
+
+# The split rule, stated once. quality_split.json carries this text so a reader of the
+# export knows how an episode ended up where it is.
+SPLIT_RULE = (
+    "operator verdict first: qc_verdict 'pass' -> accepted (even if quality is red), "
+    "'fail' -> rejected (even if green); without a verdict (including note-only reviews) "
+    "quality 'green' -> accepted, anything else -> rejected"
+)
+
+
+@dataclass(frozen=True)
+class QualitySplit:
+    """Provenance and upload-gating marker of one exported subset."""
+
+    source_dir: str
+    subset: str  # Subset: "accepted" or "rejected"
+    dataset_format: str
+    source_episode_indices: list[int]
+    rule: str = SPLIT_RULE
+    episode_count: int = 0
+    frame_count: int = 0
+    accepted_count: int = 0
+    rejected_count: int = 0
+    created_at: str = ""
+    job_id: str = ""
+    unrated_count: int = 0  # source episodes with no quality field and no verdict (all rejected)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        extra = d.pop("extra")
+        d.update(extra)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> QualitySplit:
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        known = {k: v for k, v in d.items() if k in names}
+        extra = {k: v for k, v in d.items() if k not in names}
+        for key in ("source_dir", "subset", "dataset_format", "source_episode_indices"):
+            if key not in known:
+                raise ValueError(f"quality_split.json lacks {key!r}")
+        known["source_episode_indices"] = [int(i) for i in known["source_episode_indices"]]
+        return cls(**known, extra=extra)
+
+    def write(self, dataset_root: Path) -> None:
+        atomic_write_json(Path(dataset_root) / QUALITY_SPLIT_FILE, self.to_dict())
+
+    @classmethod
+    def read(cls, dataset_root: Path) -> QualitySplit:
+        return cls.from_dict(read_json(Path(dataset_root) / QUALITY_SPLIT_FILE))

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 STAT_KEYS = ("min", "max", "mean", "std", "count")
 QUANTILES = {"q01": 0.01, "q10": 0.10, "q50": 0.50, "q90": 0.90, "q99": 0.99}
@@ -28,13 +29,13 @@ class RunningStats:
 
     def __init__(self) -> None:
         self.count = 0
-        self._n: np.ndarray | None = None  # finite samples per element
-        self._sum: np.ndarray | None = None
-        self._sumsq: np.ndarray | None = None
-        self._min: np.ndarray | None = None
-        self._max: np.ndarray | None = None
+        self._n: NDArray[Any] | None = None  # finite samples per element
+        self._sum: NDArray[Any] | None = None
+        self._sumsq: NDArray[Any] | None = None
+        self._min: NDArray[Any] | None = None
+        self._max: NDArray[Any] | None = None
 
-    def add_batch(self, values: np.ndarray) -> None:
+    def add_batch(self, values: NDArray[Any]) -> None:
         """Add a batch with the sample axis first."""
         v = np.asarray(values, dtype=np.float64)
         if v.shape[0] == 0:
@@ -49,6 +50,9 @@ class RunningStats:
         if self._sum is None:
             self._n, self._sum, self._sumsq, self._min, self._max = n, s, sq, mn, mx
         else:
+            # set together with _sum (narrowing for the type checker)
+            assert self._n is not None and self._sumsq is not None and self._min is not None \
+                and self._max is not None
             self._n = self._n + n
             self._sum += s
             self._sumsq += sq
@@ -59,6 +63,7 @@ class RunningStats:
     def to_dict(self) -> dict[str, Any]:
         if self._sum is None or self.count == 0:
             raise ValueError("no samples")
+        assert self._n is not None and self._sumsq is not None and self._min is not None and self._max is not None
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = self._sum / self._n  # NaN only where an element never had a finite value
             var = np.maximum(self._sumsq / self._n - mean * mean, 0.0)
@@ -79,7 +84,7 @@ class ImageStats:
         self._rs = RunningStats()
         self._hist = np.zeros((3, 256), dtype=np.int64)
 
-    def add(self, rgb: np.ndarray) -> None:
+    def add(self, rgb: NDArray[Any]) -> None:
         if self._seen % self._every == 0:
             pixels = rgb[:: self._stride, :: self._stride].reshape(-1, 3)
             self._rs.add_batch(pixels.astype(np.float64) / 255.0)
@@ -90,7 +95,7 @@ class ImageStats:
 
     def to_dict(self) -> dict[str, Any]:
         d = self._rs.to_dict()
-        out = {k: [[[x]] for x in d[k]] for k in ("min", "max", "mean", "std")}
+        out: dict[str, Any] = {k: [[[x]] for x in d[k]] for k in ("min", "max", "mean", "std")}
         out["count"] = [self._sampled]
         cdf = np.cumsum(self._hist, axis=1) / max(1, int(self._hist[0].sum()))
         for name, q in QUANTILES.items():
@@ -99,7 +104,7 @@ class ImageStats:
         return out
 
 
-def column_stats(values: np.ndarray) -> dict[str, Any]:
+def column_stats(values: NDArray[Any]) -> dict[str, Any]:
     """Statistics of one Parquet column (rows first); scalars get shape [1] lists."""
     v = np.asarray(values)
     if v.ndim == 1:
@@ -116,7 +121,7 @@ def column_stats(values: np.ndarray) -> dict[str, Any]:
     with warnings.catch_warnings():  # an element that is NaN in every row stays NaN, quietly
         warnings.simplefilter("ignore", RuntimeWarning)
         qs = quantile(f, list(QUANTILES.values()), axis=0)
-    for name, row in zip(QUANTILES, qs):
+    for name, row in zip(QUANTILES, qs, strict=False):
         d[name] = row.tolist()
     return d
 

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from numpy.typing import NDArray
 
 from .records import Feature
 
@@ -43,7 +44,7 @@ def schema(features: dict[str, Feature]) -> pa.Schema:
     return pa.schema(fields, metadata=meta)
 
 
-def column(values: np.ndarray, typ: pa.DataType) -> pa.Array:
+def column(values: NDArray[Any], typ: pa.DataType) -> pa.Array:
     if pa.types.is_fixed_size_list(typ):
         v = np.ascontiguousarray(values, dtype=typ.value_type.to_pandas_dtype())
         return pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1), type=typ.value_type), typ.list_size)
@@ -53,7 +54,7 @@ def column(values: np.ndarray, typ: pa.DataType) -> pa.Array:
     return pa.array(v.astype(typ.to_pandas_dtype(), copy=False), type=typ)
 
 
-def build_table(columns: dict[str, np.ndarray], sch: pa.Schema) -> pa.Table:
+def build_table(columns: dict[str, NDArray[Any]], sch: pa.Schema) -> pa.Table:
     missing = [f.name for f in sch if f.name not in columns]
     if missing:
         raise ValueError(f"missing columns {missing}")
@@ -65,12 +66,12 @@ def write_table(table: pa.Table, path: Path) -> None:
     pq.write_table(table, path)
 
 
-def to_numpy(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+def to_numpy(col: pa.ChunkedArray | pa.Array) -> NDArray[Any]:
     """A column as numpy; fixed-size lists become 2-D arrays (rows, size)."""
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     if pa.types.is_fixed_size_list(arr.type):
         flat = arr.flatten().to_numpy(zero_copy_only=False)
-        return flat.reshape(len(arr), arr.type.list_size)
+        return np.asarray(flat).reshape(len(arr), arr.type.list_size)
     if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
         return np.array(arr.to_pylist())
-    return arr.to_numpy(zero_copy_only=False)
+    return np.asarray(arr.to_numpy(zero_copy_only=False))

@@ -10,9 +10,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import av
 import numpy as np
+from av.container import OutputContainer
+from av.video.stream import VideoStream
+from numpy.typing import NDArray
 
 from ..errors import VideoError
 
@@ -35,8 +39,10 @@ class VideoEncoder:
         self.width, self.height, self.fps = width, height, fps
         self.frames = 0
         try:
-            self._container = av.open(str(self.path), mode="w", format="mp4")
+            self._container: OutputContainer | None = av.open(str(self.path), mode="w", format="mp4")
             stream = self._container.add_stream(settings.codec, rate=fps)
+            if not isinstance(stream, VideoStream):  # an audio or subtitle codec name in the config
+                raise ValueError(f"{settings.codec!r} is not a video codec")
             stream.width = width
             stream.height = height
             stream.pix_fmt = "yuv420p"
@@ -46,11 +52,11 @@ class VideoEncoder:
             stream.thread_count = settings.threads
             if settings.codec in ("libx264", "libx265"):
                 stream.options = {"preset": settings.preset, "crf": str(settings.crf)}
-            self._stream = stream
+            self._stream: VideoStream = stream
         except (av.FFmpegError, OSError, ValueError) as exc:
             raise VideoError(f"cannot open video encoder for {self.path}: {exc}") from exc
 
-    def add(self, rgb: np.ndarray) -> None:
+    def add(self, rgb: NDArray[Any]) -> None:
         if rgb.shape != (self.height, self.width, 3) or rgb.dtype != np.uint8:
             raise VideoError(
                 f"{self.path.name}: frame {self.frames} has shape {rgb.shape} {rgb.dtype}, "
@@ -59,6 +65,8 @@ class VideoEncoder:
         frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")
         frame.pts = self.frames
         frame.time_base = Fraction(1, self.fps)
+        if self._container is None:
+            raise VideoError(f"{self.path.name}: frame added after close")
         for packet in self._stream.encode(frame):
             self._container.mux(packet)
         self.frames += 1
@@ -92,7 +100,7 @@ class VideoEncoder:
             self.abort()
 
 
-def iter_frames(path: Path) -> Iterator[np.ndarray]:
+def iter_frames(path: Path) -> Iterator[NDArray[Any]]:
     """Decode every frame of the first video stream as an (H, W, 3) uint8 RGB array."""
     try:
         with av.open(str(path)) as container:

@@ -34,13 +34,23 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..errors import DatasetError, VideoError
 from ..fsutil import atomic_write_json, atomic_write_jsonl, fsync_dir, read_json
 from . import stats as stats_mod
 from .meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS, read_meta
-from .records import (CODEBASE_V21, DEFAULT_FEATURES, DatasetInfo, EpisodeRow, EpisodeStats, Feature,
-                      TaskRow)
+from .records import (
+    CODEBASE_V21,
+    DEFAULT_FEATURES,
+    REVIEW_VERDICTS,
+    DatasetInfo,
+    EpisodeRow,
+    EpisodeStats,
+    Feature,
+    StagingJournal,
+    TaskRow,
+)
 from .table import build_table, schema, write_table
 from .video import VideoEncoder, VideoSettings
 
@@ -67,7 +77,7 @@ class _CameraThread:
         h, w = feature.shape[0], feature.shape[1]
         self.encoder = VideoEncoder(path, w, h, fps, settings)
         self.stats = stats_mod.ImageStats()
-        self.q: queue.Queue[np.ndarray | None] = queue.Queue(maxsize=depth)
+        self.q: queue.Queue[NDArray[Any] | None] = queue.Queue(maxsize=depth)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name=f"encode-{path.stem}", daemon=True)
         self.thread.start()
@@ -85,7 +95,7 @@ class _CameraThread:
             except BaseException as exc:  # noqa: BLE001 - reported by finish()
                 self.error = exc
 
-    def put(self, frame: np.ndarray) -> None:
+    def put(self, frame: NDArray[Any]) -> None:
         self.q.put(frame)
 
     def finish(self) -> int:
@@ -119,14 +129,14 @@ class EpisodeWriter:
         self.info = info
         self.task = task
         staging.mkdir(parents=True, exist_ok=False)
-        self._columns: dict[str, list[np.ndarray]] = {
+        self._columns: dict[str, list[NDArray[Any]]] = {
             k: [] for k in info.table_keys if k not in _DEFAULT_KEYS}
         self._cams = {k: _CameraThread(staging / f"{k}.mp4", info.features[k], info.fps, settings, queue_depth)
                       for k in info.video_keys}
         self.rows = 0
         self.finished: FinishedEpisode | None = None
 
-    def add_frame(self, values: dict[str, Any], images: dict[str, np.ndarray]) -> None:
+    def add_frame(self, values: dict[str, Any], images: dict[str, NDArray[Any]]) -> None:
         """Append one grid frame: every non-default table feature and every camera image."""
         for key, col in self._columns.items():
             if key not in values:
@@ -154,7 +164,7 @@ class EpisodeWriter:
             self.finished = FinishedEpisode(self.rows, counts, stats)
         return self.finished
 
-    def columns(self) -> dict[str, np.ndarray]:
+    def columns(self) -> dict[str, NDArray[Any]]:
         return {k: np.stack(v) if v else np.zeros((0,) + self.info.features[k].shape)
                 for k, v in self._columns.items()}
 
@@ -215,7 +225,7 @@ class DatasetWriter:
             for d in sorted(staging_root.glob("*")) if staging_root.is_dir() else []:
                 if (d / JOURNAL).is_file():
                     log.warning("%s: finishing the commit of an interrupted save (%s)", self.root, d.name)
-                    self._apply_journal(d, read_json(d / JOURNAL))
+                    self._apply_journal(d, StagingJournal.from_dict(read_json(d / JOURNAL)))
                     done.append(f"finished the interrupted save {d.name}")
                 else:
                     log.warning("%s: discarding an unfinished episode (%s)", self.root, d.name)
@@ -318,14 +328,13 @@ class DatasetWriter:
             write_table(table, ep.staging / "data.parquet")
             ep_stats = {k: stats_mod.column_stats(cols[k]) for k in self.info.table_keys}
             ep_stats.update(done.image_stats)
-            row = EpisodeRow(episode_index=index, tasks=[ep.task], length=n, extra=dict(row_extra or {}))
+            row = EpisodeRow.from_dict({**(row_extra or {}), "episode_index": index, "tasks": [ep.task], "length": n})
             moves = [("data.parquet", self.info.data_file(index))]
             moves += [(f"{k}.mp4", self.info.video_file(k, index)) for k in self.info.video_keys]
-            journal = {"episode": row.to_dict(), "stats": EpisodeStats(index, ep_stats).to_dict(),
-                       "task": ep.task, "moves": moves}
+            journal = StagingJournal(row, EpisodeStats(index, ep_stats), ep.task, tuple(moves))
             for name, _ in moves:
                 _fsync_file(ep.staging / name)
-            atomic_write_json(ep.staging / JOURNAL, journal)  # the commit point
+            atomic_write_json(ep.staging / JOURNAL, journal.to_dict())  # the commit point
             self._apply_journal(ep.staging, journal)
             return row
 
@@ -335,12 +344,12 @@ class DatasetWriter:
                 return t.task_index
         return max((t.task_index for t in self.tasks), default=-1) + 1
 
-    def _apply_journal(self, staging: Path, journal: dict[str, Any]) -> None:
-        row = EpisodeRow.from_dict(journal["episode"])
+    def _apply_journal(self, staging: Path, journal: StagingJournal) -> None:
+        row = journal.episode
         if any(e.episode_index == row.episode_index for e in self.episodes):
             shutil.rmtree(staging, ignore_errors=True)  # already fully applied
             return
-        for src_name, final_rel in journal["moves"]:
+        for src_name, final_rel in journal.moves:
             src, dst = staging / src_name, self.root / final_rel
             if src.exists():
                 if dst.exists():
@@ -351,10 +360,10 @@ class DatasetWriter:
                 fsync_dir(dst.parent)
             elif not dst.exists():
                 raise DatasetError(f"journal {staging} lists {src_name} but neither it nor {dst} exists")
-        self.episodes_stats[row.episode_index] = EpisodeStats.from_dict(journal["stats"])
+        self.episodes_stats[row.episode_index] = journal.stats
         atomic_write_jsonl(self.root / EPISODES_STATS,
                            [s.to_dict() for _, s in sorted(self.episodes_stats.items())])
-        task = str(journal["task"])
+        task = journal.task
         if task not in {t.task for t in self.tasks}:
             self.tasks.append(TaskRow(self._task_index_for(task), task))
             atomic_write_jsonl(self.root / TASKS, [t.to_dict() for t in self.tasks])
@@ -367,11 +376,7 @@ class DatasetWriter:
     def _write_derived_meta(self) -> None:
         """info.json totals and stats.json follow from episodes.jsonl and episodes_stats.jsonl."""
         info = self.info
-        info.total_episodes = len(self.episodes)
-        info.total_frames = self.total_frames
-        info.total_tasks = len(self.tasks)
-        info.total_videos = len(self.episodes) * len(info.video_keys)
-        info.total_chunks = (self.next_episode_index + info.chunks_size - 1) // info.chunks_size
+        info.set_totals(len(self.episodes), self.total_frames, len(self.tasks), self.next_episode_index)
         atomic_write_json(self.root / INFO, info.to_dict())
         listed = [self.episodes_stats[e.episode_index].stats for e in self.episodes
                   if e.episode_index in self.episodes_stats]
@@ -380,7 +385,7 @@ class DatasetWriter:
     # ---- review ----------------------------------------------------------------------------
     def review(self, episode_index: int, verdict: str, note: str | None) -> EpisodeRow:
         """Set or clear qc_verdict and optionally replace the note; quality fields stay."""
-        if verdict not in ("", "pass", "fail", "clear"):
+        if verdict not in REVIEW_VERDICTS:
             raise DatasetError(f"verdict {verdict!r} must be pass, fail, clear or empty")
         with self.lock:
             for row in self.episodes:
@@ -388,13 +393,7 @@ class DatasetWriter:
                     break
             else:
                 raise DatasetError(f"{self.root}: no episode {episode_index}")
-            if verdict == "clear":
-                row.extra.pop("qc_verdict", None)
-            elif verdict:
-                row.extra["qc_verdict"] = verdict
-            if note is not None:
-                row.extra["note"] = note
-            row.extra["reviewed_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            row.review(verdict, note, time.strftime("%Y-%m-%dT%H:%M:%S%z"))
             atomic_write_jsonl(self.root / EPISODES, [e.to_dict() for e in self.episodes])
             self._fix_meta_modes()
             return row

@@ -4,8 +4,8 @@ The unit of work is the source episode. A unit's files (its rewritten Parquet, i
 videos) are written straight to their templated v2.1 paths inside ``<staging>/native/<subset>``;
 then its record ``<staging>/units/<subset>/ep_NNNNNN.json`` (episode row, statistics, row
 count) is renamed into place: the commit point. A rerun after a kill reuses every unit with a
-record (after checking its files and row count) and rewrites the rest. Only one episode's
-table is in memory at a time.
+record (after checking its files and row count) and rewrites the rest. At most BUILD_WORKERS
+episode tables (one per build thread) are in memory at a time.
 
 Assembling a subset then only writes its meta files (marker last) from the records, so the
 native subset directory is the finished dataset, ready to be published by one rename.
@@ -27,14 +27,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .. import confine
 from ..dataset import stats as stats_mod
 from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS
-from ..dataset.records import FORMAT_V21, DatasetInfo, EpisodeRow
+from ..dataset.records import FORMAT_V21, DatasetInfo, EpisodeRow, Quality, UnitRecord, Verdict
 from ..dataset.table import to_numpy
 from ..errors import DatasetError, ExportError
 from ..fsutil import atomic_write_json, dumps_json, jsonl_dumps, read_json, set_file_mode
 from .records import ACCEPTED, QUALITY_SPLIT_FILE, REJECTED, QualitySplit
-from .. import confine
 from .validate import SourceCheck, SourceEpisode
 
 MANIFEST = "manifest.json"
@@ -44,11 +44,11 @@ RECOMPUTED_COLUMNS = ("episode_index", "index", "task_index")
 def classify(row: EpisodeRow) -> str:
     """The split rule (records.SPLIT_RULE), written once: operator verdict first, then quality."""
     verdict = row.qc_verdict.strip().lower()
-    if verdict == "pass":
+    if verdict == Verdict.PASS:
         return ACCEPTED
-    if verdict == "fail":
+    if verdict == Verdict.FAIL:
         return REJECTED
-    return ACCEPTED if row.quality.strip().lower() == "green" else REJECTED
+    return ACCEPTED if row.quality.strip().lower() == Quality.GREEN else REJECTED
 
 
 def is_unrated(row: EpisodeRow) -> bool:
@@ -58,7 +58,10 @@ def is_unrated(row: EpisodeRow) -> bool:
     their episodes all land in rejected. Counted so the user is told, not left with
     "accepted 0" and no reason.
     """
-    return not row.quality.strip() and not row.qc_verdict.strip()
+    # A foreign row's non-text value ("quality": null) stays in extra: it counts as rated
+    # (present, not green), a falsy non-text verdict as none.
+    rated = row.quality.strip() or "quality" in row.extra
+    return not rated and not row.qc_verdict.strip() and not row.extra.get("qc_verdict")
 
 
 class Faults:
@@ -203,8 +206,8 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 def unit_is_complete(staging: Path, p: PlannedEpisode, info: DatasetInfo) -> bool:
     """A committed unit is trusted only after checking its record, row count and files."""
     try:
-        u = read_json(unit_record(staging, p))
-        if (u["source_episode_index"], u["episode_index"], u["rows"], u["offset"]) != (
+        u = UnitRecord.from_dict(read_json(unit_record(staging, p)))
+        if (u.source_episode_index, u.episode_index, u.rows, u.offset) != (
                 p.source.index, p.new_index, p.source.rows, p.offset):
             return False
         data, videos = unit_files(staging, p, info)
@@ -260,9 +263,8 @@ def build_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats
     # Statistics: keep the source's, recompute the columns whose values changed or are missing.
     st: dict[str, Any] = dict(source_stats)
     for key in info.table_keys:
-        if key in RECOMPUTED_COLUMNS or key not in st:
-            if key in table.column_names:
-                st[key] = stats_mod.column_stats(to_numpy(table.column(key)))
+        if (key in RECOMPUTED_COLUMNS or key not in st) and key in table.column_names:
+            st[key] = stats_mod.column_stats(to_numpy(table.column(key)))
     del table
     sizes = {}
     for key, vp in src.video_paths.items():
@@ -273,10 +275,7 @@ def build_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats
     row["source_episode_index"] = src.index
     rec = unit_record(staging, p)
     rec.parent.mkdir(parents=True, exist_ok=True)
-    _write_text(rec, json.dumps({
-        "source_episode_index": src.index, "episode_index": p.new_index, "rows": n, "offset": p.offset,
-        "row": row, "stats": st, "video_sizes": sizes,
-    }))
+    _write_text(rec, json.dumps(UnitRecord(src.index, p.new_index, n, p.offset, row, st, sizes).to_dict()))
     return data.stat().st_size + sum(sizes.values())
 
 
@@ -337,15 +336,11 @@ def assemble_subset(plan: SplitPlan, name: str, staging: Path, marker: QualitySp
     rows, stats_rows = [], []
     frames = 0
     for p in items:
-        u = read_json(unit_record(staging, p))
-        rows.append(u["row"])
-        stats_rows.append({"episode_index": p.new_index, "stats": u["stats"]})
-        frames += int(u["rows"])
-    info.total_episodes = len(items)
-    info.total_frames = frames
-    info.total_tasks = len(plan.tasks[name])
-    info.total_videos = len(items) * len(info.video_keys)
-    info.total_chunks = (len(items) + info.chunks_size - 1) // info.chunks_size
+        u = UnitRecord.from_dict(read_json(unit_record(staging, p)))
+        rows.append(u.row)
+        stats_rows.append({"episode_index": p.new_index, "stats": u.stats})
+        frames += u.rows
+    info.set_totals(len(items), frames, len(plan.tasks[name]))
     info.extra["dataset_format"] = FORMAT_V21
     _write_text(out / EPISODES, jsonl_dumps(rows))
     _write_text(out / EPISODES_STATS, jsonl_dumps(stats_rows))

@@ -32,10 +32,9 @@ import numpy as np
 import pyarrow as pa
 
 from ..dataset.meta import INFO, DatasetMeta
-from ..dataset.records import EpisodeRow
+from ..dataset.records import EpisodeRow, QualitySplit
 from ..dataset.video import iter_frames
 from ..errors import ExportError, VideoError
-from ..export.records import QualitySplit
 from ..fsutil import atomic_write_json, fsync_dir, read_json
 from ..store.codecs import CODECS, encode_image, pack_record, sniff_codec
 from ..store.records import (
@@ -114,7 +113,7 @@ class _RecordWriter:
         self.payload = shard_dir / BlockSpec.msgpack_records_path(name)
         self.offsets_path = shard_dir / BlockSpec.msgpack_records_offsets_path(name)
         self.payload.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.payload, "wb")
+        self._f = open(self.payload, "wb")  # noqa: SIM115 - held across add() calls, closed by close()
         self.offsets = [0]
 
     def add(self, record: bytes) -> None:

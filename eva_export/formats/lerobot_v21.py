@@ -22,8 +22,8 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]  # pyarrow ships no
 from ..dataset.meta import DatasetMeta, read_meta
 from ..dataset.records import FORMAT_V21
 from ..dataset.video import count_frames, decode_count, iter_frames
+from ..dataset.records import QUALITY_SPLIT_FILE, QualitySplit
 from ..errors import DatasetError, EvaError, ExportError, VideoError
-from ..export.records import QUALITY_SPLIT_FILE, QualitySplit
 from ..export.validate import validate_source
 from . import _common as common
 from .base import Progress, VerifyReport

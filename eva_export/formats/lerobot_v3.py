@@ -438,7 +438,7 @@ class LeRobotV3Exporter:
         self._write_episodes(out, meta, rows, ep_stats)
         pq.write_table(tasks_table([(t.task_index, t.task) for t in meta.tasks]), out / TASKS_PARQUET)
         common.copy_common_meta(src, out)
-        stats = common.dataset_stats(meta, {ep.episode_index: s for ep, s in zip(meta.episodes, ep_stats)})
+        stats = common.dataset_stats(meta, {ep.episode_index: s for ep, s in zip(meta.episodes, ep_stats, strict=False)})
         missing = [k for k in info.features if k not in stats]
         if missing and meta.episodes:  # an empty subset has no values to describe: stats {}
             raise ExportError(f"no statistics for features {missing}")
@@ -492,14 +492,15 @@ class LeRobotV3Exporter:
             for s in stat_names:
                 cols[f"stats/{feat}/{s}"] = stats_column([st.get(feat, {}).get(s) for st in ep_stats])
         extra_keys: list[str] = []
-        for ep in meta.episodes:
-            for k in ep.extra:
+        episode_fields = [ep.fields_dict() for ep in meta.episodes]
+        for fields in episode_fields:
+            for k in fields:
                 if k not in extra_keys:
                     extra_keys.append(k)
         for k in extra_keys:
             if k in cols or k.startswith(("meta/episodes/", "videos/", "stats/", "data/")):
                 raise ExportError(f"episode field {k!r} collides with a LeRobot v3 episode metadata column")
-            cols[k] = extra_field_column([ep.extra.get(k) for ep in meta.episodes])
+            cols[k] = extra_field_column([fields.get(k) for fields in episode_fields])
         cols["meta/episodes/chunk_index"] = pa.array([0] * n, pa.int64())
         cols["meta/episodes/file_index"] = pa.array([0] * n, pa.int64())
         path = out / EPISODES_PATH_V30.format(chunk_index=0, file_index=0)

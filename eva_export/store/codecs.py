@@ -7,15 +7,16 @@ manifest. No codec state is kept between rows, so a forked worker shares nothing
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, cast
 
 import msgpack
 import numpy as np
+from numpy.typing import NDArray
 
 CODECS = ("jpeg", "png", "raw")
 
 
-def _png_context(mode: str, width: int = 0, height: int = 0) -> Any:
+def _png_context(mode: Literal["r", "w"], width: int = 0, height: int = 0) -> Any:
     """A fresh PyAV png codec context: a reused decoder was seen returning wrong pixels after a
     few frames, and creating one costs microseconds next to the decode itself."""
     import av  # only PNG needs PyAV at read time
@@ -26,7 +27,7 @@ def _png_context(mode: str, width: int = 0, height: int = 0) -> Any:
     return cc
 
 
-def encode_image(frame: np.ndarray, codec: str, quality: int = 90) -> bytes:
+def encode_image(frame: NDArray[Any], codec: str, quality: int = 90) -> bytes:
     """One HxWx3 uint8 frame as the bytes of ``codec``."""
     frame = np.ascontiguousarray(frame)
     if codec == "jpeg":
@@ -44,7 +45,7 @@ def encode_image(frame: np.ndarray, codec: str, quality: int = 90) -> bytes:
     raise ValueError(f"image codec {codec!r}: choose one of {CODECS}")
 
 
-def decode_image(data: bytes, codec: str, shape: tuple[int, ...]) -> np.ndarray:
+def decode_image(data: bytes, codec: str, shape: tuple[int, ...]) -> NDArray[Any]:
     """Bytes of one record back to an HxWx3 uint8 frame; ValueError when they do not decode."""
     if codec == "jpeg":
         import simplejpeg
@@ -66,7 +67,7 @@ def decode_image(data: bytes, codec: str, shape: tuple[int, ...]) -> np.ndarray:
         raise ValueError(f"unknown image codec {codec!r}")
     if tuple(out.shape) != tuple(shape):
         raise ValueError(f"record decoded to shape {tuple(out.shape)}, its header says {tuple(shape)}")
-    return out
+    return cast("NDArray[Any]", out)  # simplejpeg and PyAV are untyped
 
 
 def sniff_codec(data: bytes) -> str:
@@ -79,7 +80,7 @@ def sniff_codec(data: bytes) -> str:
 
 
 def pack_record(codec: str, shape: tuple[int, ...], data: bytes) -> bytes:
-    return msgpack.packb({"codec": codec, "shape": list(shape), "data": data}, use_bin_type=True)
+    return cast(bytes, msgpack.packb({"codec": codec, "shape": list(shape), "data": data}, use_bin_type=True))
 
 
 def unpack_record(buf: bytes) -> tuple[str, tuple[int, ...], bytes]:

@@ -29,6 +29,7 @@ from typing import Any
 
 import msgpack
 import numpy as np
+from numpy.typing import NDArray
 
 from ..errors import EvaError
 from .codecs import decode_image, unpack_record
@@ -62,8 +63,8 @@ class _Shard:
     def __init__(self, root: Path, spec: ShardSpec, numeric: dict[str, np.ndarray] | None = None) -> None:
         self.spec = spec
         self.dir = root / spec.relative_dir
-        self.numeric: dict[str, np.ndarray] = {}
-        self.records: dict[str, tuple[int, np.ndarray, int]] = {}  # name -> (fd, offsets, blob size)
+        self.numeric: dict[str, NDArray[Any]] = {}
+        self.records: dict[str, tuple[int, NDArray[Any], int]] = {}  # name -> (fd, offsets, blob size)
         try:
             self.numeric = numeric if numeric is not None else _read_numeric(self.dir, spec)
             for name, block in spec.blocks.items():
@@ -87,7 +88,7 @@ class _Shard:
             raise StoreError(f"{self.dir / self.spec.blocks[name].paths[0]}: short read of record {row}")
         return data
 
-    def frame(self, name: str, row: int) -> np.ndarray:
+    def frame(self, name: str, row: int) -> NDArray[Any]:
         block = self.spec.blocks[name]
         path = self.dir / block.paths[0]
         if block.codec == "raw" and block.shape:
@@ -98,7 +99,7 @@ class _Shard:
         except ValueError as exc:
             raise StoreError(f"{path}: record {row} does not decode ({exc})") from exc
 
-    def _raw_frame(self, name: str, row: int, shape: tuple[int, ...], path: Path) -> np.ndarray:
+    def _raw_frame(self, name: str, row: int, shape: tuple[int, ...], path: Path) -> NDArray[Any]:
         """A raw frame read straight into its array: one copy, no MessagePack unpack of the pixels.
 
         The record is ``{"codec", "shape", "data"}`` with the pixels last, so they are its final
@@ -117,7 +118,7 @@ class _Shard:
         try:
             unpacker = msgpack.Unpacker(raw=False)
             unpacker.feed(head[:-1 - width])
-            fields = {}
+            fields: dict[str, Any] = {}
             for _ in range(unpacker.read_map_header()):
                 key = unpacker.unpack()
                 fields[key] = None if key == "data" else unpacker.unpack()
@@ -129,7 +130,7 @@ class _Shard:
         if not ok:
             raise StoreError(f"{path}: record {row} does not decode (not a raw {shape} frame record)")
         out = np.empty(shape, np.uint8)
-        if os.preadv(fd, [memoryview(out).cast("B")], start + head_len) != nbytes:
+        if os.preadv(fd, [out.data.cast("B")], start + head_len) != nbytes:
             raise StoreError(f"{path}: short read of record {row}")
         return out
 
@@ -175,7 +176,7 @@ class Store:
         self.numeric_keys: tuple[str, ...] = tuple(mb.numeric)
         self.decode_images = decode_images
         self.fps = self.manifest.fps
-        self.delta_frames: dict[str, np.ndarray] = {}
+        self.delta_frames: dict[str, NDArray[Any]] = {}
         for key, deltas in (delta_timestamps or {}).items():
             if key not in self.frame_keys and key not in self.numeric_keys:
                 raise StoreError(f"delta_timestamps key {key!r} is not a block of this store")
@@ -187,8 +188,8 @@ class Store:
     # ---- per-process handles ---------------------------------------------------------------
     def _shard_handle(self, pos: int) -> _Shard:
         if self._pid != os.getpid():  # first use, or first use after fork: never reuse the parent's
-            for h in self._open.values():
-                h.close()  # the child's copies of the parent's descriptors
+            for old in self._open.values():
+                old.close()  # the child's copies of the parent's descriptors
             self._open = collections.OrderedDict()
             self._numeric_cache = {}
             self._pid = os.getpid()
@@ -242,7 +243,7 @@ class Store:
         out["sample_key"] = self._key[i]
         return out
 
-    def _rows(self, h: _Shard, key: str, row: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    def _rows(self, h: _Shard, key: str, row: int) -> tuple[NDArray[Any] | None, NDArray[Any] | None]:
         deltas = self.delta_frames.get(key)
         if deltas is None:
             return None, None
@@ -271,7 +272,7 @@ class Store:
     def episodes(self) -> list[int]:
         return [s.episode_index for s in self.manifest.shards]
 
-    def indices(self, split: str | None = None, episode: int | None = None) -> np.ndarray:
+    def indices(self, split: str | None = None, episode: int | None = None) -> NDArray[Any]:
         mask = np.ones(len(self), bool)
         if split is not None and split != "all":
             mask &= self._split == split
@@ -295,7 +296,7 @@ class Store:
 class StoreView:
     """A subset of a store's samples (a split or an episode), indexed from 0."""
 
-    def __init__(self, store: Store, indices: np.ndarray) -> None:
+    def __init__(self, store: Store, indices: NDArray[Any]) -> None:
         self.store = store
         self.sample_indices = indices
 

@@ -68,16 +68,3 @@ def run_upload(args: argparse.Namespace) -> int:
             print(f"upload failed: {final.error}", file=sys.stderr)
         return 1
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry (``python -m eva_export.upload.cli upload ...``) until the CLI wires it."""
-    parser = argparse.ArgumentParser(prog="eva-export")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_upload_commands(sub)
-    args = parser.parse_args(argv)
-    return int(args.func(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

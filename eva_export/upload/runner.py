@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from ..config import Config
 from ..errors import UploadRefused

@@ -519,7 +519,7 @@ class SftpBackend:
 
         with ThreadPoolExecutor(workers, thread_name_prefix="upload-small") as pool:
             futures = [pool.submit(worker) for _ in range(workers)]
-            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            _done, _ = wait(futures, return_when=FIRST_EXCEPTION)
             for fut in futures:
                 exc = fut.exception()
                 if exc is not None:

@@ -1,0 +1,53 @@
+"""Statistics an export writes: per episode (source values, missing columns computed) and for the
+whole dataset (aggregated)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+from numpy.typing import NDArray
+
+from ..dataset import stats as stats_mod
+from ..dataset.meta import STATS, DatasetMeta
+from ..dataset.records import EpisodeRow
+from ..fsutil import read_json
+from .source import column_numpy
+
+
+def dataset_stats(meta: DatasetMeta, extra: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Dataset statistics for every feature, aggregated from the per-episode statistics.
+
+    ``extra`` holds statistics computed during export for episodes whose source lacked them.
+    """
+    per = []
+    for ep in meta.episodes:
+        st = dict(meta.episodes_stats[ep.episode_index].stats) if ep.episode_index in meta.episodes_stats else {}
+        st.update((extra or {}).get(ep.episode_index, {}))
+        per.append(st)
+    out = stats_mod.aggregate(per)
+    if (meta.root / STATS).is_file():  # keep anything the source knew that we could not recompute
+        for key, value in read_json(meta.root / STATS).items():
+            out.setdefault(key, value)
+    return out
+
+def episode_stats(meta: DatasetMeta, ep: EpisodeRow, table: pa.Table) -> dict[str, Any]:
+    """The episode's statistics: from episodes_stats.jsonl, table columns filled in when missing."""
+    st = copy.deepcopy(meta.episodes_stats[ep.episode_index].stats) if ep.episode_index in meta.episodes_stats else {}
+    for name in table.column_names:
+        if name not in st and name in meta.info.features and not meta.info.features[name].is_visual:
+            st[name] = stats_mod.column_stats(column_numpy(table, name))
+    return st
+
+def missing_image_stats(meta: DatasetMeta, ep: EpisodeRow) -> list[str]:
+    """Cameras (video or image-in-Parquet) whose statistics the source did not record."""
+    have = meta.episodes_stats.get(ep.episode_index)
+    return [k for k in meta.info.visual_keys if have is None or k not in have.stats]
+
+def image_stats_of(frames: Iterator[NDArray[Any]]) -> dict[str, Any]:
+    st = stats_mod.ImageStats()
+    for f in frames:
+        st.add(f)
+    return st.to_dict()
