@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq  # type: ignore[import-untyped]  # pyarrow ships no type information
+import pyarrow.parquet as pq
 
 from ..dataset.meta import DatasetMeta, read_meta
 from ..dataset.records import FORMAT_V21
@@ -25,8 +25,10 @@ from ..dataset.video import count_frames, decode_count, iter_frames
 from ..dataset.records import QUALITY_SPLIT_FILE, QualitySplit
 from ..errors import DatasetError, EvaError, ExportError, VideoError
 from ..export.validate import validate_source
-from . import _common as common
 from .base import Progress, VerifyReport
+from .checks import check_sample, check_totals, start_report
+from .images import iter_table_images, parquet_image_keys
+from .source import column_numpy, link_or_copy, load_source, state_action_keys, write_quality_split
 
 
 class LeRobotV21Exporter:
@@ -40,7 +42,7 @@ class LeRobotV21Exporter:
     def export(self, native_subset: Path, out_dir: Path, progress: Progress | None = None) -> None:
         progress = progress or Progress()
         src, out = Path(native_subset), Path(out_dir)
-        meta = common.load_source(src)
+        meta = load_source(src)
         out.mkdir(parents=True, exist_ok=True)
         for dirpath, dirnames, names in os.walk(src):
             dirnames[:] = [d for d in dirnames if not d.startswith(".")]  # no .staging / .orphans
@@ -53,8 +55,8 @@ class LeRobotV21Exporter:
                     if os.path.samefile(src / rel / name, dst) or dst.stat().st_size == (src / rel / name).stat().st_size:
                         continue  # resumed run
                     dst.unlink()
-                common.link_or_copy(src / rel / name, dst)
-        common.write_quality_split(src, out, self.name)
+                link_or_copy(src / rel / name, dst)
+        write_quality_split(src, out, self.name)
         for ep in meta.episodes:
             size = meta.data_path(ep.episode_index).stat().st_size
             size += sum(meta.video_path(k, ep.episode_index).stat().st_size for k in meta.info.video_keys
@@ -77,7 +79,7 @@ class _Verifier:
         self.decode_frames = decode_frames
 
     def verify(self, out_dir: Path) -> VerifyReport:
-        report, info = common.start_report(Path(out_dir), self.name)
+        report, info = start_report(Path(out_dir), self.name)
         if info is None:
             return report
         try:
@@ -114,26 +116,26 @@ class _Verifier:
             how = "decoded" if self.decode_frames else "demuxed"
             report.checks.append(f"every episode: Parquet rows == {how} MP4 frames for {len(meta.info.video_keys)} "
                                  "camera(s)")
-        common.check_totals(report, info, len(meta.episodes), frames, "the episode tables")
+        check_totals(report, info, len(meta.episodes), frames, "the episode tables")
         _check_structure(Path(out_dir), report)
         self._sample(meta, report)
         return report
 
     def _sample(self, meta: DatasetMeta, report: VerifyReport) -> None:
         if not meta.episodes:
-            common.check_sample(report, None, None, None, "the episode tables", empty=True)
+            check_sample(report, None, None, None, "the episode tables", empty=True)
             return
         ep = meta.episodes[0].episode_index
-        state_key, action_key = common.state_action_keys(meta.info)
+        state_key, action_key = state_action_keys(meta.info)
         table = pq.read_table(meta.data_path(ep))
-        state = common.column_numpy(table, state_key)[0] if state_key in table.column_names and state_key else None
-        action = (common.column_numpy(table, action_key)[0]
+        state = column_numpy(table, state_key)[0] if state_key in table.column_names and state_key else None
+        action = (column_numpy(table, action_key)[0]
                   if action_key in table.column_names and action_key else None)
         frame = None
-        image_keys = common.parquet_image_keys(meta.info)
+        image_keys = parquet_image_keys(meta.info)
         if not meta.info.video_keys and image_keys:
             try:
-                frame = next(common.iter_table_images(table, image_keys[0], f"episode {ep}"), None)
+                frame = next(iter_table_images(table, image_keys[0], f"episode {ep}"), None)
             except ExportError as exc:
                 report.errors.append(str(exc))
         elif meta.info.video_keys:
@@ -141,7 +143,7 @@ class _Verifier:
                 frame = next(iter_frames(meta.video_path(meta.info.video_keys[0], ep)), None)
             except VideoError as exc:
                 report.errors.append(str(exc))
-        common.check_sample(report, state, action, frame, f"episode {ep} (pyarrow + PyAV)")
+        check_sample(report, state, action, frame, f"episode {ep} (pyarrow + PyAV)")
 
 
 

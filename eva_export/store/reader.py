@@ -25,7 +25,7 @@ import collections
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 import numpy as np
@@ -42,25 +42,26 @@ class StoreError(EvaError):
     """An eva_store is unreadable or inconsistent; the message names the file."""
 
 
-def _read_numeric(shard_dir: Path, spec: ShardSpec) -> dict[str, np.ndarray]:
+def _read_numeric(shard_dir: Path, spec: ShardSpec) -> dict[str, NDArray[Any]]:
     """Every Zarr column of a shard, whole. About 30 ms of CPU per shard (zarr's per-array
     overhead), paid once per process: the result is small and never evicted."""
     import zarr
 
-    out: dict[str, np.ndarray] = {}
+    out: dict[str, NDArray[Any]] = {}
     group = None
     for name, block in spec.blocks.items():
         if block.kind == KIND_ZARR:
             if group is None:
                 group = zarr.open_group(str(shard_dir / block.paths[0].split("/")[0]), mode="r")
-            out[name] = np.asarray(group[block.paths[0].split("/", 1)[1]][...])
+            arr = cast(Any, group[block.paths[0].split("/", 1)[1]])  # a zarr.Array (zarr's union type)
+            out[name] = np.asarray(arr[...])
     return out
 
 
 class _Shard:
     """One shard opened in this process: numeric columns in memory, record files by descriptor."""
 
-    def __init__(self, root: Path, spec: ShardSpec, numeric: dict[str, np.ndarray] | None = None) -> None:
+    def __init__(self, root: Path, spec: ShardSpec, numeric: dict[str, NDArray[Any]] | None = None) -> None:
         self.spec = spec
         self.dir = root / spec.relative_dir
         self.numeric: dict[str, NDArray[Any]] = {}
@@ -183,7 +184,7 @@ class Store:
             self.delta_frames[key] = np.rint(np.asarray(deltas, np.float64) * self.fps).astype(np.int64)
         self._pid = -1
         self._open: collections.OrderedDict[int, _Shard] = collections.OrderedDict()
-        self._numeric_cache: dict[int, dict[str, np.ndarray]] = {}  # per process, like the descriptors
+        self._numeric_cache: dict[int, dict[str, NDArray[Any]]] = {}  # per process, like the descriptors
 
     # ---- per-process handles ---------------------------------------------------------------
     def _shard_handle(self, pos: int) -> _Shard:
