@@ -48,8 +48,11 @@ class EpisodeRun:
 
     @classmethod
     def begin(cls, col: CollectionConfig, streams: Sequence[StreamState], dw: DatasetWriter, dataset_name: str,
-              task: str, now: float, wall_offset: float, *, epoch: int = 0, grace_s: float = 1.0) -> EpisodeRun:
-        """Open the episode's writer and its aligner and checker at ``now`` (START)."""
+              task: str, now: float, wall_offset: float, *, epoch: int = 0, grace_s: float = 1.0,
+              writer: EpisodeWriter | None = None) -> EpisodeRun:
+        """The episode's aligner and checker at ``now`` (START); ``writer``: an already opened
+        episode writer (live capture opens it before taking START's time: opening the encoders
+        takes milliseconds during which messages are not taken)."""
         cap = col.capture
         cams = [i for i, s in enumerate(streams) if s.spec.is_camera]
         aligner = GridAligner(len(streams), col.fps, now, tolerance=cap.skew_tolerance_s,
@@ -59,7 +62,7 @@ class EpisodeRun:
                                  fps=col.fps, start=now, min_frames=cap.min_frames,
                                  max_drop_ratio=cap.max_drop_ratio, frozen_frames=cap.frozen_frames,
                                  camera_skew_tolerance_s=cap.camera_skew_tolerance_s, wall_offset=wall_offset)
-        writer = dw.begin_episode(task)
+        writer = writer or dw.begin_episode(task)
         for s in streams:
             s.begin_episode()
         return cls(epoch, dataset_name, task, dw, writer, aligner, checker, streams, now, wall_offset)

@@ -250,17 +250,18 @@ class Recorder:
                 return StartResult(False, f"refused: the save queue is full ({self._save_depth}/"
                                           f"{self.col.capture.save_queue_size} episodes waiting); "
                                           f"wait for saving to catch up", spec.dataset_name, str(root), spec.task)
-        now = self.clock()
         try:
             dw = self._writer_for(spec.dataset_name, create=True)
             assert dw is not None
-            with self._lock:
-                ep = EpisodeRun.begin(self.col, self._state, dw, spec.dataset_name, spec.task, now,
-                                      self.wall() - now, epoch=self._epoch + 1, grace_s=self.start_grace_s)
+            writer = dw.begin_episode(spec.task)
         except (EvaError, OSError) as exc:
             return StartResult(False, f"refused: cannot open dataset {root}: {exc}", spec.dataset_name,
                                str(root), spec.task)
+        now = self.clock()
         with self._lock:
+            ep = EpisodeRun.begin(self.col, self._state, dw, spec.dataset_name, spec.task, now,
+                                  self.wall() - now, epoch=self._epoch + 1, grace_s=self.start_grace_s,
+                                  writer=writer)
             self._epoch = ep.epoch
             self._episode = ep
             self._last_checker = ep.checker
