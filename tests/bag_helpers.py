@@ -30,6 +30,19 @@ TOPICS = {
 
 
 def make_config(tmp_path: Path, *, marker: str = "", log_dir: str = "logs", **capture: Any) -> Any:
+    return parse_config(config_dict(tmp_path, marker=marker, log_dir=log_dir, **capture)).collection
+
+
+def write_config(tmp_path: Path, **kw: Any) -> Path:
+    """The same config as a YAML file (for the CLI and the capture node)."""
+    import yaml
+
+    path = tmp_path / "ingest.yaml"
+    path.write_text(yaml.safe_dump(config_dict(tmp_path, **kw)))
+    return path
+
+
+def config_dict(tmp_path: Path, *, marker: str = "", log_dir: str = "logs", **capture: Any) -> dict:
     cap = {"min_frames": 5, "frozen_frames": 30, "max_drop_ratio": 0.1, **capture}
     if marker:
         cap["ingest_marker_topic"] = marker
@@ -43,7 +56,7 @@ def make_config(tmp_path: Path, *, marker: str = "", log_dir: str = "logs", **ca
                                 {"name": "wrist", "topic": "/w", "type": "CompressedImage", "width": W,
                                  "height": H}]},
         "capture": cap}}
-    return parse_config(raw).collection
+    return raw
 
 
 def frame(m: int, cam: int) -> np.ndarray:

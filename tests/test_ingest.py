@@ -13,7 +13,7 @@ import av
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from bag_helpers import LiveFeed, Recorded, make_config, offline, string_msg, write_bag
+from bag_helpers import LiveFeed, Recorded, make_config, offline, string_msg, write_bag, write_config
 
 from eva_export.capture.ingest import BagIngest, IngestError
 from eva_export.capture.recorder import Recorder
@@ -161,19 +161,7 @@ def test_bad_bags_are_refused_with_a_reason_and_nothing_written(tmp_path):
 
 def test_cli_ingest(tmp_path):
     col = make_config(tmp_path)
-    cfg = tmp_path / "cfg.yaml"
-    import yaml
-
-    cfg.write_text(yaml.safe_dump({"collection": {
-        "log_dir": str(col.log_dir), "fps": 30, "robot_type": "sim",
-        "tasks": [{"dataset_name": "bag", "task": "pick it"}],
-        "streams": {"state": {"topic": "/s", "type": "JointState", "names": ["a", "b", "c"]},
-                    "action": {"topic": "/a", "type": "Float64MultiArray", "names": ["a", "b", "c"]},
-                    "ee_pose": {"topic": "/p"},
-                    "cameras": [{"name": "front", "topic": "/f", "width": 64, "height": 48},
-                                {"name": "wrist", "topic": "/w", "type": "CompressedImage", "width": 64,
-                                 "height": 48}]},
-        "capture": {"min_frames": 5}}}))
+    cfg = write_config(tmp_path)
     bag = write_bag(tmp_path / "bag", offline(2.0))
     out = subprocess.run([sys.executable, "-m", "eva_export.cli", "ingest", str(bag), "--config", str(cfg),
                           "--dataset", "bag", "--episodes", "ranges:0.2-0.9,1.0-1.8"],

@@ -41,7 +41,9 @@ from ..config import CollectionConfig, check_name
 from ..dataset.meta import INFO, read_info, read_meta
 from ..dataset.records import EpisodeRow
 from ..dataset.writer import DatasetWriter
-from ..errors import ConfigError, DatasetError, EvaError
+from .. import confine
+from ..errors import ConfigError, DatasetError, EvaError, UnsafeNameError
+from ..jobs import COMPLETED, FAILED, INTERRUPTED, QUEUED, RUNNING, Job, JobStore
 from .align import GridAligner
 from .checks import EpisodeChecker, QualityResult
 from .episode import EpisodeRun
@@ -162,6 +164,8 @@ class Recorder:
         self.last_quality = ""
         self.last_message = ""
         self._closed = threading.Event()
+        self._ingesting = ""  # the running ingest job's id ("" = none): START is refused meanwhile
+        self._jobs: JobStore | None = None
         self.recovered = self.recover_datasets()
         self._align_thread = threading.Thread(target=self._align_loop, name="capture-align", daemon=True)
         self._save_thread = threading.Thread(target=self._save_loop, name="capture-save", daemon=True)
@@ -242,6 +246,9 @@ class Recorder:
         except ConfigError as exc:
             return StartResult(False, f"refused: {exc}", dataset_name, "", task)
         with self._lock:
+            if self._ingesting:
+                return StartResult(False, f"refused: a bag is being ingested (job {self._ingesting}); "
+                                          f"wait for it to finish", spec.dataset_name, str(root), spec.task)
             if self._episode is not None:
                 state = "still being stopped" if self._episode.t_stop is not None else "already recording"
                 return StartResult(False, f"refused: an episode is {state}", spec.dataset_name, str(root),
@@ -299,6 +306,92 @@ class Recorder:
         ep.finalized.wait(STOP_WAIT_S)
         assert ep.result is None or isinstance(ep.result, CancelResult)
         return ep.result or CancelResult(True, "cancelled (still cleaning up)")
+
+    # ---- bag ingest (same EpisodeRun path as live capture) -------------------------------------
+    @property
+    def jobs(self) -> JobStore:
+        if self._jobs is None:
+            self._jobs = JobStore(self.col.log_dir / ".jobs" / "ingest")
+            for job in self._jobs.all():  # a job left running by a dead process
+                if job.state in (QUEUED, RUNNING):
+                    job.state, job.error, job.finished_at = INTERRUPTED, "the capture node stopped during the ingest; " \
+                        "run it again: committed episodes are skipped", time.time()
+                    self._jobs.save(job)
+        return self._jobs
+
+    def ingest_roots(self) -> list[Path]:
+        return [Path(r).expanduser().absolute() for r in self.col.capture.ingest_roots] or [self.col.log_dir]
+
+    def ingest(self, bag_path: str, dataset_name: str = "", task: str = "", episodes: str = "") -> Job:
+        """Check the request and the bag, then ingest it in a background thread; returns the job.
+
+        Raises EvaError (with the reason) when refused: recording, another ingest running, a
+        bag outside the ingest roots, a bag that is not a ROS 2 MCAP bag, a missing topic.
+        """
+        from .ingest import BagIngest
+
+        confine.check_request_path(bag_path, "bag_path")
+        path = Path(bag_path)
+        roots = self.ingest_roots()
+        if not path.is_absolute() or not any(confine.is_inside(r, path) for r in roots):
+            raise UnsafeNameError(f"bag_path {confine.short_repr(bag_path)} is not inside the ingest roots "
+                                  f"{[str(r) for r in roots]} (collection.capture.ingest_roots)")
+        with self._lock:
+            if self._episode is not None or self._save_depth:
+                raise EvaError("an episode is being recorded or saved; ingest when capture is idle")
+            if self._ingesting:
+                raise EvaError(f"another bag is being ingested (job {self._ingesting})")
+            self._ingesting = "starting"
+        try:
+            job = Job.new("ingest", str(path), "lerobot_v21")
+            ing = BagIngest(self.col, path, dataset_name, task, episodes,
+                            writer_for=lambda name: self._writer_for(name, create=True),  # type: ignore[return-value]
+                            progress=lambda p: self._ingest_progress(job, p))
+            job.accepted_dir = str(self.col.dataset_dir(ing.dataset_name))
+            job.bytes_total = ing.progress.bytes_total
+            job.state = RUNNING
+            job.claim()
+            self.jobs.save(job)
+        except BaseException:
+            with self._lock:
+                self._ingesting = ""
+            raise
+        with self._lock:
+            self._ingesting = job.job_id
+        threading.Thread(target=self._run_ingest, args=(job, ing), name="capture-ingest", daemon=True).start()
+        return job
+
+    def _ingest_progress(self, job: Job, p: Any) -> None:
+        job.messages_done, job.episodes_done, job.bytes_done = p.messages_done, p.episodes_done, p.bytes_done
+        job.accepted_episodes = sum(1 for e in p.episodes if e["quality"] == "green")
+        job.rejected_episodes = sum(1 for e in p.episodes if e["quality"] == "red")
+        job.reused_episodes = p.episodes_skipped
+        self.jobs.save(job)
+
+    def _run_ingest(self, job: Job, ing: Any) -> None:
+        try:
+            res = ing.run()
+            self._ingest_progress(job, res)
+            job.state = COMPLETED
+            job.last_error = res.damage
+            self.last_message = res.message
+        except Exception as exc:  # noqa: BLE001 - recorded in the job
+            log.exception("ingest %s failed", job.job_id)
+            job.state, job.error = FAILED, str(exc)
+            self.last_message = f"ingest failed: {exc}"
+        finally:
+            job.finished_at = time.time()
+            self.jobs.save(job)
+            with self._lock:
+                self._ingesting = ""
+
+    def wait_ingested(self, timeout: float = 120.0) -> bool:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if not self._ingesting:
+                return True
+            time.sleep(0.05)
+        return False
 
     # ---- queries -------------------------------------------------------------------------------
     def list_episodes(self, dataset_name: str = "") -> tuple[Path, list[EpisodeRow]]:
@@ -362,7 +455,8 @@ class Recorder:
         return False
 
     def close(self, timeout: float = 120.0) -> None:
-        """Discard an episode being recorded, finish queued saves, stop the workers."""
+        """Discard an episode being recorded, finish queued saves and a running ingest, stop the workers."""
+        self.wait_ingested(timeout)
         with self._lock:
             ep = self._episode
         if ep is not None and ep.t_stop is None:
