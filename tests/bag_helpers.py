@@ -197,3 +197,23 @@ def offline(seconds: float, t0: float = 1_700_000_000.0, delay: float = 0.002, s
 
 def string_msg(text: str) -> Any:
     return TS.types["std_msgs/msg/String"](data=text)
+
+
+def register_eva_types() -> None:
+    """Teach rosbags our CaptureStatus (from the package's own .msg files), to record ~/status."""
+    from rosbags.typesys import get_types_from_msg
+
+    root = Path(__file__).resolve().parents[1] / "msg"
+    types: dict = {}
+    for name in ("StreamStatus", "CaptureStatus"):
+        types.update(get_types_from_msg((root / f"{name}.msg").read_text(), f"eva_export_interfaces/msg/{name}"))
+    if "eva_export_interfaces/msg/CaptureStatus" not in TS.types:
+        TS.register(types)
+
+
+def status_msg(state: str) -> Any:
+    """A capture node status message (as the node publishes ~/status about 2 Hz)."""
+    register_eva_types()
+    return TS.types["eva_export_interfaces/msg/CaptureStatus"](
+        state=state, dataset_name="", dataset_dir="", task="", frames=0, save_queue_depth=0,
+        save_queue_capacity=4, streams=[], last_episode_index=-1, last_episode_quality="", last_message="")

@@ -174,3 +174,22 @@ def test_cli_ingest(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "eva_export.cli", "ingest", str(tmp_path / "none"), "--config",
                           str(cfg), "--dataset", "bag"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "does not exist" in bad.stderr
+
+
+def test_marker_is_the_capture_nodes_own_status_topic(tmp_path):
+    from bag_helpers import register_eva_types, status_msg
+
+    register_eva_types()
+    col = make_config(tmp_path)  # no marker topic configured: the CaptureStatus topic is found by type
+    rec = offline(3.0)
+    t0 = rec[0].log_ns
+    states = ["IDLE"] * 2 + ["RECORDING"] * 3 + ["SAVING", "IDLE", "IDLE"]  # 2 Hz: 1.0 s to 2.5 s recording
+    rec += [Recorded(t0 + int(k * 0.5e9), "/eva/capture/status", status_msg(s)) for k, s in enumerate(states)]
+    rec.sort(key=lambda r: r.log_ns)
+    bag = write_bag(tmp_path / "bag", rec, {"/eva/capture/status": "eva_export_interfaces/msg/CaptureStatus"})
+    res = BagIngest(col, bag, "bag", episodes="marker").run()
+    assert res.episodes_done == 1, res
+    (row,) = rows_of(col.dataset_dir("bag"))
+    assert abs(row["length"] - 45) <= 2 and row["quality"] == "green", row
+    with pytest.raises(IngestError, match="marker"):
+        BagIngest(col, write_bag(tmp_path / "plain", offline(1.0)), "bag", episodes="marker")
