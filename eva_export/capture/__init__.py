@@ -6,9 +6,11 @@ is testable without ROS.
 
 from .align import GridAligner, Pick, Sample, Slot, align_offline
 from .checks import EpisodeChecker, QualityResult
+from .episode import EpisodeRun
 from .features import capture_features
 from .intake import RawImage, RawVector, StreamSpec, streams_from_config
 from .recorder import Recorder
+from .stream import StreamState
 
-__all__ = ["EpisodeChecker", "GridAligner", "Pick", "QualityResult", "RawImage", "RawVector", "Recorder",
+__all__ = ["EpisodeChecker", "EpisodeRun", "StreamState", "GridAligner", "Pick", "QualityResult", "RawImage", "RawVector", "Recorder",
            "Sample", "Slot", "StreamSpec", "align_offline", "capture_features", "streams_from_config"]

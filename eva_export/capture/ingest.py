@@ -144,7 +144,7 @@ def open_bag(path: Path | str) -> BagFiles:
 def _check_ros2_mcap(f: Path) -> None:
     with open(f, "rb") as fh:
         head = fh.read(len(MCAP_MAGIC))
-        if head[:15] == b"SQLite format 3"[: len(head)] and head.startswith(b"SQLite"):
+        if head.startswith(b"SQLite f"):  # "SQLite format 3": a .db3 file under another name
             raise IngestError(f"{f} is a sqlite3 (.db3) bag; " + _DB3_HELP.format(p=f.parent))
         if head != MCAP_MAGIC:
             raise IngestError(f"{f} is not an MCAP file (not a rosbag2 MCAP bag)")

@@ -433,7 +433,7 @@ class Recorder:
         return Status(state, ep.dataset_name if ep else "", str(self.col.dataset_dir(ep.dataset_name)) if ep else "",
                       ep.task if ep else "", ep.writer.rows if ep else 0, depth,
                       self.col.capture.save_queue_size, streams, self.last_index, self.last_quality,
-                      self.last_message)
+                      f"ingesting a bag (job {self._ingesting})" if self._ingesting else self.last_message)
 
     @property
     def save_queue_depth(self) -> int:
