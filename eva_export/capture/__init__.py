@@ -12,5 +12,5 @@ from .intake import RawImage, RawVector, StreamSpec, streams_from_config
 from .recorder import Recorder
 from .stream import StreamState
 
-__all__ = ["EpisodeChecker", "EpisodeRun", "StreamState", "GridAligner", "Pick", "QualityResult", "RawImage", "RawVector", "Recorder",
-           "Sample", "Slot", "StreamSpec", "align_offline", "capture_features", "streams_from_config"]
+__all__ = ["EpisodeChecker", "EpisodeRun", "GridAligner", "Pick", "QualityResult", "RawImage", "RawVector", "Recorder",
+           "Sample", "Slot", "StreamSpec", "StreamState", "align_offline", "capture_features", "streams_from_config"]
