@@ -193,3 +193,41 @@ def test_marker_is_the_capture_nodes_own_status_topic(tmp_path):
     assert abs(row["length"] - 45) <= 2 and row["quality"] == "green", row
     with pytest.raises(IngestError, match="marker"):
         BagIngest(col, write_bag(tmp_path / "plain", offline(1.0)), "bag", episodes="marker")
+
+
+def test_killed_ingest_resumes_per_episode_without_duplicates(tmp_path):
+    import os
+    import signal
+
+    cfg = write_config(tmp_path, marker="/marker")
+    col = make_config(tmp_path, marker="/marker")
+    rec = offline(6.0)
+    t0 = rec[0].log_ns
+    marks = [(0.3, "start"), (1.8, "stop"), (2.2, "start"), (3.6, "stop"), (4.0, "start"), (5.5, "stop")]
+    rec += [Recorded(t0 + int(s * 1e9), "/marker", string_msg(w)) for s, w in marks]
+    rec.sort(key=lambda r: r.log_ns)
+    bag = write_bag(tmp_path / "bag", rec, {"/marker": "std_msgs/msg/String"})
+    cmd = [sys.executable, "-m", "eva_export.cli", "ingest", str(bag), "--config", str(cfg), "--dataset", "bag",
+           "--episodes", "marker"]
+    proc = subprocess.Popen(cmd, env={**os.environ, "EVA_CAPTURE_SAVE_DELAY_S": "2.0"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    root = col.dataset_dir("bag")
+    end = time.monotonic() + 120
+    while time.monotonic() < end and not rows_of(root):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)  # during the second episode's save (2 s each)
+    proc.wait(30)
+    assert len(rows_of(root)) == 1
+    res = BagIngest(col, bag, "bag", episodes="marker").run()  # the re-run recovers and resumes
+    assert res.episodes_skipped == 1 and res.episodes_done == 2, res
+    rows = rows_of(root)
+    assert [r["episode_index"] for r in rows] == [0, 1, 2]
+    assert [r["ingest_source"]["episode"] for r in rows] == [0, 1, 2]
+    staging = root / ".staging"
+    assert not staging.exists() or not any(staging.iterdir())  # the killed save left nothing visible
+    # the same episodes an uninterrupted ingest gives
+    col2 = make_config(tmp_path, marker="/marker", log_dir="logs2")
+    whole = BagIngest(col2, bag, "bag", episodes="marker").run()
+    assert [e["frames"] for e in whole.episodes] == [r["length"] for r in rows]
+    for i in range(3):
+        assert table(root, i)["observation.state"] == table(col2.dataset_dir("bag"), i)["observation.state"]

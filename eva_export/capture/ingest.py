@@ -286,6 +286,9 @@ class BagIngest:
         self.on_progress = progress
         self.progress = IngestProgress(bytes_total=self.bag.size)
         self.marker_topic = col.capture.ingest_marker_topic
+        # diagnostic knob shared with live capture: slow every save down (tests kill the process
+        # between episodes to show that a re-run resumes)
+        self.save_delay_s = float(os.environ.get("EVA_CAPTURE_SAVE_DELAY_S", "0") or 0)
         self._check_topics()
 
     def _open_writer(self, name: str) -> DatasetWriter:
@@ -451,6 +454,8 @@ class BagIngest:
             ep.abort()
             self.progress.episodes.append({"index": -1, "frames": 0, "quality": "empty", "codes": []})
             return
+        if self.save_delay_s > 0:
+            time.sleep(self.save_delay_s)
         row, result = ep.save()
         if row is not None:
             self.progress.episodes_done += 1
