@@ -70,6 +70,11 @@ class EpisodeRun:
     # ---- messages ---------------------------------------------------------------------------
     def push(self, i: int, recv: float, stamp: float | None, payload: Any, t_src: float | None = None) -> None:
         """One message, in receive order (``t_src``: its source time when unstamped)."""
+        if recv < self.start:
+            # received before START but handed over after it (a callback racing START): not part
+            # of the take, so the episode does not depend on that race (and a bag replay, which
+            # cuts on receive time, gives the same episode)
+            return
         if self.t_stop is not None:
             if self.aligner.t_stop is None:
                 self.aligner.stop(self.t_stop)

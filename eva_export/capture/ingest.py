@@ -374,10 +374,13 @@ class BagIngest:
             for m in reader:
                 t = m.log_time
                 p.messages_done += 1
-                if closing is not None and (closing.aligner.done() or
-                                            t > closing.t_stop + tol + STOP_BUDGET_S + 0.05):  # type: ignore[operator]
-                    self._finish(closing)
-                    closing = None
+                if closing is not None:
+                    # as the live worker: the clock (here: this message's arrival) emits what it made
+                    # final first; a finished episode takes no more messages
+                    closing.poll(t)
+                    if closing.aligner.done() or t > closing.t_stop + tol + STOP_BUDGET_S + 0.05:  # type: ignore[operator]
+                        self._finish(closing)
+                        closing = None
                 i = index.get(m.topic)
                 if first_t is None and i is not None:
                     first_t = t
