@@ -172,6 +172,26 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ingest(args: argparse.Namespace) -> int:
+    from .capture.ingest import BagIngest
+
+    try:
+        cfg = load_config(args.config)
+        ing = BagIngest(cfg.collection, args.bag, args.dataset, args.task or "", args.episodes or "")
+    except (EvaError, OSError) as exc:
+        print(f"eva-export: ingest refused: {exc}", file=sys.stderr)
+        return 2
+    try:
+        res = ing.run()
+    except (EvaError, OSError) as exc:
+        print(f"eva-export: ingest failed: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps({"message": res.message, "dataset_dir": str(cfg.collection.dataset_dir(ing.dataset_name)),
+                      "episodes": res.episodes, "messages": res.messages_done, "bytes": res.bytes_done,
+                      "damage": res.damage}, indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eva-export", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -199,6 +219,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("verify", help="verify an exported subset (or a <format> dir holding the pair)")
     p.add_argument("dir")
     p.set_defaults(func=_verify)
+    p = sub.add_parser("ingest", help="turn a rosbag2 (MCAP) recording into raw v2.1 episodes (no ROS needed)")
+    p.add_argument("bag", help="a rosbag2 directory (metadata.yaml + *.mcap) or one .mcap file")
+    p.add_argument("--config", required=True, help="the eva_export YAML config (collection.streams maps topics)")
+    p.add_argument("--dataset", required=True, help="the raw dataset to create or append to")
+    p.add_argument("--task", default="", help="task of the episodes (default: the dataset's configured task)")
+    p.add_argument("--episodes", default="", help="'' one per bag; 'ranges:T0-T1,...' seconds from the "
+                                                  "bag's first message; 'marker' cut on the marker topic")
+    p.set_defaults(func=_ingest)
     p = sub.add_parser("report", help="write a raw dataset's health report as one static HTML file")
     p.add_argument("dir", help="the raw v2.1 dataset directory")
     p.add_argument("-o", "--output", help="the HTML file (default: DIR_report.html beside DIR)")

@@ -83,6 +83,10 @@ class CaptureSettings:
     video_preset: str = "ultrafast"
     video_crf: int = 18
     reliable_qos: bool = True
+    # bag ingest (issue 15): directories a ~/ingest request may read bags from (empty: log_dir),
+    # and the topic whose std_msgs/String or Bool (or CaptureStatus) messages cut episodes
+    ingest_roots: tuple[str, ...] = ()
+    ingest_marker_topic: str = ""
 
 
 @dataclass(frozen=True)
@@ -282,6 +286,8 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> Config:
     ee_pose = PoseStream(str(_take(ee, "collection.streams.ee_pose", {"topic"})["topic"])) if ee else None
     cap_raw = _take(col.get("capture") or {}, "collection.capture",
                     {f for f in CaptureSettings.__dataclass_fields__})
+    if "ingest_roots" in cap_raw:
+        cap_raw["ingest_roots"] = tuple(str(r) for r in (cap_raw["ingest_roots"] or ()))
     capture = CaptureSettings(**cap_raw)
     storage = _take(col.get("storage") or {}, "collection.storage", {"sftp"})
     sftp = None

@@ -6,8 +6,11 @@ is testable without ROS.
 
 from .align import GridAligner, Pick, Sample, Slot, align_offline
 from .checks import EpisodeChecker, QualityResult
+from .episode import EpisodeRun
 from .features import capture_features
-from .recorder import RawImage, RawVector, Recorder, StreamSpec, streams_from_config
+from .intake import RawImage, RawVector, StreamSpec, streams_from_config
+from .recorder import Recorder
+from .stream import StreamState
 
-__all__ = ["EpisodeChecker", "GridAligner", "Pick", "QualityResult", "RawImage", "RawVector", "Recorder",
-           "Sample", "Slot", "StreamSpec", "align_offline", "capture_features", "streams_from_config"]
+__all__ = ["EpisodeChecker", "EpisodeRun", "GridAligner", "Pick", "QualityResult", "RawImage", "RawVector", "Recorder",
+           "Sample", "Slot", "StreamSpec", "StreamState", "align_offline", "capture_features", "streams_from_config"]

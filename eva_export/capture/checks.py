@@ -94,6 +94,7 @@ class EpisodeChecker:
         self.slots = 0
         self.skewed_slots = 0
         self.worst_skew_s = 0.0
+        self.source_damage: list[str] = []  # ingest: the recording is damaged (truncated bag ...)
 
     # ---- per message --------------------------------------------------------------------
     def on_message(self, i: int, recv: float, stamp: float | None) -> None:
@@ -133,6 +134,10 @@ class EpisodeChecker:
         else:
             s.run = 1
         s.last_hash = fingerprint
+
+    def on_source_damage(self, detail: str) -> None:
+        """The recording this episode is read from is damaged (a bag cut short by a killed recorder)."""
+        self.source_damage.append(detail)
 
     def on_overflow(self, i: int) -> None:
         self.streams[i].overflow += 1
@@ -207,6 +212,8 @@ class EpisodeChecker:
             if s.overflow:
                 add("intake_overflow", f"{s.name}: {s.overflow} messages lost because the capture "
                                        f"queue was full (host too slow)")
+        for detail in self.source_damage:
+            add("source_damaged", detail)
         for name, n in (video_frames or {}).items():
             if n != rows:
                 add("video_frame_count_mismatch", f"{name}: {n} video frames for {rows} rows")

@@ -1,4 +1,8 @@
-"""The ROS-free capture engine: intake queue, align worker, save worker, episode lifecycle.
+"""The ROS-free capture engine's lifecycle: intake queue, align worker, save worker.
+
+The per-episode work itself (checks, alignment, decoding, writing, commit) is
+``EpisodeRun`` (episode.py), shared with bag ingest; payloads and decoding are in intake.py,
+per-stream state in stream.py.
 
 Threads and what they own:
 
@@ -26,30 +30,29 @@ import os
 import queue
 import threading
 import time
-import zlib
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import av
 import numpy as np
 
+from .. import confine
 from ..config import CollectionConfig, check_name
 from ..dataset.meta import INFO, read_info, read_meta
 from ..dataset.records import EpisodeRow
-from ..dataset.writer import DatasetWriter, EpisodeWriter
-from ..errors import ConfigError, DatasetError, EvaError
-from .align import LATENCY_BUDGET_S, ClockOffset, GridAligner, Sample, Slot
+from ..dataset.writer import DatasetWriter
+from ..errors import ConfigError, DatasetError, EvaError, UnsafeNameError
+from ..jobs import COMPLETED, FAILED, RUNNING, Job, JobStore
+from .align import GridAligner
 from .checks import EpisodeChecker, QualityResult
-from .features import (
-    ACTION,
-    CAPTURE_TIME,
-    EE_POSE,
-    STATE,
-    capture_features,
-    video_settings,
-)
+from .episode import EpisodeRun
+from .features import capture_features, video_settings
+from .intake import ImageDecoder, RawImage, RawVector, StreamSpec, fingerprint, streams_from_config
+from .stream import states_for
+
+__all__ = ["ImageDecoder", "RawImage", "RawVector", "Recorder", "StreamSpec", "fingerprint",
+           "streams_from_config"]
 
 log = logging.getLogger(__name__)
 
@@ -59,118 +62,6 @@ START_GRACE_S = 1.0
 INTAKE_FRAMES_PER_CAMERA = 45
 INTAKE_ITEMS = 20000
 STOP_WAIT_S = 15.0
-
-
-# ---- payloads produced by the ROS side (ros_convert) -------------------------------------------
-@dataclass(frozen=True, slots=True)
-class RawVector:
-    """A vector message: values (float64 view) and, for JointState, the element names."""
-
-    values: np.ndarray
-    names: Sequence[str] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RawImage:
-    """An image message without copies: ``data`` is a uint8 view of the message buffer."""
-
-    data: np.ndarray
-    height: int = 0
-    width: int = 0
-    encoding: str = ""
-    step: int = 0
-    compressed: bool = False
-
-
-_CHANNELS = {"rgb8": 3, "bgr8": 3, "rgba8": 4, "bgra8": 4, "mono8": 1, "8uc1": 1, "8uc3": 3}
-
-
-class ImageDecoder:
-    """RGB frames from raw or compressed (JPEG/PNG, decoded with PyAV) messages."""
-
-    def __init__(self) -> None:
-        self._ctx: dict[str, Any] = {}
-
-    def rgb(self, raw: RawImage) -> np.ndarray:
-        if raw.compressed:
-            return self._decode(raw.data)
-        enc = raw.encoding.lower()
-        n = _CHANNELS.get(enc)
-        if n is None:
-            raise ValueError(f"unsupported image encoding {raw.encoding!r}")
-        h, w, step = raw.height, raw.width, raw.step or raw.width * n
-        if raw.data.size < h * step or step < w * n:
-            raise ValueError(f"image buffer of {raw.data.size} bytes too small for {w}x{h} {enc} step {step}")
-        img = raw.data[: h * step].reshape(h, step)[:, : w * n].reshape(h, w, n)
-        if enc in ("rgb8", "8uc3"):
-            return img
-        if enc == "bgr8":
-            return img[..., ::-1]
-        if enc == "rgba8":
-            return img[..., :3]
-        if enc == "bgra8":
-            return img[..., 2::-1]
-        return np.repeat(img, 3, axis=2)
-
-    def _decode(self, data: np.ndarray) -> np.ndarray:
-        head = bytes(data[:8])
-        if head.startswith(b"\xff\xd8"):
-            codec = "mjpeg"
-        elif head.startswith(b"\x89PNG"):
-            codec = "png"
-        else:
-            raise ValueError("compressed image is neither JPEG nor PNG")
-        ctx = self._ctx.get(codec)
-        if ctx is None:
-            ctx = self._ctx[codec] = av.CodecContext.create(codec, "r")
-        frames = ctx.decode(av.Packet(data.tobytes()))
-        if not frames:
-            raise ValueError(f"{codec} decoder returned no frame")
-        return frames[-1].to_ndarray(format="rgb24")
-
-
-def fingerprint(raw: RawImage) -> int:
-    """A cheap content hash: identical frames always match (a strided subsample of raw bytes)."""
-    d = raw.data
-    sub = d if raw.compressed or d.size <= 65536 else d[::31]
-    return zlib.crc32(sub.tobytes()) ^ (d.size << 32)
-
-
-# ---- streams -----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class StreamSpec:
-    name: str  # state, action, ee_pose or the camera name
-    topic: str
-    kind: str  # "vector", "pose" or "camera"
-    msg_type: str  # JointState, Float64MultiArray, PoseStamped, Image, CompressedImage
-    feature: str
-    names: tuple[str, ...] = ()
-    field: str = "position"
-    width: int = 0
-    height: int = 0
-
-    @property
-    def is_camera(self) -> bool:
-        return self.kind == "camera"
-
-
-def streams_from_config(col: CollectionConfig) -> list[StreamSpec]:
-    out: list[StreamSpec] = []
-    if col.state is not None:
-        out.append(StreamSpec("state", col.state.topic, "vector", col.state.type, STATE, col.state.names,
-                              col.state.field))
-    if col.action is not None:
-        out.append(StreamSpec("action", col.action.topic, "vector", col.action.type, ACTION,
-                              col.action.names, col.action.field))
-    if col.ee_pose is not None:
-        out.append(StreamSpec("ee_pose", col.ee_pose.topic, "pose", "PoseStamped", EE_POSE))
-    for cam in col.cameras:
-        out.append(StreamSpec(cam.name, cam.topic, "camera", cam.type, cam.key, width=cam.width,
-                              height=cam.height))
-    names = [s.name for s in out]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"stream names must be unique (a camera may not be named state/action/ee_pose): {names}")
-    return out
 
 
 # ---- results -------------------------------------------------------------------------------
@@ -227,31 +118,9 @@ class Status:
     last_message: str
 
 
-# ---- episode (owned by the align worker after START) ---------------------------------------
-@dataclass
-class _Episode:
-    epoch: int
-    dataset_name: str
-    task: str
-    dw: DatasetWriter
-    writer: EpisodeWriter
-    aligner: GridAligner
-    checker: EpisodeChecker
-    start: float
-    wall_offset: float
-    encode_s: dict[str, float]
-    held: list[Any]
-    held_seq: list[int]
-    t_stop: float | None = None
-    cancel: bool = False
-    finalized: threading.Event = field(default_factory=threading.Event)
-    result: StopResult | CancelResult | None = None
-    latencies: list[list[float]] = field(default_factory=list)
-
-
 @dataclass
 class _SaveJob:
-    ep: _Episode
+    ep: EpisodeRun
     rows: int
     expected_index: int
     stopped_at: float
@@ -277,19 +146,11 @@ class Recorder:
         self.start_grace_s = start_grace_s
         # diagnostic knob: slow every save down (tests kill the process in the middle of one)
         self.save_delay_s = float(os.environ.get("EVA_CAPTURE_SAVE_DELAY_S", "0") or 0)
-        cams = [i for i, s in enumerate(self.streams) if s.is_camera]
-        self.reference = cams[0] if cams else None
         self._lock = threading.Lock()  # counters and state shared with offer()
-        self._received = [0] * len(self.streams)
-        self._inflight = [0] * len(self.streams)
-        self._overflow = [0] * len(self.streams)
-        self._latency: list[list[float]] = [[] for _ in self.streams]
-        # clock offset of each stream's header stamps, learnt from every message (also between
-        # episodes), so it is settled when START comes
-        self._offsets = [ClockOffset() for _ in self.streams]
+        self._state = states_for(self.streams)  # one object per stream (counters, clock offset, decoder)
         self._epoch = 0
         self._accepting = False
-        self._episode: _Episode | None = None
+        self._episode: EpisodeRun | None = None
         self._last_checker: EpisodeChecker | None = None
         self._last_aligner: GridAligner | None = None
         self._intake: queue.Queue[tuple[int, int, float, float | None, Any, float | None] | None] = \
@@ -302,8 +163,9 @@ class Recorder:
         self.last_index = -1
         self.last_quality = ""
         self.last_message = ""
-        self._decoders = [ImageDecoder() for _ in self.streams]
         self._closed = threading.Event()
+        self._ingesting = ""  # the running ingest job's id ("" = none): START is refused meanwhile
+        self._jobs: JobStore | None = None
         self.recovered = self.recover_datasets()
         self._align_thread = threading.Thread(target=self._align_loop, name="capture-align", daemon=True)
         self._save_thread = threading.Thread(target=self._save_loop, name="capture-save", daemon=True)
@@ -313,29 +175,30 @@ class Recorder:
     # ---- intake (subscription callbacks) ------------------------------------------------------
     def offer(self, i: int, recv: float, stamp: float | None, payload: Any) -> None:
         """Count and enqueue one message; never blocks. Called from subscription callbacks."""
+        st = self._state[i]
         with self._lock:
-            self._received[i] += 1
-            t_src = self._offsets[i].observe(recv, stamp)  # unstamped: its source time
+            st.received += 1
+            t_src = st.offset.observe(recv, stamp)  # unstamped: its source time
             if not self._accepting:
                 return
-            if self.streams[i].kind == "camera":
-                if self._inflight[i] >= INTAKE_FRAMES_PER_CAMERA:
-                    self._overflow[i] += 1
+            if st.spec.is_camera:
+                if st.inflight >= INTAKE_FRAMES_PER_CAMERA:
+                    st.overflow += 1
                     return
-                self._inflight[i] += 1
+                st.inflight += 1
             epoch = self._epoch
         try:
             self._intake.put_nowait((epoch, i, recv, stamp, payload, t_src))
         except queue.Full:
             with self._lock:
-                self._overflow[i] += 1
-                if self.streams[i].kind == "camera":
-                    self._inflight[i] -= 1
+                st.overflow += 1
+                if st.spec.is_camera:
+                    st.inflight -= 1
 
     def note_latency(self, i: int, seconds: float) -> None:
         """Duration of one subscription callback (kept per episode, for diagnostics)."""
         if self._accepting:
-            self._latency[i].append(seconds)
+            self._state[i].latency.append(seconds)
 
     # ---- datasets ------------------------------------------------------------------------------
     def _writer_for(self, name: str, create: bool) -> DatasetWriter | None:
@@ -383,6 +246,9 @@ class Recorder:
         except ConfigError as exc:
             return StartResult(False, f"refused: {exc}", dataset_name, "", task)
         with self._lock:
+            if self._ingesting:
+                return StartResult(False, f"refused: a bag is being ingested (job {self._ingesting}); "
+                                          f"wait for it to finish", spec.dataset_name, str(root), spec.task)
             if self._episode is not None:
                 state = "still being stopped" if self._episode.t_stop is not None else "already recording"
                 return StartResult(False, f"refused: an episode is {state}", spec.dataset_name, str(root),
@@ -398,29 +264,18 @@ class Recorder:
         except (EvaError, OSError) as exc:
             return StartResult(False, f"refused: cannot open dataset {root}: {exc}", spec.dataset_name,
                                str(root), spec.task)
-        encode_s = self._time_encoders(writer)
         now = self.clock()
-        cap = self.col.capture
-        aligner = GridAligner(len(self.streams), self.col.fps, now, tolerance=cap.skew_tolerance_s,
-                              reference=self.reference, grace_s=self.start_grace_s,
-                              latency_budget=LATENCY_BUDGET_S, offsets=self._offsets)
-        checker = EpisodeChecker([s.name for s in self.streams], [s.is_camera for s in self.streams],
-                                 fps=self.col.fps, start=now, min_frames=cap.min_frames,
-                                 max_drop_ratio=cap.max_drop_ratio, frozen_frames=cap.frozen_frames,
-                                 camera_skew_tolerance_s=cap.camera_skew_tolerance_s,
-                                 wall_offset=self.wall() - now)
         with self._lock:
-            self._epoch += 1
-            ep = _Episode(self._epoch, spec.dataset_name, spec.task, dw, writer, aligner, checker, now,
-                          self.wall() - now, encode_s, [None] * len(self.streams), [-1] * len(self.streams))
-            self._overflow = [0] * len(self.streams)
-            self._latency = [[] for _ in self.streams]
+            ep = EpisodeRun.begin(self.col, self._state, dw, spec.dataset_name, spec.task, now,
+                                  self.wall() - now, epoch=self._epoch + 1, grace_s=self.start_grace_s,
+                                  writer=writer)
+            self._epoch = ep.epoch
             self._episode = ep
-            self._last_checker = checker
-            self._last_aligner = aligner
+            self._last_checker = ep.checker
+            self._last_aligner = ep.aligner
             self._accepting = True
         self._intake.put(None)  # wake the worker
-        silent = [s.name for i, s in enumerate(self.streams) if self._received[i] == 0]
+        silent = [st.spec.name for st in self._state if st.received == 0]
         msg = f"recording episode of {spec.dataset_name!r} (task {spec.task!r})"
         if silent:
             msg += f"; warning: nothing received yet on {silent}"
@@ -452,6 +307,87 @@ class Recorder:
         assert ep.result is None or isinstance(ep.result, CancelResult)
         return ep.result or CancelResult(True, "cancelled (still cleaning up)")
 
+    # ---- bag ingest (same EpisodeRun path as live capture) -------------------------------------
+    @property
+    def jobs(self) -> JobStore:
+        if self._jobs is None:  # a job left running by a dead process is marked interrupted here
+            self._jobs = JobStore(self.col.log_dir / ".jobs" / "ingest")
+        return self._jobs
+
+    def ingest_roots(self) -> list[Path]:
+        return [Path(r).expanduser().absolute() for r in self.col.capture.ingest_roots] or [self.col.log_dir]
+
+    def ingest(self, bag_path: str, dataset_name: str = "", task: str = "", episodes: str = "") -> Job:
+        """Check the request and the bag, then ingest it in a background thread; returns the job.
+
+        Raises EvaError (with the reason) when refused: recording, another ingest running, a
+        bag outside the ingest roots, a bag that is not a ROS 2 MCAP bag, a missing topic.
+        """
+        from .ingest import BagIngest
+
+        confine.check_request_path(bag_path, "bag_path")
+        path = Path(bag_path)
+        roots = self.ingest_roots()
+        if not path.is_absolute() or not any(confine.is_inside(r, path) for r in roots):
+            raise UnsafeNameError(f"bag_path {confine.short_repr(bag_path)} is not inside the ingest roots "
+                                  f"{[str(r) for r in roots]} (collection.capture.ingest_roots)")
+        with self._lock:
+            if self._episode is not None or self._save_depth:
+                raise EvaError("an episode is being recorded or saved; ingest when capture is idle")
+            if self._ingesting:
+                raise EvaError(f"another bag is being ingested (job {self._ingesting})")
+            self._ingesting = "starting"
+        try:
+            job = Job.new("ingest", str(path), "lerobot_v21")
+            ing = BagIngest(self.col, path, dataset_name, task, episodes,
+                            writer_for=lambda name: self._writer_for(name, create=True),  # type: ignore[return-value]
+                            progress=lambda p: self._ingest_progress(job, p))
+            job.accepted_dir = str(self.col.dataset_dir(ing.dataset_name))
+            job.bytes_total = ing.progress.bytes_total
+            job.state = RUNNING
+            job.claim()
+            self.jobs.save(job)
+        except BaseException:
+            with self._lock:
+                self._ingesting = ""
+            raise
+        with self._lock:
+            self._ingesting = job.job_id
+        threading.Thread(target=self._run_ingest, args=(job, ing), name="capture-ingest", daemon=True).start()
+        return job
+
+    def _ingest_progress(self, job: Job, p: Any) -> None:
+        job.messages_done, job.episodes_done, job.bytes_done = p.messages_done, p.episodes_done, p.bytes_done
+        job.accepted_episodes = sum(1 for e in p.episodes if e["quality"] == "green")
+        job.rejected_episodes = sum(1 for e in p.episodes if e["quality"] == "red")
+        job.reused_episodes = p.episodes_skipped
+        self.jobs.save(job)
+
+    def _run_ingest(self, job: Job, ing: Any) -> None:
+        try:
+            res = ing.run()
+            self._ingest_progress(job, res)
+            job.state = COMPLETED
+            job.last_error = res.damage
+            self.last_message = res.message
+        except Exception as exc:  # noqa: BLE001 - recorded in the job
+            log.exception("ingest %s failed", job.job_id)
+            job.state, job.error = FAILED, str(exc)
+            self.last_message = f"ingest failed: {exc}"
+        finally:
+            job.finished_at = time.time()
+            self.jobs.save(job)
+            with self._lock:
+                self._ingesting = ""
+
+    def wait_ingested(self, timeout: float = 120.0) -> bool:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if not self._ingesting:
+                return True
+            time.sleep(0.05)
+        return False
+
     # ---- queries -------------------------------------------------------------------------------
     def list_episodes(self, dataset_name: str = "") -> tuple[Path, list[EpisodeRow]]:
         name = self._default_dataset(dataset_name)
@@ -476,7 +412,7 @@ class Recorder:
     def status(self) -> Status:
         with self._lock:
             ep = self._episode
-            received = list(self._received)
+            received = [st.received for st in self._state]
             depth = self._save_depth
         checker = ep.checker if ep is not None else self._last_checker
         streams = []
@@ -497,7 +433,7 @@ class Recorder:
         return Status(state, ep.dataset_name if ep else "", str(self.col.dataset_dir(ep.dataset_name)) if ep else "",
                       ep.task if ep else "", ep.writer.rows if ep else 0, depth,
                       self.col.capture.save_queue_size, streams, self.last_index, self.last_quality,
-                      self.last_message)
+                      f"ingesting a bag (job {self._ingesting})" if self._ingesting else self.last_message)
 
     @property
     def save_queue_depth(self) -> int:
@@ -514,7 +450,8 @@ class Recorder:
         return False
 
     def close(self, timeout: float = 120.0) -> None:
-        """Discard an episode being recorded, finish queued saves, stop the workers."""
+        """Discard an episode being recorded, finish queued saves and a running ingest, stop the workers."""
+        self.wait_ingested(timeout)
         with self._lock:
             ep = self._episode
         if ep is not None and ep.t_stop is None:
@@ -537,11 +474,11 @@ class Recorder:
             try:
                 if item is not None:
                     epoch, i, recv, stamp, payload, t_src = item
-                    if self.streams[i].kind == "camera":
+                    if self.streams[i].is_camera:
                         with self._lock:
-                            self._inflight[i] -= 1
+                            self._state[i].inflight -= 1
                     if ep is not None and epoch == ep.epoch and not ep.cancel:
-                        self._push(ep, i, recv, stamp, payload, t_src)
+                        ep.push(i, recv, stamp, payload, t_src)
                 if ep is None:
                     continue
                 if ep.cancel:
@@ -551,12 +488,12 @@ class Recorder:
                 if ep.t_stop is not None and ep.aligner.t_stop is None:
                     ep.aligner.stop(ep.t_stop)
                 if not self._intake.qsize():  # caught up: clock-driven slots are safe to emit
-                    self._emit(ep, ep.aligner.poll(now))
+                    ep.poll(now)
                 if ep.t_stop is not None and (ep.aligner.done() or
                                               now > ep.t_stop + ep.aligner.tol + ep.aligner.stop_budget + 0.05):
                     if self._intake.qsize() and now < ep.t_stop + 2.0:
                         continue  # drain what was received before STOP first
-                    self._emit(ep, ep.aligner.finish())
+                    ep.finish_slots()
                     self._finalize(ep)
             except Exception as exc:
                 log.exception("capture worker failed")
@@ -564,108 +501,12 @@ class Recorder:
                     self.last_quality, self.last_message = "failed", f"episode failed: {exc}"
                     self._abort(ep, failed=str(exc))
 
-    def _push(self, ep: _Episode, i: int, recv: float, stamp: float | None, payload: Any,
-              t_src: float | None = None) -> None:
-        if ep.t_stop is not None:
-            if ep.aligner.t_stop is None:
-                ep.aligner.stop(ep.t_stop)
-            # the STOP cut is on source time, like the grid: a frame stamped before STOP but
-            # delivered after it still belongs to the episode
-            if not ep.aligner.in_episode(i, recv, stamp, t_src):
-                return
-        spec = self.streams[i]
-        ep.checker.on_message(i, recv, stamp)
-        value: Any = None
-        if spec.kind == "camera":
-            raw: RawImage = payload
-            ep.checker.on_fingerprint(i, fingerprint(raw))
-            if not raw.compressed and (raw.width, raw.height) != (spec.width, spec.height):
-                ep.checker.on_shape(i, f"{raw.width}x{raw.height} received, {spec.width}x{spec.height} configured")
-            else:
-                value = raw
-        else:
-            value = self._vector(ep, i, payload)
-        self._emit(ep, ep.aligner.push(i, Sample(recv, stamp, value, t=t_src)))
-
-    def _vector(self, ep: _Episode, i: int, raw: RawVector) -> np.ndarray | None:
-        spec = self.streams[i]
-        vals = np.asarray(raw.values, dtype=np.float64)
-        if spec.kind == "pose":
-            want = 7
-            out = vals
-        elif raw.names is not None and spec.msg_type == "JointState":
-            index = {n: k for k, n in enumerate(raw.names)}
-            missing = [n for n in spec.names if n not in index]
-            if missing or len(vals) != len(raw.names):
-                detail = (f"joints {missing} missing from the message" if missing
-                          else f"{len(vals)} {spec.field} values for {len(raw.names)} joint names")
-                ep.checker.on_dimension(i, detail)
-                return None
-            out = vals[[index[n] for n in spec.names]]
-            want = len(spec.names)
-        else:
-            out = vals
-            want = len(spec.names)
-        if out.shape != (want,):
-            ep.checker.on_dimension(i, f"{out.size} values, {want} configured")
-            return None
-        if not np.all(np.isfinite(out)):
-            ep.checker.on_non_finite(i)
-        return out.astype(np.float32)
-
-    def _emit(self, ep: _Episode, slots: list[Slot]) -> None:
-        for slot in slots:
-            values: dict[str, Any] = {}
-            images: dict[str, np.ndarray] = {}
-            for i, pick in enumerate(slot.picks):
-                spec = self.streams[i]
-                s = pick.sample
-                if s is not None and s.payload is not None and s.seq != ep.held_seq[i]:
-                    if spec.is_camera:
-                        try:
-                            img = self._decoders[i].rgb(s.payload)
-                            if img.shape != (spec.height, spec.width, 3):
-                                ep.checker.on_shape(i, f"decoded {img.shape[1]}x{img.shape[0]}, "
-                                                       f"{spec.width}x{spec.height} configured")
-                            else:
-                                ep.held[i] = img
-                        except (ValueError, av.FFmpegError) as exc:
-                            ep.checker.on_shape(i, f"undecodable frame: {exc}")
-                    else:
-                        ep.held[i] = s.payload
-                    ep.held_seq[i] = s.seq
-                if spec.is_camera:
-                    if ep.held[i] is None:
-                        ep.held[i] = np.zeros((spec.height, spec.width, 3), np.uint8)
-                    images[spec.feature] = ep.held[i]
-                else:
-                    if ep.held[i] is None:
-                        n = 7 if spec.kind == "pose" else len(spec.names)
-                        ep.held[i] = np.zeros(n, np.float32)
-                    values[spec.feature] = ep.held[i]
-            ep.checker.on_slot(slot)
-            # Seconds since START, not epoch seconds: LeRobot hands columns out as float32, which
-            # keeps ~1e-5 s here but only 128 s steps for epoch values. The episode row carries
-            # capture_time_origin_unix, so origin + capture_time is the observed wall time.
-            values[CAPTURE_TIME] = np.array([self._capture_recv(slot) - ep.start], np.float64)
-            ep.writer.add_frame(values, images)
-
-    def _capture_recv(self, slot: Slot) -> float:
-        """Observed time of the row: receive time of the state message used (else the slot)."""
-        pick = slot.picks[0]
-        if self.streams[0].name == "state" and pick.sample is not None:
-            return pick.sample.recv
-        return slot.t
-
-    def _finalize(self, ep: _Episode) -> None:
+    def _finalize(self, ep: EpisodeRun) -> None:
         rows = ep.writer.rows
         with self._lock:
             self._accepting = False
-            overflow = list(self._overflow)
-            latency = {s.name: list(self._latency[i]) for i, s in enumerate(self.streams)}
-        for i, n in enumerate(overflow):
-            for _ in range(n):
-                ep.checker.on_overflow(i)
+            latency = {st.spec.name: list(st.latency) for st in self._state}
+            overflow = ep.note_overflow()
         assert ep.t_stop is not None
         if rows == 0:
             ep.writer.abort()
@@ -680,7 +521,7 @@ class Recorder:
                 self._pending[ep.dataset_name] = pending + 1
                 self._save_depth += 1
                 depth = self._save_depth
-            self._save_q.put(_SaveJob(ep, rows, expected, ep.t_stop, latency, sum(overflow)))
+            self._save_q.put(_SaveJob(ep, rows, expected, ep.t_stop, latency, overflow))
             msg = f"episode of {rows} frames queued for saving as episode {expected}"
             if depth > 1:
                 log.warning("saving falls behind: %d episodes waiting (capacity %d)", depth,
@@ -691,7 +532,7 @@ class Recorder:
             self._episode = None
         ep.finalized.set()
 
-    def _abort(self, ep: _Episode, failed: str = "") -> None:
+    def _abort(self, ep: EpisodeRun, failed: str = "") -> None:
         frames = ep.writer.rows
         with self._lock:
             self._accepting = False
@@ -719,12 +560,7 @@ class Recorder:
                 t_begin = self.clock()
                 if self.save_delay_s > 0:
                     time.sleep(self.save_delay_s)
-                done = ep.writer.finish()
-                frames = {s.name: done.video_frames.get(s.feature, 0) for s in self.streams if s.is_camera}
-                assert ep.t_stop is not None
-                result = ep.checker.finish(done.rows, ep.t_stop, frames, ep.aligner.timings())
-                row = ep.dw.commit(ep.writer, {**result.row_extra(),
-                                               "capture_time_origin_unix": ep.wall_offset + ep.start})
+                row, result = ep.save()
                 committed = self.clock()
                 if row is None:
                     self.last_quality, self.last_message = "empty", "zero-frame episode: nothing written"
@@ -760,12 +596,13 @@ class Recorder:
                 arr = np.asarray(vals)
                 lat[name] = {"n": int(arr.size), "p50_ms": float(np.percentile(arr, 50) * 1e3),
                              "p99_ms": float(np.percentile(arr, 99) * 1e3), "max_ms": float(arr.max() * 1e3)}
-        enc = {k: (duration / v if v > 0 else math.inf) for k, v in ep.encode_s.items()}
+        encode_s = ep.writer.encode_seconds()
+        enc = {k: (duration / v if v > 0 else math.inf) for k, v in encode_s.items()}
         rec = {"dataset": ep.dataset_name, "episode_index": row.episode_index, "frames": row.length,
                "duration_s": duration, "quality": result.quality, "codes": result.codes,
                "stream_stats": result.stream_stats, "callback_latency": lat,
                "stop_to_durable_s": committed - job.stopped_at, "save_s": committed - t_begin,
-               "encode_seconds": ep.encode_s, "encode_speed_x_realtime": enc,
+               "encode_seconds": encode_s, "encode_speed_x_realtime": enc,
                "intake_overflow": job.overflow}
         try:
             self.stats_file.parent.mkdir(parents=True, exist_ok=True)
@@ -773,24 +610,3 @@ class Recorder:
                 fh.write(json.dumps(rec) + "\n")
         except OSError as exc:
             log.warning("cannot write capture stats to %s: %s", self.stats_file, exc)
-
-    @staticmethod
-    def _time_encoders(writer: EpisodeWriter) -> dict[str, float]:
-        """Measure encoder busy time per camera (for the encoding-speed diagnostic)."""
-        acc: dict[str, float] = {}
-        for key, cam in getattr(writer, "_cams", {}).items():
-            enc = getattr(cam, "encoder", None)
-            if enc is None:
-                continue
-            acc[key] = 0.0
-            inner = enc.add
-
-            def timed(frame: np.ndarray, _inner: Callable[[np.ndarray], None] = inner, _key: str = key) -> None:
-                t = time.perf_counter()
-                try:
-                    _inner(frame)
-                finally:
-                    acc[_key] += time.perf_counter() - t
-
-            enc.add = timed
-        return acc

@@ -77,6 +77,8 @@ class _CameraThread:
         h, w = feature.shape[0], feature.shape[1]
         self.encoder = VideoEncoder(path, w, h, fps, settings)
         self.stats = stats_mod.ImageStats()
+        #: seconds spent inside the encoder (the capture's encoding-speed diagnostic reads it)
+        self.encode_s = 0.0
         self.q: queue.Queue[NDArray[Any] | None] = queue.Queue(maxsize=depth)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name=f"encode-{path.stem}", daemon=True)
@@ -90,7 +92,9 @@ class _CameraThread:
             if self.error is not None:
                 continue  # keep draining so the producer never blocks on a dead encoder
             try:
+                t = time.perf_counter()
                 self.encoder.add(frame)
+                self.encode_s += time.perf_counter() - t
                 self.stats.add(frame)
             except BaseException as exc:  # noqa: BLE001 - reported by finish()
                 self.error = exc
@@ -163,6 +167,10 @@ class EpisodeWriter:
                 raise VideoError("; ".join(errors))
             self.finished = FinishedEpisode(self.rows, counts, stats)
         return self.finished
+
+    def encode_seconds(self) -> dict[str, float]:
+        """Seconds each camera's encoder has been busy so far (feature key -> seconds)."""
+        return {k: cam.encode_s for k, cam in self._cams.items()}
 
     def columns(self) -> dict[str, NDArray[Any]]:
         return {k: np.stack(v) if v else np.zeros((0,) + self.info.features[k].shape)

@@ -1,7 +1,10 @@
 """eva_capture: records teleoperation episodes into a raw LeRobot v2.1 dataset.
 
 Services (private names): ``~/start`` StartCapture, ``~/stop`` StopCapture,
-``~/cancel`` CancelCapture, ``~/list_episodes`` ListEpisodes, ``~/review`` ReviewEpisode.
+``~/cancel`` CancelCapture, ``~/list_episodes`` ListEpisodes, ``~/review`` ReviewEpisode,
+``~/ingest`` IngestBag (a rosbag2 MCAP bag through the live-capture path, in the background;
+refused while recording; bag_path inside ``collection.capture.ingest_roots``, default log_dir),
+``~/get_job`` GetJob (ingest jobs).
 Topic: ``~/status`` CaptureStatus (about 2 Hz). Parameters: ``config_file`` (string),
 ``status_period`` (the shared default of 1.0 s becomes 0.5 s here), ``stats_file`` (optional
 JSON-lines file: per-episode diagnostics such as callback latency, STOP-to-durable time and
@@ -35,6 +38,8 @@ import rclpy
 from eva_export_interfaces.msg import CaptureStatus, EpisodeInfo, StreamStatus
 from eva_export_interfaces.srv import (
     CancelCapture,
+    GetJob,
+    IngestBag,
     ListEpisodes,
     ReviewEpisode,
     StartCapture,
@@ -109,6 +114,8 @@ class CaptureNode(Node):
         create_guarded_service(self, CancelCapture, "~/cancel", self._on_cancel, group)
         create_guarded_service(self, ListEpisodes, "~/list_episodes", self._on_list_episodes, group)
         create_guarded_service(self, ReviewEpisode, "~/review", self._on_review, group)
+        create_guarded_service(self, IngestBag, "~/ingest", self._on_ingest, group)
+        create_guarded_service(self, GetJob, "~/get_job", self._on_get_job, group)
         self.silent_warning = ""
         if self.recorder is not None:
             self._silent_timer = self.create_timer(SILENT_CHECK_S, self._check_silent_streams)
@@ -275,6 +282,35 @@ class CaptureNode(Node):
         response.success = True
         response.message = f"episode {row.episode_index} reviewed"
         response.episode = episode_info(row)
+        return response
+
+
+    def _on_ingest(self, request: IngestBag.Request, response: IngestBag.Response) -> IngestBag.Response:
+        """Check the request and the bag, answer at once; the ingest runs in the background."""
+        if self.recorder is None:
+            response.success, response.message = False, self.config_error
+            return response
+        job = self.recorder.ingest(request.bag_path, request.dataset_name, request.task, request.episodes)
+        response.success, response.job_id = True, job.job_id
+        response.message = f"ingesting {job.source_dir} into {job.accepted_dir} (job {job.job_id})"
+        self.get_logger().info(response.message)
+        return response
+
+    def _on_get_job(self, request: GetJob.Request, response: GetJob.Response) -> GetJob.Response:
+        from eva_export.nodes.export_node import job_to_msg
+
+        response.job.kind = "ingest"
+        if self.recorder is None:
+            response.success, response.message = False, self.config_error
+            return response
+        jobs = self.recorder.jobs
+        job = jobs.get(request.job_id) if request.job_id else jobs.latest()
+        if job is None:
+            response.success = False
+            response.message = f"no job {confine.short_repr(request.job_id)}" if request.job_id else "no job yet"
+            return response
+        response.success, response.message = True, job.state
+        job_to_msg(job, response.job)
         return response
 
 

@@ -9,7 +9,7 @@ are used by the simulated teleop publisher.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,8 @@ from geometry_msgs.msg import PoseStamped
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Float64MultiArray
 
-from eva_export.capture.recorder import RawImage, RawVector, StreamSpec
+from eva_export.capture import intake
+from eva_export.capture.intake import StreamSpec, stamp_seconds  # noqa: F401 - re-exported
 
 MSG_TYPES: dict[str, Any] = {
     "JointState": JointState,
@@ -28,59 +29,21 @@ MSG_TYPES: dict[str, Any] = {
     "CompressedImage": CompressedImage,
 }
 
-Intake = Callable[[Any], tuple[float | None, Any]]
+Intake = intake.Convert
 
 DDS_PROFILE_ENV = "FASTDDS_DEFAULT_PROFILES_FILE"
 DDS_PROFILE_NAME = "fastdds_shm.xml"
 
 
 # ---- intake -----------------------------------------------------------------------------------
-def stamp_seconds(msg: Any) -> float | None:
-    header = getattr(msg, "header", None)
-    if header is None:
-        return None
-    return header.stamp.sec + header.stamp.nanosec * 1e-9
-
-
-def _f64(arr: Any) -> np.ndarray:
-    try:
-        return np.frombuffer(arr, dtype=np.float64)
-    except (TypeError, ValueError):
-        return np.asarray(arr, dtype=np.float64)
-
-
-def _u8(arr: Any) -> np.ndarray:
-    try:
-        return np.frombuffer(arr, dtype=np.uint8)
-    except (TypeError, ValueError):
-        return np.asarray(arr, dtype=np.uint8)
-
-
 def intake_converter(spec: StreamSpec) -> tuple[Any, Intake]:
-    """(message class, msg -> (header stamp or None, payload)) for one configured stream."""
-    if spec.msg_type == "JointState":
-        field = spec.field
+    """(message class, msg -> (header stamp or None, payload)) for one configured stream.
 
-        def joint_state(msg: Any) -> tuple[float | None, Any]:
-            return stamp_seconds(msg), RawVector(_f64(getattr(msg, field)), msg.name)
-
-        return JointState, joint_state
-    if spec.msg_type == "Float64MultiArray":
-        return Float64MultiArray, lambda msg: (None, RawVector(_f64(msg.data)))
-    if spec.msg_type == "PoseStamped":
-        def pose(msg: Any) -> tuple[float | None, Any]:
-            p, q = msg.pose.position, msg.pose.orientation
-            return stamp_seconds(msg), RawVector(np.array([p.x, p.y, p.z, q.x, q.y, q.z, q.w]))
-
-        return PoseStamped, pose
-    if spec.msg_type == "Image":
-        def image(msg: Any) -> tuple[float | None, Any]:
-            return stamp_seconds(msg), RawImage(_u8(msg.data), msg.height, msg.width, msg.encoding, msg.step)
-
-        return Image, image
-    if spec.msg_type == "CompressedImage":
-        return CompressedImage, lambda msg: (stamp_seconds(msg), RawImage(_u8(msg.data), compressed=True))
-    raise ValueError(f"stream {spec.name}: unsupported message type {spec.msg_type!r}")
+    The conversion itself is ROS-free (eva_export.capture.intake) and shared with bag ingest.
+    """
+    if spec.msg_type not in MSG_TYPES:
+        raise ValueError(f"stream {spec.name}: unsupported message type {spec.msg_type!r}")
+    return MSG_TYPES[spec.msg_type], intake.converter(spec)
 
 
 # ---- builders (teleop_sim, tests) ---------------------------------------------------------------

@@ -42,7 +42,7 @@ from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 
-from eva_export.capture.recorder import streams_from_config
+from eva_export.capture.intake import streams_from_config
 from eva_export.config import load_config
 from eva_export.nodes import ros_convert
 from eva_export.nodes.common import run_node

@@ -1,0 +1,198 @@
+"""One episode on its way from messages to a committed v2.1 episode (no threads, no clock).
+
+``EpisodeRun`` is the single code path that live capture (the Recorder's align and save workers)
+and bag ingest (eva_export.capture.ingest) share: messages in receive order go through
+``push`` (checks, vector conversion, the ``GridAligner``), grid slots through ``emit`` (image
+decoding, held values, the ``EpisodeChecker``) into the ``EpisodeWriter``, and ``save`` finishes
+the encoders, computes the verdict and commits through the dataset's ``DatasetWriter`` journal.
+Whoever drives it decides what "now" is: the receive clock live, the bag's log time in ingest.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import av
+import numpy as np
+
+from ..config import CollectionConfig
+from ..dataset.records import EpisodeRow
+from ..dataset.writer import DatasetWriter, EpisodeWriter
+from .align import LATENCY_BUDGET_S, GridAligner, Sample, Slot
+from .checks import EpisodeChecker, QualityResult
+from .features import CAPTURE_TIME
+from .intake import RawImage, RawVector, fingerprint
+from .stream import StreamState
+
+
+@dataclass
+class EpisodeRun:
+    epoch: int
+    dataset_name: str
+    task: str
+    dw: DatasetWriter
+    writer: EpisodeWriter
+    aligner: GridAligner
+    checker: EpisodeChecker
+    streams: Sequence[StreamState]
+    start: float
+    wall_offset: float
+    t_stop: float | None = None
+    cancel: bool = False
+    finalized: threading.Event = field(default_factory=threading.Event)
+    result: Any = None
+    row_extra: dict[str, Any] = field(default_factory=dict)  # added to the episode row at commit
+
+    @classmethod
+    def begin(cls, col: CollectionConfig, streams: Sequence[StreamState], dw: DatasetWriter, dataset_name: str,
+              task: str, now: float, wall_offset: float, *, epoch: int = 0, grace_s: float = 1.0,
+              writer: EpisodeWriter | None = None) -> EpisodeRun:
+        """The episode's aligner and checker at ``now`` (START); ``writer``: an already opened
+        episode writer (live capture opens it before taking START's time: opening the encoders
+        takes milliseconds during which messages are not taken)."""
+        cap = col.capture
+        cams = [i for i, s in enumerate(streams) if s.spec.is_camera]
+        aligner = GridAligner(len(streams), col.fps, now, tolerance=cap.skew_tolerance_s,
+                              reference=cams[0] if cams else None, grace_s=grace_s,
+                              latency_budget=LATENCY_BUDGET_S, offsets=[s.offset for s in streams])
+        checker = EpisodeChecker([s.spec.name for s in streams], [s.spec.is_camera for s in streams],
+                                 fps=col.fps, start=now, min_frames=cap.min_frames,
+                                 max_drop_ratio=cap.max_drop_ratio, frozen_frames=cap.frozen_frames,
+                                 camera_skew_tolerance_s=cap.camera_skew_tolerance_s, wall_offset=wall_offset)
+        writer = writer or dw.begin_episode(task)
+        for s in streams:
+            s.begin_episode()
+        return cls(epoch, dataset_name, task, dw, writer, aligner, checker, streams, now, wall_offset)
+
+    # ---- messages ---------------------------------------------------------------------------
+    def push(self, i: int, recv: float, stamp: float | None, payload: Any, t_src: float | None = None) -> None:
+        """One message, in receive order (``t_src``: its source time when unstamped)."""
+        if recv < self.start:
+            # received before START but handed over after it (a callback racing START): not part
+            # of the take, so the episode does not depend on that race (and a bag replay, which
+            # cuts on receive time, gives the same episode)
+            return
+        if self.t_stop is not None:
+            if self.aligner.t_stop is None:
+                self.aligner.stop(self.t_stop)
+            # the STOP cut is on source time, like the grid: a frame stamped before STOP but
+            # delivered after it still belongs to the episode
+            if not self.aligner.in_episode(i, recv, stamp, t_src):
+                return
+        spec = self.streams[i].spec
+        self.checker.on_message(i, recv, stamp)
+        value: Any = None
+        if spec.is_camera:
+            raw: RawImage = payload
+            self.checker.on_fingerprint(i, fingerprint(raw))
+            if not raw.compressed and (raw.width, raw.height) != (spec.width, spec.height):
+                self.checker.on_shape(i, f"{raw.width}x{raw.height} received, {spec.width}x{spec.height} configured")
+            else:
+                value = raw
+        else:
+            value = self._vector(i, payload)
+        self.emit(self.aligner.push(i, Sample(recv, stamp, value, t=t_src)))
+
+    def _vector(self, i: int, raw: RawVector) -> np.ndarray | None:
+        spec = self.streams[i].spec
+        vals = np.asarray(raw.values, dtype=np.float64)
+        want = spec.width_values
+        out = vals
+        if spec.kind != "pose" and raw.names is not None and spec.msg_type == "JointState":
+            index = {n: k for k, n in enumerate(raw.names)}
+            missing = [n for n in spec.names if n not in index]
+            if missing or len(vals) != len(raw.names):
+                detail = (f"joints {missing} missing from the message" if missing
+                          else f"{len(vals)} {spec.field} values for {len(raw.names)} joint names")
+                self.checker.on_dimension(i, detail)
+                return None
+            out = vals[[index[n] for n in spec.names]]
+        if out.shape != (want,):
+            self.checker.on_dimension(i, f"{out.size} values, {want} configured")
+            return None
+        if not np.all(np.isfinite(out)):
+            self.checker.on_non_finite(i)
+        return out.astype(np.float32)
+
+    # ---- grid slots -------------------------------------------------------------------------
+    def poll(self, now: float) -> None:
+        """Emit the slots the clock made final (call only when caught up with the intake)."""
+        self.emit(self.aligner.poll(now))
+
+    def stop(self, t_stop: float) -> None:
+        self.t_stop = t_stop
+        if self.aligner.t_stop is None:
+            self.aligner.stop(t_stop)
+
+    def finish_slots(self) -> None:
+        """Emit every remaining slot up to STOP (end of the episode's messages)."""
+        self.emit(self.aligner.finish())
+
+    def emit(self, slots: list[Slot]) -> None:
+        for slot in slots:
+            values: dict[str, Any] = {}
+            images: dict[str, np.ndarray] = {}
+            for i, pick in enumerate(slot.picks):
+                st = self.streams[i]
+                spec = st.spec
+                s = pick.sample
+                if s is not None and s.payload is not None and s.seq != st.held_seq:
+                    if spec.is_camera:
+                        try:
+                            img = st.decoder.rgb(s.payload)
+                            if img.shape != (spec.height, spec.width, 3):
+                                self.checker.on_shape(i, f"decoded {img.shape[1]}x{img.shape[0]}, "
+                                                         f"{spec.width}x{spec.height} configured")
+                            else:
+                                st.held = img
+                        except (ValueError, av.FFmpegError) as exc:
+                            self.checker.on_shape(i, f"undecodable frame: {exc}")
+                    else:
+                        st.held = s.payload
+                    st.held_seq = s.seq
+                if st.held is None:
+                    st.held = st.placeholder()
+                if spec.is_camera:
+                    images[spec.feature] = st.held
+                else:
+                    values[spec.feature] = st.held
+            self.checker.on_slot(slot)
+            # Seconds since START, not epoch seconds: LeRobot hands columns out as float32, which
+            # keeps ~1e-5 s here but only 128 s steps for epoch values. The episode row carries
+            # capture_time_origin_unix, so origin + capture_time is the observed wall time.
+            values[CAPTURE_TIME] = np.array([self._capture_recv(slot) - self.start], np.float64)
+            self.writer.add_frame(values, images)
+
+    def _capture_recv(self, slot: Slot) -> float:
+        """Observed time of the row: receive time of the state message used (else the slot)."""
+        pick = slot.picks[0]
+        if self.streams[0].spec.name == "state" and pick.sample is not None:
+            return pick.sample.recv
+        return slot.t
+
+    # ---- end ----------------------------------------------------------------------------------
+    def note_overflow(self) -> int:
+        """Count the messages the intake could not take as checker issues; returns the total."""
+        total = 0
+        for i, st in enumerate(self.streams):
+            for _ in range(st.overflow):
+                self.checker.on_overflow(i)
+            total += st.overflow
+        return total
+
+    def save(self) -> tuple[EpisodeRow | None, QualityResult]:
+        """Finish the encoders, judge the episode and commit it (None: zero rows, nothing written)."""
+        done = self.writer.finish()
+        frames = {s.spec.name: done.video_frames.get(s.spec.feature, 0) for s in self.streams if s.spec.is_camera}
+        assert self.t_stop is not None
+        result = self.checker.finish(done.rows, self.t_stop, frames, self.aligner.timings())
+        row = self.dw.commit(self.writer, {**result.row_extra(),
+                                           "capture_time_origin_unix": self.wall_offset + self.start,
+                                           **self.row_extra})
+        return row, result
+
+    def abort(self) -> None:
+        self.writer.abort()

@@ -1,0 +1,470 @@
+"""Bag ingest: a rosbag2 (MCAP) recording becomes raw v2.1 episodes, without ROS.
+
+The bag is streamed record by record (``mcap.stream_reader.StreamReader``: file order, which is
+the order the recorder received the messages in; memory does not grow with the bag) and CDR is
+decoded with the schemas stored in the bag (mcap-ros2-support). Every configured stream's
+messages go through the same functions as live capture: ``intake.converter`` builds the payload,
+the stream's ``ClockOffset`` places it, and ``EpisodeRun`` (episode.py) aligns, checks, writes
+and commits it. Time: the bag's log time plays the capture node's receive clock; header stamps
+are used where messages have them (the same rule as live capture).
+
+Episodes: one per bag (default), explicit ranges (seconds from the first message), or a marker
+topic (``capture.ingest_marker_topic``: std_msgs/String "start"/"stop", std_msgs/Bool, or the
+capture node's own ``~/status`` CaptureStatus, found by its type when no topic is configured).
+
+Resumable: every committed episode's row names its source (bag path and episode ordinal); a
+re-run skips those. A partly written episode is never visible (the writer's staging + journal).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from mcap.exceptions import McapError
+from mcap.reader import make_reader
+from mcap.records import Channel, Header, Message, Schema
+from mcap.stream_reader import StreamReader
+from mcap_ros2.decoder import DecoderFactory
+
+from ..config import CollectionConfig, check_name
+from ..dataset.writer import DatasetWriter
+from ..errors import EvaError
+from .align import STOP_BUDGET_S
+from .episode import EpisodeRun
+from .features import capture_features, video_settings
+from .intake import converter, streams_from_config
+from .stream import states_for
+
+log = logging.getLogger(__name__)
+
+MCAP_MAGIC = b"\x89MCAP0\r\n"
+ROS2_PROFILE = "ros2"
+CAPTURE_STATUS_TYPE = "eva_export_interfaces/msg/CaptureStatus"
+MARKER_TYPES = ("std_msgs/msg/String", "std_msgs/msg/Bool", CAPTURE_STATUS_TYPE)
+#: Row key naming where an ingested episode came from (also what makes a re-run resume).
+SOURCE_KEY = "ingest_source"
+_START_WORDS = {"start", "begin", "record", "recording"}
+_STOP_WORDS = {"stop", "end", "idle", "cancel", "saving", "done"}
+
+
+class IngestError(EvaError):
+    """A bag that cannot be ingested (wrong storage, not a ROS 2 bag, missing topic ...)."""
+
+
+# ---- what to cut -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EpisodePlan:
+    mode: str = "bag"  # "bag", "ranges" or "marker"
+    ranges: tuple[tuple[float, float], ...] = ()  # seconds from the bag's first message
+
+    @classmethod
+    def parse(cls, spec: str) -> EpisodePlan:
+        """``""``/``bag``: one episode; ``ranges:T0-T1,...``: seconds from bag start; ``marker``."""
+        spec = (spec or "").strip()
+        if spec in ("", "bag"):
+            return cls()
+        if spec == "marker":
+            return cls("marker")
+        if spec.startswith("ranges:"):
+            out = []
+            for part in spec[len("ranges:"):].split(","):
+                try:
+                    a, b = (float(x) for x in part.strip().split("-"))
+                except ValueError:
+                    raise IngestError(f"episode range {part!r} is not T0-T1 (seconds from bag start)") from None
+                if not 0 <= a < b:
+                    raise IngestError(f"episode range {part!r}: need 0 <= T0 < T1")
+                out.append((a, b))
+            out.sort()
+            if any(out[k][0] < out[k - 1][1] for k in range(1, len(out))):
+                raise IngestError(f"episode ranges overlap: {spec!r}")
+            return cls("ranges", tuple(out))
+        raise IngestError(f"episodes {spec!r}: use '' (one per bag), 'ranges:T0-T1,...' or 'marker'")
+
+
+# ---- the bag -----------------------------------------------------------------------------------
+@dataclass
+class BagFiles:
+    path: Path
+    files: list[Path]
+    metadata: dict[str, Any] | None = None
+
+    @property
+    def size(self) -> int:
+        return sum(f.stat().st_size for f in self.files)
+
+
+_DB3_HELP = ("convert it to MCAP first: `ros2 bag convert -i {p} -o out.yaml` with out.yaml holding "
+             "`output_bags: [{{uri: {p}_mcap, storage_id: mcap}}]` (or record with `ros2 bag record -s mcap`, "
+             "the default since ROS 2 Iron)")
+
+
+def open_bag(path: Path | str) -> BagFiles:
+    """The MCAP files of a rosbag2 directory (metadata.yaml order) or one .mcap file, checked."""
+    p = Path(path)
+    if not p.exists():
+        raise IngestError(f"bag {p} does not exist")
+    meta: dict[str, Any] | None = None
+    if p.is_dir():
+        mfile = p / "metadata.yaml"
+        if mfile.is_file():
+            try:
+                raw = yaml.safe_load(mfile.read_text()) or {}
+                meta = raw.get("rosbag2_bagfile_information") or {}
+            except (yaml.YAMLError, OSError, AttributeError) as exc:
+                raise IngestError(f"{mfile}: unreadable metadata.yaml ({exc})") from exc
+            if str(meta.get("storage_identifier", "mcap")) == "sqlite3":
+                raise IngestError(f"{p} is a sqlite3 (.db3) rosbag2 bag; " + _DB3_HELP.format(p=p))
+            rel = [str(x) for x in meta.get("relative_file_paths") or []]
+            files = [p / r for r in rel if (p / r).is_file()]
+            if not files:
+                files = sorted(p.glob("*.mcap"))
+        else:
+            files = sorted(p.glob("*.mcap"))
+        if not files:
+            if any(p.glob("*.db3")):
+                raise IngestError(f"{p} holds a sqlite3 (.db3) rosbag2 bag; " + _DB3_HELP.format(p=p))
+            raise IngestError(f"{p} holds no .mcap file (not a rosbag2 MCAP bag)")
+    else:
+        if p.suffix == ".db3":
+            raise IngestError(f"{p} is a sqlite3 (.db3) rosbag2 file; " + _DB3_HELP.format(p=p.parent))
+        files = [p]
+    for f in files:
+        _check_ros2_mcap(f)
+    return BagFiles(p, files, meta)
+
+
+def _check_ros2_mcap(f: Path) -> None:
+    with open(f, "rb") as fh:
+        head = fh.read(len(MCAP_MAGIC))
+        if head.startswith(b"SQLite f"):  # "SQLite format 3": a .db3 file under another name
+            raise IngestError(f"{f} is a sqlite3 (.db3) bag; " + _DB3_HELP.format(p=f.parent))
+        if head != MCAP_MAGIC:
+            raise IngestError(f"{f} is not an MCAP file (not a rosbag2 MCAP bag)")
+        fh.seek(0)
+        try:
+            header = next(StreamReader(fh).records)
+        except (McapError, StopIteration, ValueError, EOFError) as exc:
+            raise IngestError(f"{f}: unreadable MCAP header ({exc})") from exc
+    if not isinstance(header, Header) or header.profile != ROS2_PROFILE:
+        prof = header.profile if isinstance(header, Header) else "?"
+        raise IngestError(f"{f} is not a ROS 2 bag (MCAP profile {prof!r}, expected {ROS2_PROFILE!r}); "
+                          f"an eva-client MCAP export cannot be ingested, only `ros2 bag record` output")
+
+
+def bag_channels(bag: BagFiles) -> dict[str, str] | None:
+    """topic -> type name from the MCAP summaries (or metadata.yaml); None when unknown (damaged)."""
+    out: dict[str, str] = {}
+    try:
+        for f in bag.files:
+            with open(f, "rb") as fh:
+                summary = make_reader(fh).get_summary()
+            if summary is None:
+                raise McapError("no summary")
+            for ch in summary.channels.values():
+                sch = summary.schemas.get(ch.schema_id)
+                out[ch.topic] = sch.name if sch is not None else ""
+        return out
+    except (McapError, ValueError, EOFError, OSError, KeyError):
+        pass
+    if bag.metadata:
+        for t in bag.metadata.get("topics_with_message_count") or []:
+            md = (t or {}).get("topic_metadata") or {}
+            if "name" in md:
+                out[str(md["name"])] = str(md.get("type", ""))
+        return out or None
+    return None
+
+
+@dataclass
+class BagMessage:
+    log_time: float  # seconds (the recorder's receive clock)
+    topic: str
+    type_name: str
+    data_size: int
+    msg: Any  # decoded message (attribute names as in rclpy)
+
+
+@dataclass
+class BagReader:
+    """Streams decoded messages of the wanted topics; a damaged file ends the stream (``damage``)."""
+
+    bag: BagFiles
+    topics: set[str]
+    check_type: Callable[[str, str], None]
+    damage: str = ""
+    bytes_read: int = 0
+    _decoders: dict[tuple[str, int], Any] = field(default_factory=dict)
+
+    def __iter__(self) -> Iterator[BagMessage]:
+        factory = DecoderFactory()
+        for f in self.bag.files:
+            schemas: dict[int, Schema] = {}
+            channels: dict[int, Channel] = {}
+            with open(f, "rb") as fh:
+                try:
+                    for rec in StreamReader(fh).records:
+                        if isinstance(rec, Schema):
+                            schemas[rec.id] = rec
+                        elif isinstance(rec, Channel):
+                            channels[rec.id] = rec
+                            if rec.topic in self.topics:
+                                sch = schemas.get(rec.schema_id)
+                                self.check_type(rec.topic, sch.name if sch else "")
+                        elif isinstance(rec, Message):
+                            self.bytes_read = self.bytes_read + len(rec.data)
+                            ch = channels.get(rec.channel_id)
+                            if ch is None or ch.topic not in self.topics:
+                                continue
+                            key = (str(f), rec.channel_id)
+                            dec = self._decoders.get(key)
+                            sch = schemas.get(ch.schema_id)
+                            if dec is None:
+                                dec = self._decoders[key] = factory.decoder_for(ch.message_encoding, sch)
+                                if dec is None:
+                                    raise IngestError(f"topic {ch.topic}: cannot decode encoding "
+                                                      f"{ch.message_encoding!r}")
+                            yield BagMessage(rec.log_time * 1e-9, ch.topic, sch.name if sch else "",
+                                             len(rec.data), dec(rec.data))
+                except IngestError:
+                    raise
+                except (McapError, EOFError, ValueError, OSError, Exception) as exc:  # noqa: BLE001
+                    # a recorder killed mid-write leaves a cut chunk or no footer: keep what was read
+                    self.damage = (f"bag file {f.name} is damaged after {self.bytes_read} message bytes "
+                                   f"({type(exc).__name__}: {exc}); the recording was read up to the damage")
+                    log.warning(self.damage)
+                    return
+
+
+# ---- the run ----------------------------------------------------------------------------------
+@dataclass
+class IngestProgress:
+    messages_done: int = 0
+    episodes_done: int = 0
+    episodes_skipped: int = 0
+    bytes_done: int = 0
+    bytes_total: int = 0
+    episodes: list[dict[str, Any]] = field(default_factory=list)  # index, frames, quality, codes
+    damage: str = ""
+    message: str = ""
+
+
+def _marker_state(type_name: str, msg: Any) -> bool | None:
+    """True: recording, False: not, None: no opinion (an unknown String word)."""
+    if type_name == CAPTURE_STATUS_TYPE:
+        return str(msg.state) == "RECORDING"
+    if type_name == "std_msgs/msg/Bool":
+        return bool(msg.data)
+    word = str(getattr(msg, "data", "")).strip().lower()
+    return True if word in _START_WORDS else False if word in _STOP_WORDS else None
+
+
+class BagIngest:
+    """One ingest of one bag into one dataset (synchronous; run it in a thread if needed)."""
+
+    def __init__(self, col: CollectionConfig, bag_path: Path | str, dataset_name: str = "", task: str = "",
+                 episodes: str = "", *, writer_for: Callable[[str], DatasetWriter] | None = None,
+                 progress: Callable[[IngestProgress], None] | None = None) -> None:
+        self.col = col
+        spec = col.task_for(check_name(dataset_name) if dataset_name else "", "")
+        self.dataset_name = dataset_name or spec.dataset_name
+        self.task = task or next((t.task for t in col.tasks if t.dataset_name == self.dataset_name), spec.task)
+        self.plan = EpisodePlan.parse(episodes)
+        self.specs = streams_from_config(col)
+        if not self.specs:
+            raise IngestError("collection.streams configures no stream to ingest")
+        self.bag = open_bag(bag_path)
+        self.source = os.path.realpath(self.bag.path)
+        self.writer_for = writer_for or self._open_writer
+        self.on_progress = progress
+        self.progress = IngestProgress(bytes_total=self.bag.size)
+        self.marker_topic = col.capture.ingest_marker_topic
+        # diagnostic knob shared with live capture: slow every save down (tests kill the process
+        # between episodes to show that a re-run resumes)
+        self.save_delay_s = float(os.environ.get("EVA_CAPTURE_SAVE_DELAY_S", "0") or 0)
+        self._check_topics()
+
+    def _open_writer(self, name: str) -> DatasetWriter:
+        return DatasetWriter.open(self.col.dataset_dir(name), fps=self.col.fps, features=capture_features(self.col),
+                                  robot_type=self.col.robot_type, settings=video_settings(self.col.capture))
+
+    def _check_type(self, topic: str, type_name: str) -> None:
+        for s in self.specs:
+            if s.topic == topic and type_name != s.ros_type:
+                raise IngestError(f"topic {topic} ({s.name}) is {type_name or 'untyped'} in the bag, "
+                                  f"the config expects {s.ros_type}")
+        if self.plan.mode == "marker" and topic == self.marker_topic and type_name not in MARKER_TYPES:
+            raise IngestError(f"marker topic {topic} is {type_name}; expected one of {MARKER_TYPES}")
+
+    def _check_topics(self) -> None:
+        """Before anything is written: every configured topic is in the bag with its type."""
+        channels = bag_channels(self.bag)
+        if channels is None:
+            return  # a damaged bag without summary: checked as messages come (missing -> red)
+        for s in self.specs:
+            if s.topic not in channels:
+                raise IngestError(f"topic {s.topic} ({s.name}, {s.ros_type}) is not in the bag "
+                                  f"{self.bag.path}; its topics: {sorted(channels)}")
+            self._check_type(s.topic, channels[s.topic])
+        if self.plan.mode == "marker":
+            if not self.marker_topic:
+                found = [t for t, ty in channels.items() if ty == CAPTURE_STATUS_TYPE]
+                if not found:
+                    raise IngestError("episodes=marker: collection.capture.ingest_marker_topic is not set and "
+                                      "the bag has no capture node status topic (CaptureStatus)")
+                self.marker_topic = found[0]
+            elif self.marker_topic not in channels:
+                raise IngestError(f"marker topic {self.marker_topic} is not in the bag; its topics: "
+                                  f"{sorted(channels)}")
+            self._check_type(self.marker_topic, channels[self.marker_topic])
+
+    # ---- driving episodes --------------------------------------------------------------------
+    def run(self) -> IngestProgress:
+        col = self.col
+        states = states_for(self.specs)
+        convert = [converter(s) for s in self.specs]
+        index = {s.topic: i for i, s in enumerate(self.specs)}
+        topics = set(index) | ({self.marker_topic} if self.marker_topic else set())
+        dw = self.writer_for(self.dataset_name)
+        with dw.lock:
+            done = {int(e.extra[SOURCE_KEY]["episode"]): e.episode_index for e in dw.episodes
+                    if isinstance(e.extra.get(SOURCE_KEY), dict) and e.extra[SOURCE_KEY].get("bag") == self.source}
+        tol = col.capture.skew_tolerance_s or 0.5 / col.fps
+        reader = BagReader(self.bag, topics, self._check_type)
+        run: EpisodeRun | None = None  # recording
+        closing: EpisodeRun | None = None  # stopped, taking the messages still in flight
+        ordinal = -1
+        skipping = False  # an episode already committed by an earlier run of this ingest
+        first_t: float | None = None
+        last_t = 0.0
+        next_range = 0
+        marker_on = False
+        p = self.progress
+        last_report = 0.0
+
+        def start(t: float) -> None:
+            nonlocal run, ordinal, skipping, closing
+            if closing is not None:
+                self._finish(closing)
+                closing = None
+            ordinal += 1
+            if ordinal in done:
+                skipping = True
+                p.episodes_skipped += 1
+                return
+            run = EpisodeRun.begin(col, states, dw, self.dataset_name, self.task, t, 0.0, epoch=ordinal)
+            run.row_extra[SOURCE_KEY] = {"bag": self.source, "episode": ordinal, "start_time": t}
+
+        def stop(t: float) -> None:
+            nonlocal run, closing, skipping
+            skipping = False
+            if run is not None:
+                run.stop(t)
+                run.row_extra[SOURCE_KEY]["stop_time"] = t
+                closing, run = run, None
+
+        try:
+            for m in reader:
+                t = m.log_time
+                p.messages_done += 1
+                if closing is not None:
+                    # as the live worker: the clock (here: this message's arrival) emits what it made
+                    # final first; a finished episode takes no more messages
+                    closing.poll(t)
+                    if closing.aligner.done() or t > closing.t_stop + tol + STOP_BUDGET_S + 0.05:  # type: ignore[operator]
+                        self._finish(closing)
+                        closing = None
+                i = index.get(m.topic)
+                if first_t is None and i is not None:
+                    first_t = t
+                # ---- cuts
+                if self.plan.mode == "marker" and m.topic == self.marker_topic:
+                    on = _marker_state(m.type_name, m.msg)
+                    if on is not None and on != marker_on:
+                        marker_on = on
+                        if on:
+                            start(t)
+                        else:
+                            stop(t)
+                    if i is None:
+                        continue
+                elif self.plan.mode == "bag":
+                    if ordinal < 0 and i is not None:
+                        start(t)
+                elif self.plan.mode == "ranges" and first_t is not None:
+                    while next_range < len(self.plan.ranges):
+                        a, b = (first_t + x for x in self.plan.ranges[next_range])
+                        if (run is not None or skipping) and t > b:
+                            stop(b)
+                            next_range += 1
+                            continue
+                        if run is None and not skipping and a <= t <= b:
+                            start(a)
+                        elif run is None and not skipping and t > b:
+                            next_range += 1  # a range with no message at all
+                            continue
+                        break
+                if i is None:
+                    continue
+                last_t = t
+                # ---- the live path: count, place on the stream's clock, push in receive order
+                st = states[i]
+                st.received += 1
+                stamp, payload = convert[i](m.msg)
+                t_src = st.offset.observe(t, stamp)
+                for ep in (closing, run):
+                    if ep is not None:
+                        ep.poll(t)
+                        ep.push(i, t, stamp, payload, t_src)
+                if self.on_progress is not None and time.monotonic() - last_report > 0.5:
+                    last_report = time.monotonic()
+                    p.bytes_done = reader.bytes_read
+                    self.on_progress(p)
+            p.damage = reader.damage
+            if run is not None:
+                stop(last_t if self.plan.mode != "ranges" else min(last_t, first_t + self.plan.ranges[next_range][1]))  # type: ignore[operator]
+            if closing is not None:
+                if reader.damage:
+                    closing.checker.on_source_damage(reader.damage)
+                self._finish(closing)
+                closing = None
+        except BaseException:
+            for ep in (run, closing):
+                if ep is not None:
+                    ep.abort()  # never a partly written episode
+            raise
+        p.bytes_done = reader.bytes_read
+        if first_t is None:
+            p.message = "the bag holds no message on the configured topics; nothing written"
+        else:
+            p.message = (f"{p.episodes_done} episodes ingested from {self.bag.path} into {self.dataset_name!r}"
+                         + (f", {p.episodes_skipped} already ingested before" if p.episodes_skipped else "")
+                         + (f"; {reader.damage}" if reader.damage else ""))
+        if self.on_progress is not None:
+            self.on_progress(p)
+        return p
+
+    def _finish(self, ep: EpisodeRun) -> None:
+        ep.finish_slots()
+        if ep.writer.rows == 0:
+            ep.abort()
+            self.progress.episodes.append({"index": -1, "frames": 0, "quality": "empty", "codes": []})
+            return
+        if self.save_delay_s > 0:
+            time.sleep(self.save_delay_s)
+        row, result = ep.save()
+        if row is not None:
+            self.progress.episodes_done += 1
+            self.progress.episodes.append({"index": row.episode_index, "frames": row.length,
+                                           "quality": result.quality, "codes": result.codes})
+            log.info("ingested episode %d: %d frames, %s %s", row.episode_index, row.length, result.quality,
+                     result.codes)
+        if self.on_progress is not None:
+            self.on_progress(self.progress)
