@@ -59,7 +59,8 @@ def write_config(work: Path, cameras: tuple[str, ...] = CAMERAS) -> Path:
                    for c in cameras)
     text = (
         "collection:\n"
-        f"  log_dir: \"{work / 'datasets'}\"\n"
+        # a dataset per camera set: a 6-camera node may not append to the 3-camera dataset
+        f"  log_dir: \"{work / f'datasets_{len(cameras)}cam'}\"\n"
         "  fps: 30\n"
         "  robot_type: bench_arm\n"
         "  tasks:\n    - {dataset_name: bench, task: \"benchmark teleop\"}\n"
@@ -235,6 +236,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="rows of 20 s instead of 60 s")
     ap.add_argument("--lengths", type=float, nargs="*", help="quiet 3-camera episodes of these lengths instead")
+    ap.add_argument("--rows", nargs="*", help="run only these rows (e.g. --rows '6 cameras')")
     args = ap.parse_args()
     secs = 20.0 if args.quick else 60.0
     if args.lengths:
@@ -242,6 +244,8 @@ def main() -> int:
     else:
         rows = [("quiet", secs, CAMERAS, False), ("cpu load", secs, CAMERAS, True),
                 ("6 cameras", secs, CAMERAS6, False)]
+        if args.rows:
+            rows = [r for r in rows if r[0] in args.rows]
     env = configure_env()
     OUT.mkdir(parents=True, exist_ok=True)
     results = []

@@ -21,6 +21,7 @@ from eva_export.capture.recorder import (
     fingerprint,
 )
 from eva_export.config import parse_config
+from eva_export.dataset.writer import DatasetWriter
 from eva_export.errors import DatasetError
 
 FPS = 30
@@ -469,3 +470,59 @@ def test_review_keeps_quality_and_lists(tmp_path):
         assert len(rows) == 1 and rows[0].quality == "red"
     finally:
         rec.close()
+
+
+def test_relaunch_with_other_cameras_refuses_the_dataset_instead_of_dropping_videos(tmp_path):
+    """Issue 12 follow-up: a capture node relaunched with more cameras than the dataset on disk
+    recovered it at start-up with the dataset's own features, then recorded into it: the extra
+    cameras' frames were silently not encoded (red ``video_frame_count_mismatch``, 0 frames)."""
+    col = make_config(tmp_path)
+    rec = Recorder(col)
+    try:
+        with Feed(rec):
+            assert rec.start().ok
+            time.sleep(0.5)
+            assert rec.stop().ok
+            assert rec.wait_saved(30)
+    finally:
+        rec.close()
+    root = col.dataset_dir("pick")
+    before = (root / "meta" / "info.json").read_text()
+    cams = [{"name": "front", "topic": "/f", "width": 64, "height": 48},
+            {"name": "back", "topic": "/b", "width": 64, "height": 48}]
+    col2 = parse_config({"collection": {
+        "log_dir": str(tmp_path / "logs"), "fps": FPS, "robot_type": "sim",
+        "tasks": [{"dataset_name": "pick", "task": "pick it"}],
+        "streams": {"state": {"topic": "/s", "type": "JointState", "names": ["a", "b", "c"]},
+                    "action": {"topic": "/a", "type": "Float64MultiArray", "names": ["a", "b", "c"]},
+                    "cameras": cams},
+        "capture": {"min_frames": 5}}}).collection
+    rec2 = Recorder(col2)  # recovers "pick" at start-up (its own features) before any request
+    try:
+        assert rec2.list_episodes("pick")[1][0].episode_index == 0  # still readable and reviewable
+        r = rec2.start()
+        assert not r.ok and "features differ" in r.message and "observation.images.back" in r.message, r
+        assert rec2.status().state == "IDLE"
+    finally:
+        rec2.close()
+    assert [e["episode_index"] for e in rows_of(root)] == [0]
+    assert (root / "meta" / "info.json").read_text() == before
+    assert not (root / "videos" / "chunk-000" / "observation.images.back").exists()
+
+
+def test_episode_writer_refuses_a_frame_whose_cameras_differ(tmp_path):
+    """A camera the dataset does not have (or lacks) is an error, never a silently missing video."""
+    col = make_config(tmp_path)
+    dw = DatasetWriter.open(tmp_path / "ds", fps=FPS, features=capture_features(col), robot_type="sim")
+    ep = dw.begin_episode("t")
+    try:
+        vals = {"observation.state": np.zeros(3), "action": np.zeros(3), "capture_time": np.zeros(1)}
+        img = np.zeros((48, 64, 3), np.uint8)
+        ep.add_frame(vals, {"observation.images.front": img})
+        with pytest.raises(DatasetError, match="observation.images.back"):
+            ep.add_frame(vals, {"observation.images.front": img, "observation.images.back": img})
+        with pytest.raises(DatasetError, match="observation.images.front"):
+            ep.add_frame(vals, {})
+        assert ep.rows == 1
+    finally:
+        ep.abort()

@@ -206,6 +206,8 @@ class Recorder:
         with self._writers_lock:
             dw = self._writers.get(name)
             if dw is not None:
+                if create:  # it may have been opened at start-up with the features on disk
+                    dw.check_matches(self.col.fps, self.features)
                 return dw
             if create:
                 dw = DatasetWriter.open(root, fps=self.col.fps, features=self.features,

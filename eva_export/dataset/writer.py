@@ -70,6 +70,21 @@ def make_features(extra: dict[str, Feature]) -> dict[str, Feature]:
     return feats
 
 
+def check_matches(root: Path, info: DatasetInfo, fps: int, features: dict[str, Feature]) -> None:
+    """Refuse to append to a dataset recorded with another frame rate or other features.
+
+    Every writer opened for appending must pass this, also one first opened only to recover or
+    review the dataset (which takes the features from info.json): appending 6-camera frames to a
+    3-camera dataset would silently encode only the dataset's 3 cameras."""
+    if info.fps != fps:
+        raise DatasetError(f"{root}: recorded at {info.fps} fps, config asks {fps}; use a new dataset name")
+    want = {k: f.to_dict() for k, f in features.items()}
+    have = {k: f.to_dict() for k, f in info.features.items()}
+    if want != have:
+        diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+        raise DatasetError(f"{root}: features differ from the config ({diff}); use a new dataset name")
+
+
 class _CameraThread:
     """Encodes one camera's frames off the caller's thread; the queue bounds memory."""
 
@@ -146,6 +161,10 @@ class EpisodeWriter:
             if key not in values:
                 raise DatasetError(f"frame {self.rows} lacks feature {key!r}")
             col.append(np.asarray(values[key]).reshape(self.info.features[key].shape))
+        if images.keys() != self._cams.keys():
+            # never drop a camera silently: its video would lack the frames the table has
+            raise DatasetError(f"frame {self.rows} has images for {sorted(images)}, the dataset's "
+                               f"cameras are {sorted(self._cams)}")
         for key, cam in self._cams.items():
             cam.put(images[key])
         self.rows += 1
@@ -206,13 +225,7 @@ class DatasetWriter:
             info = DatasetInfo.from_dict(read_json(root / INFO))
             if info.codebase_version != CODEBASE_V21:
                 raise DatasetError(f"{root / INFO}: codebase_version {info.codebase_version}, expected v2.1")
-            if info.fps != fps:
-                raise DatasetError(f"{root}: recorded at {info.fps} fps, config asks {fps}; use a new dataset name")
-            want = {k: f.to_dict() for k, f in features.items()}
-            have = {k: f.to_dict() for k, f in info.features.items()}
-            if want != have:
-                diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
-                raise DatasetError(f"{root}: features differ from the config ({diff}); use a new dataset name")
+            check_matches(root, info, fps, features)
         else:
             info = DatasetInfo(codebase_version=CODEBASE_V21, robot_type=robot_type, fps=fps,
                                features=dict(features))
@@ -307,6 +320,10 @@ class DatasetWriter:
     @property
     def total_frames(self) -> int:
         return sum(e.length for e in self.episodes)
+
+    def check_matches(self, fps: int, features: dict[str, Feature]) -> None:
+        """See the module function: raise DatasetError unless this config may append here."""
+        check_matches(self.root, self.info, fps, features)
 
     def begin_episode(self, task: str) -> EpisodeWriter:
         staging = self.root / STAGING / f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
