@@ -20,6 +20,7 @@ formats) -> pair publication (publish.py) -> staging removed.
 from __future__ import annotations
 
 import collections
+import contextlib
 import importlib
 import logging
 import os
@@ -226,7 +227,8 @@ class ExportService:
         self._set(job, state=RUNNING)
         self._save(job, force=True)
         try:
-            self._export(job, Faults(self.fail_at))
+            with self._unit_pool():
+                self._export(job, Faults(self.fail_at))
             self._set(job, state=COMPLETED, finished_at=time.time())
         except EvaError as exc:
             self._set(job, state=FAILED, error=str(exc), finished_at=time.time())
@@ -238,6 +240,15 @@ class ExportService:
         self._save(job, force=True)
         with self._lock:
             self._lock.notify_all()
+
+    def _unit_pool(self) -> Any:
+        """Episode units of this job run in worker processes (export.pool), unless the caller
+        already chose an executor (``eva-export batch`` on Ray)."""
+        from . import pool
+
+        if pool.active() is not None:
+            return contextlib.nullcontext()
+        return pool.local_pool(self.config.export.workers)
 
     def _export(self, job: Job, faults: Faults) -> None:
         fmt = job.format
