@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHES = ["bench_capture.py", "bench_split.py", "bench_formats.py", "bench_upload.py"]
+BENCHES = ["bench_capture.py", "bench_split.py", "bench_formats.py", "bench_upload.py", "bench_parallel.py"]
 
 
 def machine() -> str:

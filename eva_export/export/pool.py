@@ -166,6 +166,9 @@ class LocalPool:
         while len(self._procs) < n:
             self._procs.append(_Worker(env))
 
+    def prestart(self) -> None:
+        self._start(self.workers)
+
     def run(self, units: Sequence[Unit], on_done: Done) -> None:
         todo = list(units)
         todo.reverse()  # pop() from the end: source order
@@ -237,6 +240,7 @@ def local_pool(workers: int | None) -> Iterator[Executor | None]:
             yield None
         return
     with LocalPool(n) as pool, using(pool):
+        pool.prestart()  # the workers' imports overlap with the validation of the source
         yield pool
 
 
@@ -255,9 +259,16 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(0)
 
 
+PRELOAD = ("eva_export.export.split", "eva_export.formats._common")  # numpy, pyarrow, PyAV
+
+
 def worker_main(fd: int, parent_pid: int) -> None:
     _die_with_parent(parent_pid)
     conn = Connection(fd)
+    import importlib
+
+    for name in PRELOAD:  # while the parent validates the source, not when the first unit arrives
+        importlib.import_module(name)
     while True:
         try:
             msg = conn.recv()
