@@ -111,3 +111,20 @@ def test_ray_batch_one_broken_rerun_skips(tmp_path: Path, ray_local: None, capsy
     assert [r["result"] for r in res2] == ["published", "skipped", "skipped", "failed", "skipped"]
     assert res2[0]["job_id"] != res[0]["job_id"]
     check_published(srcs[0], "hdf5")
+
+
+def test_ray_pool_runs_units_in_ray_workers_and_names_a_crash(ray_local: None) -> None:
+    from eva_export.export import pool
+    from eva_export.export.batch import RayPool
+
+    rp = RayPool.connect("auto", 2)
+    seen: list[int] = []
+    rp.run([pool.Unit(f"episode {i}", os.getpid, ()) for i in range(4)], lambda u, pid: seen.append(pid))
+    assert len(seen) == 4 and os.getpid() not in seen
+    with pytest.raises(pool.UnitError, match=r"^episode 7: the Ray worker died while writing it"):
+        rp.run([pool.Unit("episode 6", os.getpid, ()), pool.Unit("episode 7", os._exit, (3,))],
+               lambda u, r: None)
+    rp.close()  # joined an existing instance: leaves it running
+    import ray
+
+    assert ray.is_initialized()
