@@ -18,6 +18,7 @@ setup(
     ],
     package_data={"eva_export.console": ["static/*"]},
     install_requires=["setuptools"],
+    extras_require={"ray": ["ray==2.60.0"]},  # eva-export batch --ray (never imported by the nodes)
     python_requires=">=3.10",
     zip_safe=True,
     maintainer="eva_export developers",

@@ -28,6 +28,23 @@ def standalone_config(source: str) -> Config:
     return parse_config({"collection": {"log_dir": str(parent)}})
 
 
+def with_workers(config: Config, workers: int | None) -> Config:
+    """The config with export.workers from --workers (None: keep the config's)."""
+    import dataclasses
+
+    if workers is None:
+        return config
+    if workers < 0:
+        raise EvaError(f"--workers must be >= 0 (0: one per core), got {workers}")
+    return dataclasses.replace(config, export=dataclasses.replace(config.export, workers=workers))
+
+
+def _batch(args: argparse.Namespace) -> int:
+    from .export.batch import main_batch
+
+    return main_batch(args)
+
+
 def _export(args: argparse.Namespace) -> int:
     from .export.runner import ExportService
 
@@ -36,7 +53,8 @@ def _export(args: argparse.Namespace) -> int:
         print("eva-export: export needs the source directory (eva-export export SRC --format F)", file=sys.stderr)
         return 2
     try:
-        config = load_config(args.config) if args.config else standalone_config(source)
+        config = with_workers(load_config(args.config) if args.config else standalone_config(source),
+                              args.workers)
         svc = ExportService(config, background=False, recover=False)
         job = svc.run(source, args.fmt)
     except EvaError as exc:
@@ -201,7 +219,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="the eva_export YAML config (default: data root = the source's parent)")
     p.add_argument("--format", required=True, dest="fmt", choices=FORMATS,
                    help="; ".join(f"{s.name}: {s.description}" for s in FORMAT_SPECS))
+    p.add_argument("--workers", type=int, default=None,
+                   help="worker processes for episode units (default: export.workers; 0 = one per core, 1 = serial)")
     p.set_defaults(func=_export)
+    p = sub.add_parser("batch", help="export every raw dataset under ROOT (local worker pool, or Ray with --ray)")
+    p.add_argument("root", help="a directory holding raw v2.1 datasets (a fleet's day); searched recursively")
+    p.add_argument("--format", required=True, dest="fmt", choices=FORMATS)
+    p.add_argument("--workers", type=int, default=None,
+                   help="local worker processes (default: one per core); with --ray: units in flight")
+    p.add_argument("--ray", default=None, metavar="ADDRESS",
+                   help="run the episode units as Ray tasks: 'auto' joins the running cluster, 'local' starts "
+                        "one on this machine, or a cluster address (needs pip install .[ray])")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
+    p.set_defaults(func=_batch)
     p = sub.add_parser("review", help="set or clear the operator verdict of episodes (no ROS needed)")
     p.add_argument("dir", help="the raw v2.1 dataset directory")
     p.add_argument("--episodes", required=True, help="indices and ranges (0,2,5-7) or all")

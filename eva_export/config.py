@@ -181,6 +181,7 @@ class ExportConfig:
     v3_video_file_mb: float = 200.0
     hdf5_compression: str = ""  # "", "lzf" or "gzip"
     eva_store: StoreSettings = StoreSettings()
+    workers: int = 0  # worker processes for episode units; 0 -> os.cpu_count(); 1 -> serial
 
 
 @dataclass(frozen=True)
@@ -303,7 +304,7 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> Config:
     )
     ex = _take(raw.get("export") or {}, "export",
                {"data_roots", "jobs_dir", "v3_data_file_mb", "v3_video_file_mb", "hdf5_compression",
-                "eva_store"})
+                "eva_store", "workers"})
     roots = tuple(Path(r).expanduser().absolute() for r in (ex.get("data_roots") or [log_dir]))
     export = ExportConfig(
         data_roots=roots,
@@ -312,6 +313,7 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> Config:
         v3_video_file_mb=float(ex.get("v3_video_file_mb", 200.0)),
         hdf5_compression=str(ex.get("hdf5_compression", "")),
         eva_store=_store_settings(ex.get("eva_store")),
+        workers=_workers(ex.get("workers", 0)),
     )
     if export.hdf5_compression not in ("", "lzf", "gzip"):
         raise ConfigError("export.hdf5_compression must be '', 'lzf' or 'gzip'")
@@ -319,6 +321,13 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> Config:
     upload = UploadConfig(jobs_dir=Path(up.get("jobs_dir") or log_dir / ".jobs" / "upload"))
     return Config(collection=collection, export=export, upload=upload, path=path,
                   console=_console(raw.get("console")))
+
+
+def _workers(value: Any) -> int:
+    """export.workers: a whole number >= 0 (0: one per core)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1024:
+        raise ConfigError(f"export.workers must be a whole number from 0 (one per core) to 1024, got {value!r}")
+    return value
 
 
 def _console(d: Any) -> ConsoleConfig:

@@ -106,3 +106,40 @@ def test_blocker_really_blocks():
         timeout=100,
     )
     assert "blocked:" in proc.stdout, proc.stdout + proc.stderr
+
+
+RAY_SCRIPT = textwrap.dedent(
+    """
+    import importlib, json, pkgutil, sys, traceback
+
+    class Blocker:
+        def find_spec(self, name, path=None, target=None):
+            if name == "ray" or name.startswith("ray."):
+                raise ImportError(f"{name!r} is blocked in this test")
+            return None
+
+    sys.meta_path.insert(0, Blocker())
+    import eva_export
+    results = {}
+    for info in pkgutil.walk_packages(eva_export.__path__, "eva_export.", onerror=lambda n: None):
+        try:
+            importlib.import_module(info.name)
+            results[info.name] = None
+        except BaseException:
+            results[info.name] = traceback.format_exc(limit=5)
+    print(json.dumps({"results": results, "ray_loaded": sorted(m for m in sys.modules if m.split(".")[0] == "ray")}))
+    """
+)
+
+
+def test_nodes_and_core_import_without_ray():
+    """Ray is an optional extra of ``eva-export batch --ray``: no module, nodes included, needs it."""
+    proc = subprocess.run([sys.executable, "-c", RAY_SCRIPT], capture_output=True, text=True,
+                          cwd=str(rosharness.REPO_ROOT), timeout=100)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = report["results"]
+    assert "eva_export.nodes.export_node" in results and "eva_export.export.batch" in results
+    failures = {name: tb for name, tb in results.items() if tb is not None}
+    assert not failures, "modules that need ray:\n" + "\n".join(f"--- {n}\n{tb}" for n, tb in failures.items())
+    assert report["ray_loaded"] == []

@@ -20,6 +20,7 @@ publication (publish.py) -> staging removed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -136,7 +137,20 @@ class ExportService:
         self.jobs.close(timeout)
 
     # ---- one job ---------------------------------------------------------------------------
+    def _unit_pool(self) -> contextlib.AbstractContextManager[Any]:
+        """Episode units of this job run in worker processes (export.pool), unless the caller
+        already chose an executor (``eva-export batch`` on Ray)."""
+        from . import pool
+
+        if pool.active() is not None:
+            return contextlib.nullcontext()
+        return pool.local_pool(self.config.export.workers)
+
     def _export(self, job_id: str) -> dict[str, Any]:
+        with self._unit_pool():
+            return self._export_job(job_id)
+
+    def _export_job(self, job_id: str) -> dict[str, Any]:
         job = self.jobs.job(job_id)
         faults = Faults(self.fail_at)
         fmt = job.format

@@ -18,7 +18,6 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -279,44 +278,50 @@ def build_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats
     return data.stat().st_size + sum(sizes.values())
 
 
-BUILD_WORKERS = 2  # Parquet I/O, numpy and hard links release the GIL; two cores here
+def _split_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats: dict[str, Any],
+                fail: bool) -> int:
+    """One native unit, run by export.pool (in this process or in a worker process)."""
+    if fail:  # fault injection (Faults "unit:N"), raised where the unit runs
+        raise ExportError(f"injected failure at 'unit:{p.source.index}'")
+    return build_unit(staging, p, info, source_stats)
 
 
 def build_units(plan: SplitPlan, staging: Path, progress: SplitProgress, faults: Faults) -> tuple[int, int]:
     """Build every unit without a valid record; returns (reused, built).
 
-    Units are independent (each has its own files and record), so they are built by a small
-    thread pool; progress is still reported in source order, from this thread. A failure
-    stops the export after the units already running finish: those are kept for the rerun.
+    Units are independent (each has its own files and record), so they run on the active
+    export.pool executor (worker processes, or Ray tasks); progress is reported from this
+    thread as each finishes. A failure stops the export after the units already running
+    finish: those are kept for the rerun.
     """
+    from . import pool
+
     info = plan.check.meta.info
     ep_stats = plan.check.meta.episodes_stats
-    reused = built = 0
-    todo = []
+    reused = 0
+    units: list[pool.Unit] = []
+    planned: dict[str, PlannedEpisode] = {}
     for p in plan.in_source_order:
         if unit_record(staging, p).is_file() and unit_is_complete(staging, p, info):
             reused += 1
             progress.on_unit(p, 1 + len(p.source.video_paths), p.source.bytes, True)
             continue
         unit_record(staging, p).unlink(missing_ok=True)
-        todo.append(p)
-
-    def build(p: PlannedEpisode) -> None:
-        faults.check(f"unit:{p.source.index}")
         src_stats = ep_stats[p.source.index].stats if p.source.index in ep_stats else {}
-        build_unit(staging, p, info, src_stats)
+        name = f"{p.subset} episode {p.new_index} (source episode {p.source.index})"
+        fail = faults.fail_at == f"unit:{p.source.index}"
+        units.append(pool.Unit(name, _split_unit, (staging, p, info, src_stats, fail)))
+        planned[name] = p
+    built = 0
 
-    with ThreadPoolExecutor(max_workers=BUILD_WORKERS, thread_name_prefix="split-unit") as pool:
-        futures = [(p, pool.submit(build, p)) for p in todo]
-        try:
-            for p, fut in futures:
-                fut.result()
-                built += 1
-                progress.on_unit(p, 1 + len(p.source.video_paths), p.source.bytes, False)
-        except BaseException:
-            for _, f in futures:
-                f.cancel()
-            raise
+    def done(u: pool.Unit, _nbytes: int) -> None:
+        nonlocal built
+        p = planned[u.name]
+        built += 1
+        faults.passed.append(f"unit:{p.source.index}")
+        progress.on_unit(p, 1 + len(p.source.video_paths), p.source.bytes, False)
+
+    pool.run_units(units, done)
     return reused, built
 
 

@@ -18,6 +18,7 @@ from .episode_files import (  # noqa: F401
     EPISODE_CHUNK_PATH,
     embedded_info,
     episode_file,
+    episode_file_unit,
     export_episode_files,
     to_plain,
 )

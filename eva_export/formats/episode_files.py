@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..dataset.meta import INFO, DatasetMeta
+from ..dataset.meta import EPISODES, INFO, DatasetMeta
 from ..dataset.records import DatasetInfo, EpisodeRow
+from ..errors import ExportError
 from ..fsutil import atomic_write_json, fsync_dir
 from .base import Progress
 from .source import copy_common_meta, load_source, read_episode_table, write_quality_split
@@ -49,6 +50,45 @@ def to_plain(value: Any) -> Any:
         return [to_plain(v) for v in value]
     return value
 
+_META_CACHE: dict[tuple[str, int, int], DatasetMeta] = {}
+
+
+def _unit_meta(src: Path) -> DatasetMeta:
+    """The source's metadata in a worker process, read once per subset (not once per episode)."""
+    st = (src / EPISODES).stat()
+    key = (str(src), st.st_mtime_ns, st.st_size)
+    if key not in _META_CACHE:
+        _META_CACHE.clear()  # one subset at a time: keep memory flat
+        _META_CACHE[key] = load_source(src)
+    return _META_CACHE[key]
+
+
+def episode_file_unit(src: Path, path: Path, episode_index: int, first_index: int,
+                      write_episode: Callable[[Path, DatasetMeta, EpisodeRow, pa.Table], None],
+                      meta: DatasetMeta | None = None) -> int:
+    """One episode file (a unit of export.pool): written as ``.partial``, renamed into place.
+
+    Runs in the exporting process (``meta`` given) or in a worker process (``meta`` None:
+    read from ``src``); returns the file's size.
+    """
+    meta = meta if meta is not None else _unit_meta(src)
+    ep = next((e for e in meta.episodes if e.episode_index == episode_index), None)
+    if ep is None:
+        raise ExportError(f"episode {episode_index}: not in {src / EPISODES}")
+    table = read_episode_table(meta, ep, first_index=first_index)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.partial")
+    tmp.unlink(missing_ok=True)
+    try:
+        write_episode(tmp, meta, ep, table)
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path.stat().st_size
+
+
 def export_episode_files(
     src: Path,
     out: Path,
@@ -62,32 +102,30 @@ def export_episode_files(
 
     Each episode is written under a hidden ``.partial`` name and renamed into place once
     closed, so a file that exists is a finished episode: a rerun after a kill checks it with
-    ``is_complete`` and keeps it. The common meta files and the marker are written last.
+    ``is_complete`` and keeps it. The episodes left run as export.pool units (worker
+    processes when a pool is active: ``write_episode`` must then be picklable, e.g. a bound
+    method of the exporter). The common meta files and the marker are written last.
     """
+    from ..export import pool
+
     meta = load_source(src)
     out.mkdir(parents=True, exist_ok=True)
     info = embedded_info(meta.info, dataset_format, extension)
     resumed: list[int] = []
+    units: list[pool.Unit] = []
+    in_process = pool.active() is None  # serial: hand the metadata over instead of rereading it
     offset = 0
     for ep in meta.episodes:
-        table = read_episode_table(meta, ep, first_index=offset)
+        first = offset
         offset += ep.length
         path = out / episode_file(info, ep.episode_index)
         if path.is_file() and is_complete(path, meta, ep):
             resumed.append(ep.episode_index)
             progress.on_episode(ep.episode_index, 0)
             continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.partial")
-        tmp.unlink(missing_ok=True)
-        try:
-            write_episode(tmp, meta, ep, table)
-            os.replace(tmp, path)
-            fsync_dir(path.parent)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        progress.on_episode(ep.episode_index, path.stat().st_size)
+        units.append(pool.Unit(f"episode {ep.episode_index}", episode_file_unit,
+                               (src, path, ep.episode_index, first, write_episode, meta if in_process else None)))
+    pool.run_units(units, lambda u, size: progress.on_episode(u.args[2], size))
     copy_common_meta(src, out)
     atomic_write_json(out / INFO, info)
     write_quality_split(src, out, dataset_format)

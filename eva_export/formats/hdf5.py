@@ -114,8 +114,11 @@ class Hdf5Exporter:
     def export(self, native_subset: Path, out_dir: Path, progress: Progress | None = None) -> None:
         self.resumed = common.export_episode_files(
             Path(native_subset), Path(out_dir), progress or Progress(), self.name, "hdf5",
-            write_episode=lambda tmp, meta, ep, table: self._write_episode(tmp, meta, ep.episode_index, ep.to_dict(), table),
+            write_episode=self._write_unit,  # a bound method: picklable for worker processes
             is_complete=lambda path, meta, ep: _complete(path, ep.length, len(meta.info.visual_keys)))
+
+    def _write_unit(self, tmp: Path, meta: DatasetMeta, ep: Any, table: Any) -> None:
+        self._write_episode(tmp, meta, ep.episode_index, ep.to_dict(), table)
 
     def _write_episode(self, tmp: Path, meta: DatasetMeta, episode_index: int, row: dict[str, Any],
                        table: Any) -> None:

@@ -1,0 +1,294 @@
+"""Episode units in worker processes: the local pool, and the hook every unit loop goes through.
+
+A *unit* is one picklable call ``fn(*args)`` (a module-level function and plain data) that
+writes one episode's files under a temporary name and renames them into place; its result
+(a small value) comes back to the caller's thread, which reports progress and commits
+nothing else. Three executors run the same units:
+
+* serial (no pool active, or 1 worker): in the calling thread, exactly as before;
+* ``LocalPool``: N worker processes on this machine;
+* ``eva_export.export.batch.RayPool``: Ray tasks on a cluster (optional extra).
+
+The unit loops (export/split.py, formats/_common.py) call ``run_units``; which executor runs
+them is chosen by whoever started the export, with ``using(pool)`` (a context variable, so
+the export node's worker thread and the CLI each see their own).
+
+Why fresh interpreters (``python -m eva_export.export.pool``) rather than fork or
+multiprocessing's spawn: the export node runs rclpy/DDS threads, and forking a process with
+such threads can deadlock the child; multiprocessing's spawn and forkserver re-import the
+parent's ``__main__`` (a node script, importing rclpy) in every worker. A worker here imports
+only the core library. Each worker asks the kernel to kill it when its parent dies
+(PR_SET_PDEATHSIG), so a killed export never leaves a worker finishing a unit behind the
+back of the rerun; the rerun then finds the unit uncommitted and writes it again.
+
+Memory per worker is that of one unit (units stream); the pool keeps at most one unit per
+worker in flight. A worker process that dies (segfault, OOM kill) fails the job with the
+episode it was running named (``UnitError``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any, Protocol
+
+from ..errors import EvaError, ExportError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One episode unit: ``fn(*args)`` must be picklable (module-level function, plain data)."""
+
+    name: str  # how errors name it, e.g. "accepted episode 12 (source episode 30)"
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+
+
+class UnitError(ExportError):
+    """A unit failed in a worker (exception or the worker process died); names the unit."""
+
+
+Done = Callable[[Unit, Any], None]
+
+
+class Executor(Protocol):
+    workers: int
+
+    def run(self, units: Sequence[Unit], on_done: Done) -> None:
+        """Run every unit; call ``on_done(unit, result)`` in the caller's thread as each finishes.
+
+        On the first failure no further unit starts; units already running finish (their
+        committed files are kept for a rerun); then the failure is raised.
+        """
+
+
+_active: contextvars.ContextVar[Executor | None] = contextvars.ContextVar("eva_export_unit_pool", default=None)
+
+
+@contextlib.contextmanager
+def using(executor: Executor | None) -> Iterator[Executor | None]:
+    """Run the unit loops of this thread's exports on ``executor`` (None: serial)."""
+    token = _active.set(executor)
+    try:
+        yield executor
+    finally:
+        _active.reset(token)
+
+
+def active() -> Executor | None:
+    return _active.get()
+
+
+def run_units(units: Sequence[Unit], on_done: Done) -> None:
+    """Run units on the active executor, or serially in this thread when there is none."""
+    ex = _active.get()
+    if ex is None or ex.workers <= 1 or len(units) <= 1:
+        for u in units:
+            on_done(u, u.fn(*u.args))  # serial: exceptions propagate unchanged, as before
+        return
+    ex.run(units, on_done)
+
+
+def default_workers() -> int:
+    return max(1, os.cpu_count() or 1)
+
+
+def raise_unit_failure(unit: Unit, exc: BaseException | None, detail: str) -> None:
+    """Re-raise a worker's exception in the caller: the original one when it is ours and
+    already names the episode, else a UnitError that names the unit."""
+    if isinstance(exc, EvaError) and _names(exc, unit):
+        raise exc
+    raise UnitError(f"{unit.name}: {detail}") from exc
+
+
+def _names(exc: BaseException, unit: Unit) -> bool:
+    text = str(exc)
+    return any(tag in text for tag in unit_tags(unit))
+
+
+def unit_tags(unit: Unit) -> list[str]:
+    """The "episode N" phrases of a unit name (its own index and its source index)."""
+    words = unit.name.replace("(", " ").replace(")", " ").split()
+    return [f"episode {words[i + 1]}" for i, w in enumerate(words[:-1]) if w == "episode"]
+
+
+# ---- the local pool ---------------------------------------------------------------------------
+class _Worker:
+    def __init__(self, env: dict[str, str]) -> None:
+        parent, child = socket.socketpair()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "eva_export.export.pool", str(child.fileno()), str(os.getpid())],
+                pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL, close_fds=True)
+        finally:
+            child.close()
+        self.conn = Connection(parent.detach())
+        self.unit: Unit | None = None
+
+    def close(self, timeout: float = 5.0) -> None:
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.conn.close()
+
+
+class LocalPool:
+    """``workers`` worker processes on this machine, started on first use, reused across
+    units and subsets of one export (a worker starts in ~0.3-1 s: the imports)."""
+
+    def __init__(self, workers: int | None = None) -> None:
+        self.workers = max(1, int(workers or default_workers()))
+        self._procs: list[_Worker] = []
+
+    def _start(self, n: int) -> None:
+        env = dict(os.environ)
+        # The worker must import this same eva_export (a worktree on PYTHONPATH, or the install).
+        pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        while len(self._procs) < n:
+            self._procs.append(_Worker(env))
+
+    def prestart(self) -> None:
+        self._start(self.workers)
+
+    def run(self, units: Sequence[Unit], on_done: Done) -> None:
+        todo = list(units)
+        todo.reverse()  # pop() from the end: source order
+        self._start(min(self.workers, len(todo)))
+        idle = [w for w in self._procs]
+        busy: dict[Connection, _Worker] = {}
+        failure: tuple[Unit, BaseException | None, str] | None = None
+        while busy or (todo and failure is None):
+            while idle and todo and failure is None:
+                w = idle.pop()
+                u = todo.pop()
+                w.unit = u
+                try:
+                    w.conn.send((u.fn, u.args))
+                except OSError as exc:
+                    failure = (u, None, f"worker process {w.proc.pid} is gone ({exc})")
+                    self._procs.remove(w)
+                    continue
+                busy[w.conn] = w
+            if not busy:
+                break
+            for conn in wait(list(busy)):
+                w = busy.pop(conn)  # type: ignore[arg-type]
+                u = w.unit
+                assert u is not None
+                w.unit = None
+                try:
+                    msg = conn.recv()  # type: ignore[union-attr]
+                except (EOFError, OSError):
+                    code = w.proc.wait()
+                    self._procs.remove(w)
+                    if failure is None:
+                        failure = (u, None, f"the worker process {w.proc.pid} died while writing it "
+                                            f"(exit code {code})")
+                    continue
+                idle.append(w)
+                if msg[0] == "ok":
+                    if failure is None:
+                        on_done(u, msg[1])
+                    else:  # committed anyway: report it, the rerun will reuse it
+                        with contextlib.suppress(Exception):
+                            on_done(u, msg[1])
+                elif failure is None:
+                    exc = None
+                    with contextlib.suppress(Exception):
+                        exc = pickle.loads(msg[1])
+                    failure = (u, exc, msg[2])
+        if failure is not None:
+            raise_unit_failure(*failure)
+
+    def close(self) -> None:
+        for w in self._procs:
+            w.close()
+        self._procs.clear()
+
+    def __enter__(self) -> LocalPool:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+@contextlib.contextmanager
+def local_pool(workers: int | None) -> Iterator[Executor | None]:
+    """``using`` a LocalPool of ``workers`` (None: the cores); 1 worker: serial, no process."""
+    n = max(1, int(workers or default_workers()))
+    if n <= 1:
+        with using(None):
+            yield None
+        return
+    with LocalPool(n) as pool, using(pool):
+        pool.prestart()  # the workers' imports overlap with the validation of the source
+        yield pool
+
+
+# ---- the worker side ------------------------------------------------------------------------
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL this worker when its parent dies; exit if it already has."""
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: rely on EOF of the socket instead
+        pass
+    if os.getppid() != parent_pid:
+        os._exit(0)
+
+
+PRELOAD = ("eva_export.export.split", "eva_export.formats._common")  # numpy, pyarrow, PyAV
+
+
+def worker_main(fd: int, parent_pid: int) -> None:
+    _die_with_parent(parent_pid)
+    conn = Connection(fd)
+    import importlib
+
+    for name in PRELOAD:  # while the parent validates the source, not when the first unit arrives
+        importlib.import_module(name)
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        fn, args = msg
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - sent to the parent, which names the unit
+            try:
+                blob = pickle.dumps(exc)
+            except Exception:  # noqa: BLE001 - an unpicklable exception travels as text only
+                blob = pickle.dumps(None)
+            conn.send(("err", blob, f"{type(exc).__name__}: {exc}"))
+            log.debug("unit failed: %s", traceback.format_exc())
+            continue
+        conn.send(("ok", result))
+
+
+if __name__ == "__main__":
+    worker_main(int(sys.argv[1]), int(sys.argv[2]))
