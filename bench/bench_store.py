@@ -101,11 +101,16 @@ def _rate(res: list[tuple[int, float, float]]) -> dict[str, float]:
 
 def store_rate(path: Path, workers: int, per_worker: int, seed: int) -> dict[str, float]:
     """Aggregate samples/s of ``workers`` forked processes reading random samples at once."""
+    return _forked_rate(_store_worker, path, len(open_store(path)), workers, per_worker, seed)
+
+
+def _forked_rate(worker: Any, path: Path, n_total: int, workers: int, per_worker: int,
+                 seed: int) -> dict[str, float]:
+    """Start ``workers`` forked readers together (a barrier) and aggregate their rates."""
     ctx = mp.get_context("fork")
-    n_total = len(open_store(path))
     barrier, q = ctx.Barrier(workers), ctx.Queue()
-    procs = [ctx.Process(target=_store_worker, args=(str(path), sample_indices(n_total, per_worker, seed + w),
-                                                    barrier, q)) for w in range(workers)]
+    procs = [ctx.Process(target=worker, args=(str(path), sample_indices(n_total, per_worker, seed + w), barrier, q))
+             for w in range(workers)]
     for p in procs:
         p.start()
     res = [q.get() for _ in procs]
@@ -191,16 +196,7 @@ def _pyav_worker(src: str, indices: list[int], barrier: Any, out: Any) -> None:
 
 
 def pyav_rate(src: Path, n_total: int, workers: int, per_worker: int, seed: int) -> dict[str, float]:
-    ctx = mp.get_context("fork")
-    barrier, q = ctx.Barrier(workers), ctx.Queue()
-    procs = [ctx.Process(target=_pyav_worker, args=(str(src), sample_indices(n_total, per_worker, seed + w),
-                                                   barrier, q)) for w in range(workers)]
-    for p in procs:
-        p.start()
-    res = [q.get() for _ in procs]
-    for p in procs:
-        p.join()
-    return _rate(res)
+    return _forked_rate(_pyav_worker, src, n_total, workers, per_worker, seed)
 
 
 # ---- LeRobot 0.4.4 (its own venv; torch lives only there) ---------------------------------------
