@@ -23,6 +23,7 @@ are thread-safe and never wait on encoding; ``stop`` waits only for the last gri
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -340,45 +341,45 @@ class Recorder:
                 raise EvaError(f"another bag is being ingested (job {self._ingesting})")
             self._ingesting = "starting"
         try:
-            job = Job.new("ingest", str(path), "lerobot_v21")
+            # Job records are frozen: the ingest thread replaces the one in ``ref`` as it goes
+            ref: list[Job] = [Job.new("ingest", str(path), "lerobot_v21")]
             ing = BagIngest(self.col, path, dataset_name, task, episodes,
                             writer_for=lambda name: self._writer_for(name, create=True),  # type: ignore[return-value]
-                            progress=lambda p: self._ingest_progress(job, p))
-            job.accepted_dir = str(self.col.dataset_dir(ing.dataset_name))
-            job.bytes_total = ing.progress.bytes_total
-            job.state = RUNNING
-            job.claim()
-            self.jobs.save(job)
+                            progress=lambda p: self._ingest_progress(ref, p))
+            ref[0] = dataclasses.replace(ref[0], accepted_dir=str(self.col.dataset_dir(ing.dataset_name)),
+                                         bytes_total=ing.progress.bytes_total, state=RUNNING).claimed()
+            self.jobs.save(ref[0])
         except BaseException:
             with self._lock:
                 self._ingesting = ""
             raise
+        job = ref[0]
         with self._lock:
             self._ingesting = job.job_id
-        threading.Thread(target=self._run_ingest, args=(job, ing), name="capture-ingest", daemon=True).start()
+        threading.Thread(target=self._run_ingest, args=(ref, ing), name="capture-ingest", daemon=True).start()
         return job
 
-    def _ingest_progress(self, job: Job, p: Any) -> None:
-        job.messages_done, job.episodes_done, job.bytes_done = p.messages_done, p.episodes_done, p.bytes_done
-        job.accepted_episodes = sum(1 for e in p.episodes if e["quality"] == "green")
-        job.rejected_episodes = sum(1 for e in p.episodes if e["quality"] == "red")
-        job.reused_episodes = p.episodes_skipped
-        self.jobs.save(job)
+    def _ingest_progress(self, ref: list[Job], p: Any) -> None:
+        ref[0] = dataclasses.replace(
+            ref[0], messages_done=p.messages_done, episodes_done=p.episodes_done, bytes_done=p.bytes_done,
+            accepted_episodes=sum(1 for e in p.episodes if e["quality"] == "green"),
+            rejected_episodes=sum(1 for e in p.episodes if e["quality"] == "red"),
+            reused_episodes=p.episodes_skipped)
+        self.jobs.save(ref[0])
 
-    def _run_ingest(self, job: Job, ing: Any) -> None:
+    def _run_ingest(self, ref: list[Job], ing: Any) -> None:
         try:
             res = ing.run()
-            self._ingest_progress(job, res)
-            job.state = COMPLETED
-            job.last_error = res.damage
+            self._ingest_progress(ref, res)
+            ref[0] = dataclasses.replace(ref[0], state=COMPLETED, last_error=res.damage)
             self.last_message = res.message
         except Exception as exc:  # noqa: BLE001 - recorded in the job
-            log.exception("ingest %s failed", job.job_id)
-            job.state, job.error = FAILED, str(exc)
+            log.exception("ingest %s failed", ref[0].job_id)
+            ref[0] = dataclasses.replace(ref[0], state=FAILED, error=str(exc))
             self.last_message = f"ingest failed: {exc}"
         finally:
-            job.finished_at = time.time()
-            self.jobs.save(job)
+            ref[0] = dataclasses.replace(ref[0], finished_at=time.time())
+            self.jobs.save(ref[0])
             with self._lock:
                 self._ingesting = ""
 

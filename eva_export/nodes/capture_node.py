@@ -297,7 +297,7 @@ class CaptureNode(Node):
         return response
 
     def _on_get_job(self, request: GetJob.Request, response: GetJob.Response) -> GetJob.Response:
-        from eva_export.nodes.export_node import job_to_msg
+        from eva_export.nodes.common import job_to_msg
 
         response.job.kind = "ingest"
         if self.recorder is None:
@@ -309,8 +309,8 @@ class CaptureNode(Node):
             response.success = False
             response.message = f"no job {confine.short_repr(request.job_id)}" if request.job_id else "no job yet"
             return response
-        response.success, response.message = True, job.state
-        job_to_msg(job, response.job)
+        response.success, response.message = True, str(job.state)
+        response.job = job_to_msg(job, "ingest")
         return response
 
 
