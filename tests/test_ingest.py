@@ -59,8 +59,12 @@ def test_ingested_bag_equals_live_capture_of_the_same_messages(tmp_path):
     assert lr["length"] == ir["length"] == stop.frames
     assert lr["stream_stats"].keys() == ir["stream_stats"].keys()
     for name, st in lr["stream_stats"].items():
-        for key in ("received", "dropped", "late", "time_base"):
+        for key in ("dropped", "late", "time_base"):
             assert st[key] == ir["stream_stats"][name][key], (name, key, st, ir["stream_stats"][name])
+        # messages counted in the window: the ranges cut is given in seconds (9 decimals) while
+        # the live STOP cut is the worker's own clock reading, so one message of the 100 Hz
+        # streams can land on either side of the edge; rows, values and frames stay exact below
+        assert abs(st["received"] - ir["stream_stats"][name]["received"]) <= 1, (name, st, ir["stream_stats"][name])
     lt, it = table(live, 0), table(ing, 0)
     assert lt.keys() == it.keys()
     for key in lt:
