@@ -6,6 +6,8 @@ PY := .venv/bin/python
 # per run (tests/conftest.py; override with EVA_TEST_DOMAIN_ID).
 export ROS_AUTOMATIC_DISCOVERY_RANGE := LOCALHOST
 export RMW_IMPLEMENTATION := rmw_fastrtps_cpp
+# A local Ray instance (batch --ray local, tests, bench) binds 127.0.0.1, not the LAN address.
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 
 .PHONY: setup test demo console bench clean
 

@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # the local Ray instance on loopback only
 import psutil  # noqa: E402
 from bench_formats import build_dataset  # noqa: E402
 from dsfactory import Ep, make_dataset  # noqa: E402

@@ -66,6 +66,8 @@ def configure_ros_env(environ: os._Environ[str] | dict[str, str] = os.environ) -
         raise ValueError(f"EVA_TEST_DOMAIN_ID must be 1..232, got {domain}")
     environ["ROS_DOMAIN_ID"] = str(domain)
     environ["PYTHONUNBUFFERED"] = "1"
+    # a local Ray instance (tests/test_batch.py, bench) listens on 127.0.0.1 only, not on the LAN
+    environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     return domain
 
 

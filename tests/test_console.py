@@ -59,6 +59,14 @@ def _wait_url(proc: rosharness.NodeProcess, timeout: float = 60.0) -> str:
     raise TimeoutError(f"console did not log its URL:\n{proc.log_tail()}")
 
 
+def _wait_log(proc: rosharness.NodeProcess, text: str, timeout: float = 90.0) -> None:
+    """The console node logs this once its own clients see the peers (discovery is per node)."""
+    end = time.monotonic() + timeout
+    while text not in proc.log_text():
+        assert proc.alive() and time.monotonic() < end, proc.log_tail()
+        time.sleep(0.2)
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, rclpy_context: None) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("console")
@@ -96,6 +104,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, rclpy_context: None) -> Iter
                                   procs["upload_node"].service("get_job")], timeout=120,
                                  procs=list(procs.values()))
         url = _wait_url(procs["console_node"])
+        _wait_log(procs["console_node"], "console peers ready")
         yield Stack(root, url, log_dir, procs)
     finally:
         client.close()

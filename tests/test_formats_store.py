@@ -205,14 +205,12 @@ def _forked_worker(order: list[int]) -> tuple[int, list[float], list[int]]:
     return pid, sums, fds
 
 
-def test_store_read_from_two_forked_processes_at_once(tmp_path: Path) -> None:
+def _fork_check(out: str) -> None:
+    """The parent half of the fork test, run in a fresh interpreter (see the test)."""
     global _FORKED_STORE
-    src = make_subset(tmp_path / "src", [Ep(frames=12), Ep(frames=10), Ep(frames=8)])
-    out = tmp_path / "out"
-    EvaStoreExporter().export(src, out)
     store = open_store(out)
     n = len(store)
-    _, expect = _read_all(str(out), list(range(n)), store)  # the parent has opened every shard
+    _, expect = _read_all(out, list(range(n)), store)  # the parent has opened every shard
     parent_fds = sorted(fd for h in store._open.values() for fd, _, _ in h.records.values())
     _FORKED_STORE = store
     orders = [random.Random(seed).sample(range(n), n) for seed in (1, 2)]
@@ -225,7 +223,25 @@ def test_store_read_from_two_forked_processes_at_once(tmp_path: Path) -> None:
         assert child_fds  # the child opened its own descriptors ...
     # ... and the parent's cache is untouched and still reads correctly after the fork
     assert sorted(fd for h in store._open.values() for fd, _, _ in h.records.values()) == parent_fds
-    assert _read_all(str(out), [n - 1, 0], store)[1] == [expect[n - 1], expect[0]]
+    assert _read_all(out, [n - 1, 0], store)[1] == [expect[n - 1], expect[0]]
+    print("fork check ok", n)
+
+
+def test_store_read_from_two_forked_processes_at_once(tmp_path: Path) -> None:
+    """A store object opened and used in a parent, then read by two forked workers at once.
+
+    The parent is a fresh interpreter (as a training script's would be): forking the pytest
+    process itself, which runs rclpy/DDS threads for other tests, can deadlock the child.
+    """
+    src = make_subset(tmp_path / "src", [Ep(frames=12), Ep(frames=10), Ep(frames=8)])
+    out = tmp_path / "out"
+    EvaStoreExporter().export(src, out)
+    here = Path(__file__).resolve().parent
+    code = (f"import sys; sys.path[:0] = [{str(here)!r}, {str(here.parent)!r}]\n"
+            f"import test_formats_store as t; t._fork_check({str(out)!r})")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.strip() == f"fork check ok {12 + 10 + 8}"
 
 
 def _corrupt_copy(out: Path, tmp_path: Path) -> Path:

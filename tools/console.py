@@ -94,15 +94,13 @@ def main() -> int:
         if not url:
             print("the console did not start; logs in", work / "logs", file=sys.stderr)
             return 1
-        # the URL is printed once the page's peers answer, so the first load shows the episodes
-        rosharness.rclpy_init_once()
-        client = rosharness.RosClient("console_tool")
-        try:
-            client.wait_for_services([procs[0].service("list_episodes"), procs[0].service("review"),
-                                      procs[1].service("get_job"), procs[2].service("get_job")],
-                                     timeout=60, procs=procs)
-        finally:
-            client.close()
+        # the URL is printed once the console node's own clients see their peers, so the first
+        # page load lists the episodes
+        while "console peers ready" not in procs[-1].log_text():
+            if "console peers not found" in procs[-1].log_text() or not all(p.alive() for p in procs):
+                print(procs[-1].log_tail(), file=sys.stderr)
+                return 1
+            time.sleep(0.2)
         print(f"eva console: {url}   (config {config}; logs {work / 'logs'}; Ctrl-C stops)", flush=True)
         while all(p.alive() for p in procs):
             time.sleep(1.0)
@@ -114,7 +112,6 @@ def main() -> int:
     finally:
         for p in reversed(procs):
             p.stop()
-        rosharness.rclpy_shutdown()
     return 0
 
 

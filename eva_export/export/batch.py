@@ -175,6 +175,9 @@ def _ray_unit(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
     return fn(*args)
 
 
+RAY_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's loopback-only node address
+
+
 class RayPool:
     """Episode units as Ray tasks (at most ``workers`` of one export in flight)."""
 
@@ -186,6 +189,10 @@ class RayPool:
 
     @classmethod
     def connect(cls, address: str, workers: int | None, init: dict[str, Any] | None = None) -> RayPool:
+        if address == "local":
+            # A local instance stays on loopback: Ray otherwise binds its node IP (the LAN
+            # address) on Linux. Read by ray at import, inherited by its processes.
+            os.environ.setdefault(RAY_LOOPBACK_ENV, "0")
         try:
             import ray
         except ImportError as exc:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from typing import Any
 
 from eva_export_interfaces.msg import CaptureStatus, JobQueueStatus
@@ -29,6 +30,7 @@ from eva_export.nodes.common import STATUS_QOS_DEPTH, declare_common_parameters,
 NODE_NAME = "eva_console"
 CALL_TIMEOUT = 20.0
 WAIT_SERVICE = 2.0
+PEER_WAIT = 60.0
 
 
 def msg_to_dict(msg: Any) -> dict[str, Any]:
@@ -79,6 +81,17 @@ class RosBackend:
         with self._lock:
             st = dict(self._status)
         return {k: st.get(k, "no status yet") for k in ("capture", "export", "upload")}
+
+    def clients(self) -> list[Any]:
+        return [self.list_cli, self.review_cli, *self.start_cli.values(), *self.job_cli.values()]
+
+    def wait_for_peers(self, timeout: float) -> list[str]:
+        """Wait until this node's own clients see their services; the names still missing."""
+        end = time.monotonic() + timeout
+        missing = self.clients()
+        while missing and time.monotonic() < end:
+            missing = [c for c in missing if not c.wait_for_service(timeout_sec=0.5)]
+        return [c.srv_name for c in missing]
 
     # ---- services -----------------------------------------------------------------------------
     def _call(self, client: Any, request: Any) -> tuple[Any, str]:
@@ -155,6 +168,16 @@ class ConsoleNode(Node):
             self.get_logger().warning(f"console listens on {cc.bind}, not loopback (as configured)")
         self.server.start()
         self.get_logger().info(f"console at {self.server.url} (log_dir {config.collection.log_dir})")
+        # Discovery takes seconds on a busy machine: tell when this node's own clients see the
+        # peers, so a launcher prints the URL when the first page load can list episodes.
+        threading.Thread(target=self._announce_peers, args=(backend,), daemon=True).start()
+
+    def _announce_peers(self, backend: RosBackend) -> None:
+        missing = backend.wait_for_peers(PEER_WAIT)
+        if missing:
+            self.get_logger().warning(f"console peers not found within {PEER_WAIT:.0f} s: {', '.join(missing)}")
+        else:
+            self.get_logger().info("console peers ready")
 
     def close(self) -> None:
         if self.server is not None:
