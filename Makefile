@@ -15,7 +15,7 @@ setup:
 	tools/setup.sh
 
 test: setup
-	$(PY) -m pytest -q -rs tests
+	$(PY) -m pytest -q -rs --durations=15 tests
 
 demo: setup
 	$(PY) tools/demo.py $(DEMO_ARGS)
