@@ -294,7 +294,8 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> Config:
     sftp = None
     if storage.get("sftp"):
         s = _take(storage["sftp"], "collection.storage.sftp", set(SftpSettings.__dataclass_fields__))
-        sftp = SftpSettings(**{k: (int(v) if k == "port" else v) for k, v in s.items()})
+        fields: dict[str, Any] = {k: (int(v) if k == "port" else v) for k, v in s.items()}
+        sftp = SftpSettings(**fields)
         sftp.check()
     collection = CollectionConfig(
         log_dir=log_dir, fps=fps, robot_type=str(col.get("robot_type", "eva")), tasks=tuple(tasks),

@@ -15,12 +15,12 @@ from dsfactory import Ep, make_dataset, state_value
 
 from eva_export.config import parse_config
 from eva_export.dataset.records import EpisodeRow
+from eva_export.dataset.validate import validate_dataset, validate_source
 from eva_export.errors import ConfigError, DatasetError, ExportError, UnsafeNameError
 from eva_export.export.paths import ExportPaths, export_root
 from eva_export.export.records import ACCEPTED, REJECTED, QualitySplit
 from eva_export.export.runner import ExportService
 from eva_export.export.split import classify
-from eva_export.export.validate import validate_dataset, validate_source
 from eva_export.formats.lerobot_v21 import verify_v21
 from eva_export.fsutil import atomic_write_json, atomic_write_jsonl, iter_jsonl, read_json
 from eva_export.jobs import COMPLETED, FAILED

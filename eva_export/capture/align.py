@@ -157,7 +157,7 @@ class ClockOffset:
         if est is not None and d < est - self.outlier_s:
             self._suspects += 1
             if self._suspects < self.confirm:
-                return
+                return None
             self._prev = math.inf  # a confirmed clock step: forget the old minimum
         self._suspects = 0
         self._cur = min(self._cur, d)
@@ -231,7 +231,7 @@ class _Stream:
     stamped: int = 0
     zero_stamps: int = 0
     unstamped: int = 0
-    hist: np.ndarray = field(default_factory=lambda: np.zeros(int(_JITTER_MAX_S / _JITTER_BIN_S) + 1,
+    hist: np.ndarray[Any, Any] = field(default_factory=lambda: np.zeros(int(_JITTER_MAX_S / _JITTER_BIN_S) + 1,
                                                                 np.int64))
 
     def note_jitter(self, delay: float) -> None:

@@ -221,9 +221,10 @@ class EpisodeChecker:
                           "max_gap_s": round(max(s.max_gap_s, stop - (s.last_recv or self.start)), 4),
                           "dropped": s.dropped}
                  for s in self.streams}
-        for s, tm in zip(self.streams, timing or [None] * len(self.streams), strict=True):
-            if tm is not None:
-                stats[s.name].update(tm.to_stats())
+        timings: list[StreamTiming | None] = list(timing) if timing else [None] * len(self.streams)
+        for s, st in zip(self.streams, timings, strict=True):
+            if st is not None:
+                stats[s.name].update(st.to_stats())
             if s.max_latency_s is not None:
                 stats[s.name]["max_latency_s"] = round(s.max_latency_s, 4)
         quality = Quality.RED if any(i.severity == Severity.ERROR for i in issues) else Quality.GREEN

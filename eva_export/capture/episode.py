@@ -96,7 +96,7 @@ class EpisodeRun:
             value = self._vector(i, payload)
         self.emit(self.aligner.push(i, Sample(recv, stamp, value, t=t_src)))
 
-    def _vector(self, i: int, raw: RawVector) -> np.ndarray | None:
+    def _vector(self, i: int, raw: RawVector) -> np.ndarray[Any, Any] | None:
         spec = self.streams[i].spec
         vals = np.asarray(raw.values, dtype=np.float64)
         want = spec.width_values
@@ -134,7 +134,7 @@ class EpisodeRun:
     def emit(self, slots: list[Slot]) -> None:
         for slot in slots:
             values: dict[str, Any] = {}
-            images: dict[str, np.ndarray] = {}
+            images: dict[str, np.ndarray[Any, Any]] = {}
             for i, pick in enumerate(slot.picks):
                 st = self.streams[i]
                 spec = st.spec

@@ -270,7 +270,7 @@ class BagIngest:
     """One ingest of one bag into one dataset (synchronous; run it in a thread if needed)."""
 
     def __init__(self, col: CollectionConfig, bag_path: Path | str, dataset_name: str = "", task: str = "",
-                 episodes: str = "", *, writer_for: Callable[[str], DatasetWriter] | None = None,
+                 episodes: str = "", *, writer_for: Callable[[str], DatasetWriter | None] | None = None,
                  progress: Callable[[IngestProgress], None] | None = None) -> None:
         self.col = col
         spec = col.task_for(check_name(dataset_name) if dataset_name else "", "")
@@ -333,6 +333,8 @@ class BagIngest:
         index = {s.topic: i for i, s in enumerate(self.specs)}
         topics = set(index) | ({self.marker_topic} if self.marker_topic else set())
         dw = self.writer_for(self.dataset_name)
+        if dw is None:
+            raise EvaError(f"dataset {self.dataset_name!r} cannot be opened for writing")
         with dw.lock:
             done = {int(e.extra[SOURCE_KEY]["episode"]): e.episode_index for e in dw.episodes
                     if isinstance(e.extra.get(SOURCE_KEY), dict) and e.extra[SOURCE_KEY].get("bag") == self.source}

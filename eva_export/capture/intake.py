@@ -31,7 +31,7 @@ from .features import ACTION, EE_POSE, STATE
 class RawVector:
     """A vector message: values (float64 view) and, for JointState, the element names."""
 
-    values: np.ndarray
+    values: np.ndarray[Any, Any]
     names: Sequence[str] | None = None
 
 
@@ -39,7 +39,7 @@ class RawVector:
 class RawImage:
     """An image message without copies: ``data`` is a uint8 view of the message buffer."""
 
-    data: np.ndarray
+    data: np.ndarray[Any, Any]
     height: int = 0
     width: int = 0
     encoding: str = ""
@@ -111,17 +111,17 @@ def stamp_seconds(msg: Any) -> float | None:
     header = getattr(msg, "header", None)
     if header is None:
         return None
-    return header.stamp.sec + header.stamp.nanosec * 1e-9
+    return float(header.stamp.sec + header.stamp.nanosec * 1e-9)
 
 
-def _f64(arr: Any) -> np.ndarray:
+def _f64(arr: Any) -> np.ndarray[Any, Any]:
     try:
         return np.frombuffer(arr, dtype=np.float64)
     except (TypeError, ValueError):
         return np.asarray(arr, dtype=np.float64)
 
 
-def _u8(arr: Any) -> np.ndarray:
+def _u8(arr: Any) -> np.ndarray[Any, Any]:
     try:
         return np.frombuffer(arr, dtype=np.uint8)
     except (TypeError, ValueError):
@@ -166,7 +166,7 @@ class ImageDecoder:
     def __init__(self) -> None:
         self._ctx: dict[str, Any] = {}
 
-    def rgb(self, raw: RawImage) -> np.ndarray:
+    def rgb(self, raw: RawImage) -> np.ndarray[Any, Any]:
         if raw.compressed:
             return self._decode(raw.data)
         enc = raw.encoding.lower()
@@ -187,7 +187,7 @@ class ImageDecoder:
             return img[..., 2::-1]
         return np.repeat(img, 3, axis=2)
 
-    def _decode(self, data: np.ndarray) -> np.ndarray:
+    def _decode(self, data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         head = bytes(data[:8])
         if head.startswith(b"\xff\xd8"):
             codec = "mjpeg"
@@ -198,10 +198,11 @@ class ImageDecoder:
         ctx = self._ctx.get(codec)
         if ctx is None:
             ctx = self._ctx[codec] = av.CodecContext.create(codec, "r")
-        frames = ctx.decode(av.Packet(data.tobytes()))
+        frames = ctx.decode(av.Packet(data.tobytes()))  # type: ignore[union-attr]  # a video/image codec
         if not frames:
             raise ValueError(f"{codec} decoder returned no frame")
-        return frames[-1].to_ndarray(format="rgb24")
+        rgb: np.ndarray[Any, Any] = frames[-1].to_ndarray(format="rgb24")
+        return rgb
 
 
 def fingerprint(raw: RawImage) -> int:

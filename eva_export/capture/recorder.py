@@ -344,7 +344,7 @@ class Recorder:
             # Job records are frozen: the ingest thread replaces the one in ``ref`` as it goes
             ref: list[Job] = [Job.new("ingest", str(path), "lerobot_v21")]
             ing = BagIngest(self.col, path, dataset_name, task, episodes,
-                            writer_for=lambda name: self._writer_for(name, create=True),  # type: ignore[return-value]
+                            writer_for=lambda name: self._writer_for(name, create=True),
                             progress=lambda p: self._ingest_progress(ref, p))
             ref[0] = dataclasses.replace(ref[0], accepted_dir=str(self.col.dataset_dir(ing.dataset_name)),
                                          bytes_total=ing.progress.bytes_total, state=RUNNING).claimed()

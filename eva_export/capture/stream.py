@@ -34,7 +34,7 @@ class StreamState:
         self.held = None
         self.held_seq = -1
 
-    def placeholder(self) -> np.ndarray:
+    def placeholder(self) -> np.ndarray[Any, Any]:
         """What a row holds before the stream delivered anything."""
         s = self.spec
         if s.is_camera:

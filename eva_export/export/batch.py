@@ -34,13 +34,13 @@ from typing import Any
 
 from .. import confine
 from ..config import Config, parse_config
+from ..dataset.validate import source_hash
 from ..errors import EvaError, ExportError
 from ..fsutil import atomic_write_json, read_json
 from ..jobs import COMPLETED
 from . import pool
 from .paths import ExportPaths
 from .records import QUALITY_SPLIT_FILE, QualitySplit
-from .validate import source_hash
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ class RayPool:
             if address == "local":
                 kw.setdefault("include_dashboard", False)
             ray.init(**kw)
-        n = int(workers or ray.cluster_resources().get("CPU", 1))
+        n = int(workers or ray.cluster_resources().get("CPU", 1))  # type: ignore[no-untyped-call]
         return cls(ray, max(1, n), owns)
 
     def run(self, units: Sequence[Unit], on_done: pool.Done) -> None:

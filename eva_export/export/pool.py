@@ -40,7 +40,7 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from ..errors import EvaError, ExportError
 
@@ -150,6 +150,15 @@ class _Worker:
         self.conn.close()
 
 
+def _unpickle_error(blob: bytes) -> BaseException | None:
+    """The worker's exception, if it unpickles here (its traceback text is sent as well)."""
+    try:
+        exc = pickle.loads(blob)
+    except Exception:  # noqa: BLE001  # any unpickling failure: the traceback text still names it
+        return None
+    return exc if isinstance(exc, BaseException) else None
+
+
 class LocalPool:
     """``workers`` worker processes on this machine, started on first use, reused across
     units and subsets of one export (a worker starts in ~0.3-1 s: the imports)."""
@@ -190,13 +199,12 @@ class LocalPool:
                 busy[w.conn] = w
             if not busy:
                 break
-            for conn in wait(list(busy)):
-                w = busy.pop(conn)  # type: ignore[arg-type]
-                u = w.unit
-                assert u is not None
-                w.unit = None
+            for ready in wait(list(busy)):
+                w = busy.pop(w_conn := cast(Connection, ready))
+                assert w.unit is not None
+                u, w.unit = w.unit, None
                 try:
-                    msg = conn.recv()  # type: ignore[union-attr]
+                    msg = w_conn.recv()
                 except (EOFError, OSError):
                     code = w.proc.wait()
                     self._procs.remove(w)
@@ -212,10 +220,7 @@ class LocalPool:
                         with contextlib.suppress(Exception):
                             on_done(u, msg[1])
                 elif failure is None:
-                    exc = None
-                    with contextlib.suppress(Exception):
-                        exc = pickle.loads(msg[1])
-                    failure = (u, exc, msg[2])
+                    failure = (u, _unpickle_error(msg[1]), str(msg[2]))
         if failure is not None:
             raise_unit_failure(*failure)
 

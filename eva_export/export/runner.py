@@ -30,6 +30,7 @@ from typing import Any
 
 from .. import confine
 from ..config import FORMATS, Config, inside
+from ..dataset.validate import validate_source
 from ..errors import ConfigError, EvaError, ExportError, UnsafeNameError
 from ..formats.base import Exporter, Progress
 from ..formats.registry import get_spec
@@ -38,7 +39,6 @@ from .paths import SUBSETS, ExportPaths
 from .publish import export_lock, publish_pair, recover_pair
 from .records import ACCEPTED, REJECTED
 from .split import Faults, NativeSplit, SplitProgress, prepare_staging
-from .validate import validate_source
 
 log = logging.getLogger(__name__)
 

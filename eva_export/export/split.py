@@ -31,10 +31,10 @@ from ..dataset import stats as stats_mod
 from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS
 from ..dataset.records import FORMAT_V21, DatasetInfo, EpisodeRow, Quality, UnitRecord, Verdict
 from ..dataset.table import to_numpy
+from ..dataset.validate import SourceCheck, SourceEpisode
 from ..errors import DatasetError, ExportError
 from ..fsutil import atomic_write_json, dumps_json, jsonl_dumps, read_json, set_file_mode
 from .records import ACCEPTED, QUALITY_SPLIT_FILE, REJECTED, QualitySplit
-from .validate import SourceCheck, SourceEpisode
 
 MANIFEST = "manifest.json"
 RECOMPUTED_COLUMNS = ("episode_index", "index", "task_index")
@@ -221,7 +221,7 @@ def unit_is_complete(staging: Path, p: PlannedEpisode, info: DatasetInfo) -> boo
         return False
 
 
-def _replace(table: pa.Table, name: str, values: np.ndarray) -> pa.Table:
+def _replace(table: pa.Table, name: str, values: np.ndarray[Any, Any]) -> pa.Table:
     i = table.schema.get_field_index(name)
     typ = table.schema.field(i).type
     return table.set_column(i, table.schema.field(i), pa.array(values.astype(typ.to_pandas_dtype()), type=typ))
@@ -338,7 +338,8 @@ def assemble_subset(plan: SplitPlan, name: str, staging: Path, marker: QualitySp
             if n.startswith(".") and n.endswith(".tmp"):
                 os.unlink(os.path.join(dirpath, n))
     info = DatasetInfo.from_dict(src_info.to_dict())
-    rows, stats_rows = [], []
+    rows: list[dict[str, Any]] = []
+    stats_rows: list[dict[str, Any]] = []
     frames = 0
     for p in items:
         u = UnitRecord.from_dict(read_json(unit_record(staging, p)))
@@ -397,7 +398,7 @@ def split_dataset(source: Path, out_root: Path, job_id: str = "") -> SplitResult
     ``out_root/accepted`` and ``out_root/rejected`` are written through a staging root beside
     them (reused when rerun); no publication logic.
     """
-    from .validate import validate_source
+    from ..dataset.validate import validate_source
 
     check = validate_source(source, allow_empty_dataset=False)
     staging = Path(out_root) / ".staging"

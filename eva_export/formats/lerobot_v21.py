@@ -24,7 +24,7 @@ from ..dataset.records import FORMAT_V21
 from ..dataset.video import count_frames, decode_count, iter_frames
 from ..dataset.records import QUALITY_SPLIT_FILE, QualitySplit
 from ..errors import DatasetError, EvaError, ExportError, VideoError
-from ..export.validate import validate_source
+from ..dataset.validate import validate_source
 from .base import Progress, VerifyReport
 from .checks import check_sample, check_totals, start_report
 from .images import iter_table_images, parquet_image_keys

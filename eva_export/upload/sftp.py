@@ -291,7 +291,7 @@ class SftpBackend:
                    progress=progress or (lambda *_: None),
                    limiter=RateLimiter(s.bandwidth_limit_bps) if s.bandwidth_limit_bps else None)
         self.last_limiter = job.limiter  # its accounting shows the cap held (tests, benchmark)
-        self.last_job: _Job | None = job  # bytes sent etc. of the last upload, also a failed one
+        self.last_job = job  # bytes sent etc. of the last upload, also a failed one
         job.report()
         last_error = ""
         while True:
@@ -656,8 +656,8 @@ def _write_size(sftp: paramiko.SFTPClient, dst: paramiko.SFTPFile) -> int:
     assert channel is not None
     # paramiko sends at most out_max_packet_size - 64 bytes per channel packet; an SFTP write
     # adds 4 (length) + 1 (type) + 4 (id) + 4 + len(handle) + 8 (offset) + 4 (data length)
-    room = channel.out_max_packet_size - 64 - (25 + len(dst.handle))
-    return max(4096, min(dst.MAX_REQUEST_SIZE, room))
+    room = int(channel.out_max_packet_size) - 64 - (25 + len(dst.handle))
+    return max(4096, min(int(dst.MAX_REQUEST_SIZE), room))
 
 
 def _put(sftp: paramiko.SFTPClient, f: _File, remote: str, offset: int, on_bytes: Callable[[int], None],

@@ -21,10 +21,10 @@ import pyarrow.parquet as pq
 from .. import confine
 from ..errors import DatasetError, UnsafeNameError
 from ..fsutil import read_json
-from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, TASKS, DatasetMeta, read_meta
-from ..dataset.records import CODEBASE_V21, FORMAT_V21, DatasetInfo, EpisodeRow, Feature
-from ..dataset.table import arrow_type
-from ..dataset.stats import STAT_KEYS
+from .meta import EPISODES, EPISODES_STATS, INFO, TASKS, DatasetMeta, read_meta
+from .records import CODEBASE_V21, FORMAT_V21, DatasetInfo, EpisodeRow, Feature
+from .table import arrow_type
+from .stats import STAT_KEYS
 
 REQUIRED_COLUMNS = ("episode_index", "index")
 SMALL_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
@@ -214,6 +214,7 @@ def _check_columns(root: Path, meta: DatasetMeta, ep: SourceEpisode, offset: int
         feat = info.features[key]
         if feat.is_visual:
             continue
+        assert ep.schema is not None  # read with the table
         stored = ep.schema.field(key).type
         if not _type_ok(stored, feat):
             raise DatasetError(f"episode {e}: {data}: column {key!r} is stored as {stored}, but {root / INFO} "
@@ -222,8 +223,8 @@ def _check_columns(root: Path, meta: DatasetMeta, ep: SourceEpisode, offset: int
     n = ep.rows
     epi = t.column("episode_index").to_numpy(zero_copy_only=False)
     if not (epi == e).all():
-        bad = sorted(set(np.unique(epi).tolist()) - {e})
-        raise DatasetError(f"episode {e}: {data}: episode_index column holds {_cut(bad)}, expected {e} "
+        others = sorted(set(np.unique(epi).tolist()) - {e})
+        raise DatasetError(f"episode {e}: {data}: episode_index column holds {_cut(others)}, expected {e} "
                            f"(a file of another episode?)")
     idx = t.column("index").to_numpy(zero_copy_only=False)
     if not np.array_equal(idx, np.arange(offset, offset + n)):
