@@ -22,7 +22,11 @@ MODULES = [
     # format registry, job engine, job nodes
     "eva_export.export.runner",
     "eva_export.formats.base",
+    "eva_export.formats.eva_store",
+    "eva_export.formats.hdf5",
+    "eva_export.formats.lerobot_v3",
     "eva_export.formats.lerobot_v21",
+    "eva_export.formats.mcap_eva",
     "eva_export.formats.registry",
     "eva_export.formats.verify",
     "eva_export.jobs",
@@ -74,6 +78,12 @@ MODULES = [
     "eva_export.upload.remote",
     "eva_export.upload.limiter",
     "eva_export.upload.snapshot",
+    # web console
+    "eva_export.console",
+    "eva_export.console.data",
+    "eva_export.console.pages",
+    "eva_export.console.report",
+    "eva_export.console.server",
 ]
 
 

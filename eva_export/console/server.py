@@ -72,7 +72,9 @@ class ConsoleServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host = self.server_address[0]
-        host = f"[{host}]" if ":" in str(host) else host
+        if not isinstance(host, str):  # typeshed allows bytes; getsockname() of a TCP socket gives str
+            host = bytes(host).decode()
+        host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{self.server_address[1]}/"
 
     def allowed_hosts(self) -> set[str] | None:

@@ -52,8 +52,12 @@ from ..store.records import (
     ShardSpec,
     shard_id_of,
 )
-from . import _common as common
 from .base import Progress, VerifyReport
+from .checks import check_sample, check_totals, read_episode_rows, start_report
+from .episode_files import to_plain
+from .episode_stats import dataset_stats
+from .images import Prefetch
+from .source import column_numpy, copy_common_meta, load_source, read_episode_table, write_quality_split
 
 FORMAT = "eva_store"
 CHUNK_ROWS = 1024  # Zarr rows per chunk: a whole episode of numeric data is one small read
@@ -130,7 +134,7 @@ class _RecordWriter:
 
 
 def _is_image_column(typ: pa.DataType) -> bool:
-    return pa.types.is_struct(typ) and typ.get_field_index("bytes") >= 0
+    return bool(pa.types.is_struct(typ) and typ.get_field_index("bytes") >= 0)  # pyarrow is untyped
 
 
 class EvaStoreExporter:
@@ -156,7 +160,7 @@ class EvaStoreExporter:
     def export(self, native_subset: Path, out_dir: Path, progress: Progress | None = None) -> None:
         src, out = Path(native_subset), Path(out_dir)
         progress = progress or Progress()
-        meta = common.load_source(src)
+        meta = load_source(src)
         shards_dir = out / SHARDS_DIR
         shards_dir.mkdir(parents=True, exist_ok=True)
         for stale in shards_dir.glob(".shard-*.partial"):  # a killed run's unfinished shard
@@ -168,7 +172,7 @@ class EvaStoreExporter:
         index: list[IndexRecord] = []
         offset = 0
         for ep in meta.episodes:
-            table = common.read_episode_table(meta, ep, first_index=offset)
+            table = read_episode_table(meta, ep, first_index=offset)
             digest = self._source_digest(meta, ep)
             final = shards_dir / shard_id_of(ep.episode_index)
             spec = self._reusable(final, digest)
@@ -189,11 +193,11 @@ class EvaStoreExporter:
         tmp_index = out / f".{SAMPLE_INDEX_FILE}.partial"
         IndexRecord.write_many(tmp_index, index)
         os.replace(tmp_index, out / SAMPLE_INDEX_FILE)
-        common.copy_common_meta(src, out)
+        copy_common_meta(src, out)
         info = self._info(meta, offset)
         atomic_write_json(out / INFO, info)
         self._manifest(src, meta, specs, splits, info).write(out)
-        common.write_quality_split(src, out, FORMAT)  # the marker: last
+        write_quality_split(src, out, FORMAT)  # the marker: last
         fsync_dir(out)
 
     def _source_digest(self, meta: DatasetMeta, ep: EpisodeRow) -> str:
@@ -251,7 +255,7 @@ class EvaStoreExporter:
             typ = table.schema.field(name).type
             if _is_image_column(typ):
                 continue
-            arr = common.column_numpy(table, name)
+            arr = column_numpy(table, name)
             if arr.dtype.kind not in "biuf":
                 raise ExportError(f"episode {ep.episode_index}: column {name!r} has type {typ}; eva_store "
                                   "stores numeric columns and images only")
@@ -293,7 +297,7 @@ class EvaStoreExporter:
         w = _RecordWriter(tmp, key)
         shape: tuple[int, ...] | None = None
         try:
-            with common.Prefetch(iter_frames(meta.video_path(key, ep.episode_index)), self.prefetch) as frames:
+            with Prefetch(iter_frames(meta.video_path(key, ep.episode_index)), self.prefetch) as frames:
                 for frame in frames:
                     if shape is None:
                         shape = tuple(frame.shape)
@@ -316,10 +320,10 @@ class EvaStoreExporter:
     def _index_rows(ep: EpisodeRow, table: pa.Table, spec: ShardSpec, offset: int, split: str,
                     task_text: dict[int, str]) -> list[IndexRecord]:
         n = table.num_rows
-        frames = (common.column_numpy(table, "frame_index").astype(np.int64) if "frame_index" in table.column_names
+        frames = (column_numpy(table, "frame_index").astype(np.int64) if "frame_index" in table.column_names
                   else np.arange(n))
         default_task = ep.tasks[0] if ep.tasks else ""
-        tasks = ([task_text.get(int(t), default_task) for t in common.column_numpy(table, "task_index")]
+        tasks = ([task_text.get(int(t), default_task) for t in column_numpy(table, "task_index")]
                  if "task_index" in table.column_names else [default_task] * n)
         return [IndexRecord(offset + r, f"{ep.episode_index}:{int(frames[r])}", ep.episode_index, tasks[r], split,
                             spec.shard_id, r) for r in range(n)]
@@ -354,7 +358,7 @@ class EvaStoreExporter:
         for e, s in splits.items():
             per_split.setdefault(s, []).append(e)
         stats = {"total_episodes": len(specs), "total_frames": sum(s.num_rows for s in specs),
-                 "features": common.to_plain(common.dataset_stats(meta))}
+                 "features": to_plain(dataset_stats(meta))}
         import msgpack
         import zarr
 
@@ -378,7 +382,7 @@ def verify_store(root: Path) -> VerifyReport:
     """Manifest vs shards vs sample index vs info.json; then one real read per shard."""
     from ..store.reader import StoreError, open_store
 
-    report, info = common.start_report(root, FORMAT)
+    report, info = start_report(root, FORMAT)
     if info is None:
         return report
     try:
@@ -393,7 +397,7 @@ def verify_store(root: Path) -> VerifyReport:
             report.errors.append(f"manifest.json: {spec.shard_id} row_start {spec.row_start}, expected {row}")
         row += spec.num_rows
         _verify_shard(root, spec, report)
-    episodes = common.read_episode_rows(root, report)
+    episodes = read_episode_rows(root, report)
     lengths = {e.episode_index: e.length for e in episodes}
     shard_len = {s.episode_index: s.num_rows for s in manifest.shards}
     if lengths != shard_len:
@@ -420,7 +424,7 @@ def verify_store(root: Path) -> VerifyReport:
     if len(report.errors) == n_err:
         report.checks.append(f"{len(manifest.shards)} shards: block shapes and dtypes match manifest.json, offsets "
                              f"monotonic and inside their payloads, sample index enumerates all {manifest.total_rows} rows")
-    common.check_totals(report, info, len(manifest.shards), manifest.total_rows, "the shards")
+    check_totals(report, info, len(manifest.shards), manifest.total_rows, "the shards")
     if manifest.stats.get("total_frames") != manifest.total_rows:
         report.errors.append(f"manifest.json stats total_frames {manifest.stats.get('total_frames')}, shards hold "
                              f"{manifest.total_rows}")
@@ -433,16 +437,19 @@ def verify_store(root: Path) -> VerifyReport:
         for spec in manifest.shards:
             sample = store[spec.row_start + spec.num_rows // 2]
             for k in store.frame_keys:
-                if sample[k].shape != spec.blocks[k].shape[1:]:
+                shape = spec.blocks[k].shape  # None only in a manifest that lacks it: report, do not crash
+                frame_shape = None if shape is None else shape[1:]
+                if sample[k].shape != frame_shape:
                     report.errors.append(f"{spec.relative_dir}/{spec.blocks[k].paths[0]}: frames decode to "
-                                         f"{sample[k].shape}, manifest.json says {spec.blocks[k].shape[1:]}")
+                                         f"{sample[k].shape}, manifest.json says {frame_shape}")
         sample = store[0] if len(store) else {}
         frame = sample.get(store.frame_keys[0]) if store.frame_keys else None
-        first = (sample.get(state_key), sample.get(action_key), frame)
+        first = (None if state_key is None else sample.get(state_key),
+                 None if action_key is None else sample.get(action_key), frame)
         store.close()
         report.checks.append(f"read the middle sample of each of {len(manifest.shards)} shards "
                              f"({len(store.frame_keys)} frames each decoded)")
-        common.check_sample(report, *first, where=f"{manifest.shards[0].shard_id} (eva_export.store reader)"
+        check_sample(report, *first, where=f"{manifest.shards[0].shard_id} (eva_export.store reader)"
                             if manifest.shards else "an empty store")
     except StoreError as exc:
         report.errors.append(f"real read: {exc}")

@@ -29,13 +29,17 @@ from typing import Any
 import h5py
 import msgpack
 import numpy as np
+from numpy.typing import NDArray
 
 from ..dataset.meta import INFO, DatasetMeta
 from ..dataset.records import DatasetInfo
 from ..errors import ExportError, VideoError
 from ..fsutil import read_json
-from . import _common as common
 from .base import Progress, VerifyReport
+from .checks import check_sample, check_totals, read_episode_rows, start_report
+from .episode_files import episode_file, export_episode_files, to_plain
+from .images import Prefetch, camera_frames
+from .source import column_numpy, state_action_keys
 
 FORMAT = "hdf5"
 GROUPS = ("columns", "images", "metadata")
@@ -61,12 +65,12 @@ def _write_value(group: h5py.Group, i: int, key: str, value: Any) -> None:
         g.create_dataset("value", data=np.void(bytes(value)))
     elif isinstance(value, (dict, list, tuple)):
         g.attrs["kind"] = "msgpack"
-        g.create_dataset("value", data=np.void(msgpack.packb(common.to_plain(value), use_bin_type=True)))
+        g.create_dataset("value", data=np.void(msgpack.packb(to_plain(value), use_bin_type=True)))
     else:
         arr = np.asarray(value)
         if arr.dtype.kind not in "biuf":
             g.attrs["kind"] = "msgpack"
-            g.create_dataset("value", data=np.void(msgpack.packb(common.to_plain(value), use_bin_type=True)))
+            g.create_dataset("value", data=np.void(msgpack.packb(to_plain(value), use_bin_type=True)))
         else:
             g.attrs["kind"] = "array"
             g.create_dataset("value", data=arr)
@@ -112,7 +116,7 @@ class Hdf5Exporter:
         self.resumed: list[int] = []  # episodes kept from an interrupted run by the last export
 
     def export(self, native_subset: Path, out_dir: Path, progress: Progress | None = None) -> None:
-        self.resumed = common.export_episode_files(
+        self.resumed = export_episode_files(
             Path(native_subset), Path(out_dir), progress or Progress(), self.name, "hdf5",
             write_episode=self._write_unit,  # a bound method: picklable for worker processes
             is_complete=lambda path, meta, ep: _complete(path, ep.length, len(meta.info.visual_keys)))
@@ -128,17 +132,17 @@ class Hdf5Exporter:
             cols, imgs, md = (f.create_group(g) for g in GROUPS)
             visual = meta.info.visual_keys  # MP4 cameras and images stored in Parquet alike
             for i, name in enumerate(n for n in table.column_names if n not in visual):
-                _write_value(cols, i, name, common.column_numpy(table, name))
+                _write_value(cols, i, name, column_numpy(table, name))
             for i, (key, value) in enumerate(list(row.items()) + [("fps", meta.info.fps)]):
                 _write_value(md, i, key, value)
             for i, key in enumerate(visual):
                 g = imgs.create_group(item_name(i))
                 g.attrs["key"] = key
                 g.attrs["kind"] = "array"
-                with common.Prefetch(common.camera_frames(meta, episode_index, table, key), self.prefetch) as frames:
+                with Prefetch(camera_frames(meta, episode_index, table, key), self.prefetch) as frames:
                     self._append_frames(g, episode_index, key, frames, table.num_rows)
 
-    def _append_frames(self, g: h5py.Group, episode_index: int, key: str, frames: Iterable[np.ndarray],
+    def _append_frames(self, g: h5py.Group, episode_index: int, key: str, frames: Iterable[NDArray[Any]],
                        rows: int) -> None:
         ds: h5py.Dataset | None = None
         n = 0
@@ -184,18 +188,18 @@ def _complete(path: Path, rows: int, cameras: int) -> bool:
 
 
 def verify_hdf5(root: Path) -> VerifyReport:
-    report, info = common.start_report(root, FORMAT)
+    report, info = start_report(root, FORMAT)
     if info is None:
         return report
     image_keys = [k for k, f in info["features"].items() if f["dtype"] == "image"]
     rows_total = 0
-    episodes = common.read_episode_rows(root, report)
+    episodes = read_episode_rows(root, report)
     n_err = len(report.errors)
     sample: tuple[Any, Any, Any] = (None, None, None)
     feats = DatasetInfo.from_dict(info)
-    state_key, action_key = common.state_action_keys(feats)
+    state_key, action_key = state_action_keys(feats)
     for ep in episodes:
-        path = root / common.episode_file(info, ep.episode_index)
+        path = root / episode_file(info, ep.episode_index)
         try:
             with h5py.File(path, "r") as f:
                 missing = [g for g in GROUPS if g not in f]
@@ -232,8 +236,8 @@ def verify_hdf5(root: Path) -> VerifyReport:
     if len(report.errors) == n_err:
         report.checks.append(f"{len(episodes)} episode files: columns/images/metadata present, axis 0 of every "
                              "images/*/value equals the rows")
-    common.check_totals(report, info, len(episodes), rows_total, "the HDF5 files")
-    common.check_sample(report, *sample, where="episode 0 (h5py)", empty=not episodes)
+    check_totals(report, info, len(episodes), rows_total, "the HDF5 files")
+    check_sample(report, *sample, where="episode 0 (h5py)", empty=not episodes)
     return report
 
 

@@ -41,14 +41,25 @@ import av
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from numpy.typing import NDArray
 
 from ..dataset.meta import INFO, STATS, DatasetMeta
 from ..dataset.records import DatasetInfo, EpisodeRow
 from ..dataset.video import VideoEncoder, VideoSettings, count_frames, iter_frames
 from ..errors import ExportError, VideoError
 from ..fsutil import atomic_write_json, read_json
-from . import _common as common
 from .base import Progress, VerifyReport
+from .checks import check_sample, check_totals, start_report
+from .episode_stats import dataset_stats, episode_stats, image_stats_of, missing_image_stats
+from .images import camera_frames, decode_png
+from .source import (
+    column_numpy,
+    copy_common_meta,
+    load_source,
+    read_episode_table,
+    state_action_keys,
+    write_quality_split,
+)
 
 log = logging.getLogger(__name__)
 
@@ -376,7 +387,7 @@ class LeRobotV3Exporter:
     def export(self, native_subset: Path, out_dir: Path, progress: Progress | None = None) -> None:
         progress = progress or Progress()
         src, out = Path(native_subset), Path(out_dir)
-        meta = common.load_source(src)
+        meta = load_source(src)
         info = meta.info
         for sub in ("data", "videos", "meta", ".v3tmp"):  # a staging dir from an interrupted run
             if (out / sub).exists():
@@ -409,9 +420,9 @@ class LeRobotV3Exporter:
                     row[f"videos/{key}/from_timestamp"] = frames_before / info.fps
                     row[f"videos/{key}/to_timestamp"] = (frames_before + ep.length) / info.fps
                     written += meta.video_path(key, ep.episode_index).stat().st_size
-                st = common.episode_stats(meta, ep, table)
-                for key in common.missing_image_stats(meta, ep):
-                    st[key] = common.image_stats_of(common.camera_frames(meta, ep.episode_index, table, key))
+                st = episode_stats(meta, ep, table)
+                for key in missing_image_stats(meta, ep):
+                    st[key] = image_stats_of(camera_frames(meta, ep.episode_index, table, key))
                     computed.setdefault(ep.episode_index, {})[key] = st[key]
                 for key in info.table_keys:
                     if key not in st:
@@ -437,14 +448,14 @@ class LeRobotV3Exporter:
 
         self._write_episodes(out, meta, rows, ep_stats)
         pq.write_table(tasks_table([(t.task_index, t.task) for t in meta.tasks]), out / TASKS_PARQUET)
-        common.copy_common_meta(src, out)
-        stats = common.dataset_stats(meta, {ep.episode_index: s for ep, s in zip(meta.episodes, ep_stats, strict=False)})
+        copy_common_meta(src, out)
+        stats = dataset_stats(meta, {ep.episode_index: s for ep, s in zip(meta.episodes, ep_stats, strict=False)})
         missing = [k for k in info.features if k not in stats]
         if missing and meta.episodes:  # an empty subset has no values to describe: stats {}
             raise ExportError(f"no statistics for features {missing}")
         atomic_write_json(out / STATS, stats)
         atomic_write_json(out / INFO, self._info(info, len(meta.episodes), offset, len(meta.tasks)))
-        common.write_quality_split(src, out, self.name)
+        write_quality_split(src, out, self.name)
 
     def _info(self, info: DatasetInfo, episodes: int, total_frames: int, tasks: int) -> dict[str, Any]:
         src = info.to_dict()
@@ -512,7 +523,7 @@ class LeRobotV3Exporter:
 
 
 def read_episode(meta: DatasetMeta, ep: EpisodeRow, offset: int) -> pa.Table:
-    return common.read_episode_table(meta, ep, first_index=offset)
+    return read_episode_table(meta, ep, first_index=offset)
 
 
 # ---- reading back (verifier, tests) ---------------------------------------------------------
@@ -523,7 +534,7 @@ def read_episodes_meta(root: Path) -> pa.Table:
     return pa.concat_tables([pq.read_table(f) for f in files], promote_options="permissive")
 
 
-def decode_frame_at(path: Path, frame_number: int, fps: int) -> np.ndarray:
+def decode_frame_at(path: Path, frame_number: int, fps: int) -> NDArray[Any]:
     """Decode the frame shown at ``frame_number / fps`` seconds of an MP4 (seek, then decode)."""
     target = Fraction(frame_number, fps)
     with av.open(str(path)) as c:
@@ -542,7 +553,7 @@ def decode_frame_at(path: Path, frame_number: int, fps: int) -> np.ndarray:
 
 
 def verify_v3(root: Path) -> VerifyReport:
-    report, info = common.start_report(root, FORMAT)
+    report, info = start_report(root, FORMAT)
     if info is None:
         return report
     if info.get("codebase_version") != CODEBASE_V30:
@@ -572,7 +583,7 @@ def verify_v3(root: Path) -> VerifyReport:
         data_files.setdefault((e["data/chunk_index"], e["data/file_index"]), []).append(e)
         for key in video_keys:
             video_files.setdefault((key, e[f"videos/{key}/chunk_index"], e[f"videos/{key}/file_index"]), []).append(e)
-    common.check_totals(report, info, len(eps), expect_from, "the episode metadata")
+    check_totals(report, info, len(eps), expect_from, "the episode metadata")
     # data shards: row counts, global index, episode_index
     data_rows = 0
     for (chunk, file), members in sorted(data_files.items()):
@@ -641,19 +652,19 @@ def verify_v3(root: Path) -> VerifyReport:
     if eps:
         e = eps[0]
         feats = DatasetInfo.from_dict(info)
-        state_key, action_key = common.state_action_keys(feats)
+        state_key, action_key = state_action_keys(feats)
         path = root / str(info["data_path"]).format(chunk_index=e["data/chunk_index"], file_index=e["data/file_index"])
         state = action = frame = None
         try:
             t = pq.read_table(path, columns=[k for k in (state_key, action_key) if k])
             first = data_files[(e["data/chunk_index"], e["data/file_index"])][0]["dataset_from_index"]
             r = e["dataset_from_index"] - first
-            state = common.column_numpy(t, state_key)[r] if state_key else None
-            action = common.column_numpy(t, action_key)[r] if action_key else None
+            state = column_numpy(t, state_key)[r] if state_key else None
+            action = column_numpy(t, action_key)[r] if action_key else None
             image_keys = [k for k, f in info["features"].items() if f["dtype"] == "image"]
             if not video_keys and image_keys:
                 col = pq.read_table(path, columns=[image_keys[0]]).column(image_keys[0])[r].as_py()
-                frame = common.decode_png(col["bytes"], f"{path.name} row {r}")
+                frame = decode_png(col["bytes"], f"{path.name} row {r}")
             elif video_keys:
                 k = video_keys[0]
                 vpath = root / str(info["video_path"]).format(video_key=k, chunk_index=e[f"videos/{k}/chunk_index"],
@@ -661,7 +672,7 @@ def verify_v3(root: Path) -> VerifyReport:
                 frame = decode_frame_at(vpath, round(e[f"videos/{k}/from_timestamp"] * fps), fps)
         except (OSError, pa.ArrowException, VideoError, KeyError, TypeError, ExportError) as exc:
             report.errors.append(f"real read failed: {exc}")
-        common.check_sample(report, state, action, frame, "episode 0 via the locator (pyarrow + PyAV)")
+        check_sample(report, state, action, frame, "episode 0 via the locator (pyarrow + PyAV)")
     else:
-        common.check_sample(report, None, None, None, "the episode metadata", empty=True)
+        check_sample(report, None, None, None, "the episode metadata", empty=True)
     return report

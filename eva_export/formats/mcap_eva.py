@@ -46,12 +46,16 @@ import numpy as np
 from mcap.exceptions import McapError
 from mcap.reader import make_reader
 from mcap.writer import CompressionType, Writer
+from numpy.typing import NDArray
 
 from ..dataset.meta import DatasetMeta
 from ..dataset.records import DatasetInfo, EpisodeRow
 from ..errors import ExportError, VideoError
-from . import _common as common
 from .base import Progress, VerifyReport
+from .checks import check_sample, check_totals, read_episode_rows, start_report
+from .episode_files import episode_file, export_episode_files, to_plain
+from .images import Prefetch, camera_frames
+from .source import column_numpy, state_action_keys
 
 FORMAT = "mcap"
 PROFILE = "eva-client"
@@ -111,7 +115,7 @@ def _bin_header(n: int) -> bytes:
     return struct.pack(">BI", 0xC6, n)
 
 
-def pack_image(frame_index: int, fps: int, frame: np.ndarray) -> bytearray:
+def pack_image(frame_index: int, fps: int, frame: NDArray[Any]) -> bytearray:
     """The MessagePack image payload, built with a single copy of the pixels."""
     h, w = frame.shape[:2]
     packer = msgpack.Packer(use_bin_type=True)
@@ -126,7 +130,7 @@ def pack_image(frame_index: int, fps: int, frame: np.ndarray) -> bytearray:
     return out
 
 
-def decode_image(payload: bytes) -> tuple[dict[str, Any], np.ndarray]:
+def decode_image(payload: bytes) -> tuple[dict[str, Any], NDArray[Any]]:
     msg = msgpack.unpackb(payload, raw=False)
     img = np.frombuffer(msg["data"], np.uint8).reshape(msg["height"], msg["width"], 3)
     return msg, img
@@ -146,7 +150,7 @@ class McapExporter:
         self.resumed: list[int] = []
 
     def export(self, native_subset: Path, out_dir: Path, progress: Progress | None = None) -> None:
-        self.resumed = common.export_episode_files(
+        self.resumed = export_episode_files(
             Path(native_subset), Path(out_dir), progress or Progress(), self.name, "mcap",
             write_episode=self._write_episode,
             is_complete=lambda path, meta, ep: _complete(path, ep.length, meta.info.visual_keys))
@@ -168,15 +172,15 @@ class McapExporter:
                 channels[k] = w.register_channel(image_topic(k), MESSAGE_ENCODING, img_schema,
                                                  {"key": k, "height": str(h), "width": str(wd), "encoding": "rgb8"})
             payload = {
-                "columns": {name: common.to_plain(common.column_numpy(table, name)) for name in table.column_names
+                "columns": {name: to_plain(column_numpy(table, name)) for name in table.column_names
                             if name not in keys},  # images travel on episode/image/<key>
                 "images": {},
-                "metadata": {**common.to_plain(ep.to_dict()), "fps": fps},
+                "metadata": {**to_plain(ep.to_dict()), "fps": fps},
             }
             w.add_message(ep_channel, log_time=0, publish_time=0, sequence=0,
                           data=msgpack.packb(payload, use_bin_type=True))
             rows = table.num_rows
-            iters = {k: common.Prefetch(common.camera_frames(meta, ep.episode_index, table, k), self.prefetch) for k in keys}
+            iters = {k: Prefetch(camera_frames(meta, ep.episode_index, table, k), self.prefetch) for k in keys}
             try:
                 for i in range(rows + 1):
                     t = frame_time_ns(i, fps)
@@ -200,7 +204,7 @@ class McapExporter:
             finally:
                 for it in iters.values():
                     it.close()
-            w.finish()
+            w.finish()  # type: ignore[no-untyped-call]  # mcap's Writer.finish has no annotations
 
     def verify(self, out_dir: Path) -> VerifyReport:
         return verify_mcap(Path(out_dir))
@@ -219,19 +223,19 @@ def _complete(path: Path, rows: int, keys: list[str]) -> bool:
 
 
 def verify_mcap(root: Path) -> VerifyReport:
-    report, info = common.start_report(root, FORMAT)
+    report, info = start_report(root, FORMAT)
     if info is None:
         return report
     fps = int(info["fps"])
     image_keys = [k for k, f in info["features"].items() if f["dtype"] == "image"]
     feats = DatasetInfo.from_dict(info)
-    state_key, action_key = common.state_action_keys(feats)
-    episodes = common.read_episode_rows(root, report)
+    state_key, action_key = state_action_keys(feats)
+    episodes = read_episode_rows(root, report)
     n_err = len(report.errors)
     rows_total = 0
     sample: tuple[Any, Any, Any] = (None, None, None)
     for ep in episodes:
-        path = root / common.episode_file(info, ep.episode_index)
+        path = root / episode_file(info, ep.episode_index)
         try:
             with open(path, "rb") as fh:
                 reader = make_reader(fh, validate_crcs=True)
@@ -288,6 +292,6 @@ def verify_mcap(root: Path) -> VerifyReport:
     if len(report.errors) == n_err:
         report.checks.append(f"{len(episodes)} MCAP files: CRCs valid, one episode message each, every "
                              f"camera {image_keys} with sequences 0..n-1 and shared timestamps")
-    common.check_totals(report, info, len(episodes), rows_total, "the MCAP files")
-    common.check_sample(report, *sample, where="episode 0 (mcap reader, validate_crcs=True)", empty=not episodes)
+    check_totals(report, info, len(episodes), rows_total, "the MCAP files")
+    check_sample(report, *sample, where="episode 0 (mcap reader, validate_crcs=True)", empty=not episodes)
     return report
