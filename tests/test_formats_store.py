@@ -317,13 +317,18 @@ def test_rerun_reuses_finished_shards_and_rewrites_changed_ones(tmp_path: Path) 
     ex = EvaStoreExporter()
     ex.export(src, out)
     ino = {p.name: (p / SHARD_FILE).stat().st_ino for p in (out / "shards").iterdir()}
+    keep = tmp_path / "keep"  # hard links hold the old inodes, so the filesystem cannot reuse them
+    keep.mkdir()
+    for p in (out / "shards").iterdir():
+        os.link(p / SHARD_FILE, keep / p.name)
     ex.export(src, out)
     assert ex.resumed == [0, 1, 2]
     ex_png = EvaStoreExporter(image_codec="png")  # other options: every shard is rewritten
     ex_png.export(src, out)
     assert ex_png.resumed == [] and verify_export(out).ok
     assert Manifest.read(out).shards[0].blocks["observation.images.cam0"].codec == "png"
-    assert {p.name: (p / SHARD_FILE).stat().st_ino for p in (out / "shards").iterdir()} != ino
+    new_ino = {p.name: (p / SHARD_FILE).stat().st_ino for p in (out / "shards").iterdir()}
+    assert new_ino.keys() == ino.keys() and all(new_ino[k] != ino[k] for k in ino)  # every shard rewritten
 
 
 # ---- a kill during the export (eva-export CLI, SIGKILL) ----------------------------------------
