@@ -122,3 +122,21 @@ def test_files_are_confined(tmp_path: Path) -> None:
     with pytest.raises(data.OutsideRoots):
         data.confined_file(log_dir, "escape", rel)
     assert HOSTILE not in build_report(root).replace(html.escape(HOSTILE), "")
+
+
+@pytest.mark.parametrize("bind", ["127.0.0.1", "::1"])
+def test_console_server_binds_ipv4_and_ipv6_loopback(tmp_path: Path, bind: str) -> None:
+    """The page server alone (no ROS peers needed for the datasets page) on either loopback."""
+    import urllib.request
+
+    from eva_export.console.server import ConsoleServer
+
+    _dataset(tmp_path / "logs" / "day1" / "raw")  # log_dir/<dataset>/raw, as the capture node writes
+    server = ConsoleServer(bind, 0, tmp_path / "logs", None)  # type: ignore[arg-type]  # no backend call on "/"
+    server.start()
+    try:
+        assert server.url.startswith("http://[::1]:" if bind == "::1" else "http://127.0.0.1:")
+        with urllib.request.urlopen(server.url, timeout=10) as resp:
+            assert resp.status == 200 and "day1" in resp.read().decode()
+    finally:
+        server.stop()

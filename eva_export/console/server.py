@@ -23,6 +23,7 @@ import logging
 import mimetypes
 import re
 import secrets
+import socket
 import threading
 import urllib.parse
 from http import HTTPStatus
@@ -62,6 +63,8 @@ class ConsoleServer(ThreadingHTTPServer):
     daemon_threads = True  # a browser holding a video connection open must not block shutdown
 
     def __init__(self, bind: str, port: int, log_dir: Path, backend: Backend) -> None:
+        # ThreadingHTTPServer is IPv4 only by default: an IPv6 bind address needs AF_INET6
+        self.address_family = socket.AF_INET6 if ":" in bind else socket.AF_INET
         super().__init__((bind, port), ConsoleHandler)
         self.log_dir = Path(log_dir)
         self.backend = backend
