@@ -332,6 +332,31 @@ def test_cli_export_without_config_warns_about_unrated_and_review_accepts(tmp_pa
     assert v.returncode == 0, v.stdout
 
 
+def test_review_is_refused_while_another_process_writes_the_dataset(tmp_path: Path) -> None:
+    """Two writing processes would overwrite each other's episodes.jsonl: the second is refused
+    with the holder's pid, nothing is written, and a killed holder leaves no stale lock."""
+    src = copy_source(tmp_path, "images-parquet-unrated-2cam")
+    before = (src / "meta/episodes.jsonl").read_bytes()
+    hold = subprocess.Popen([sys.executable, "-c",
+                             "import sys, time; from pathlib import Path\n"
+                             "from eva_export.dataset.meta import read_info\n"
+                             "from eva_export.dataset.writer import DatasetWriter\n"
+                             "w = DatasetWriter(Path(sys.argv[1]), read_info(Path(sys.argv[1])))\n"
+                             "print('holding', flush=True); time.sleep(120)", str(src)],
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert hold.stdout is not None and hold.stdout.readline().strip() == "holding"
+        r = cli("review", str(src), "--episodes", "all", "--verdict", "pass")
+        assert r.returncode == 2 and f"another process (pid {hold.pid}) is writing this dataset" in r.stderr
+        assert (src / "meta/episodes.jsonl").read_bytes() == before
+    finally:
+        hold.kill()
+        hold.wait()
+    ok = cli("review", str(src), "--episodes", "all", "--verdict", "pass")  # the kernel dropped the lock
+    assert ok.returncode == 0, ok.stderr
+    assert [r["qc_verdict"] for r in iter_jsonl(src / "meta/episodes.jsonl")] == ["pass", "pass"]
+
+
 def test_v3_stream_copies_vp9(tmp_path: Path) -> None:
     """VP9 (LeRobot 0.3.3's recorder cannot write it; re-encoded here with PyAV's libvpx-vp9)."""
     from eva_export.dataset.video import VideoEncoder, VideoSettings, iter_frames

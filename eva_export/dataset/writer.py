@@ -22,6 +22,7 @@ of the data files (umask), not the 0600 of a temp file.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import queue
@@ -29,6 +30,7 @@ import shutil
 import threading
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +60,31 @@ log = logging.getLogger(__name__)
 
 STAGING = ".staging"
 ORPHANS = ".orphans"
+WRITER_LOCK = ".writer.lock"  # held (lockf) by the one process that writes this dataset
+
+
+def lock_dataset(root: Path) -> int:
+    """Claim ``root`` for this process's writer; refuse if another process writes it.
+
+    Each writer keeps the dataset's rows in memory and rewrites ``episodes.jsonl`` from them,
+    so two writing processes (a capture node and ``eva-export review``/``ingest``) would
+    overwrite each other's rows. A POSIX record lock belongs to the process, so writers within
+    one process (the capture node's live capture and bag ingest share one) do not conflict,
+    and the kernel releases it when the process dies: no stale lock after a crash.
+    """
+    path = root / WRITER_LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise DatasetError(f"{root}: another process (pid {holder}) is writing this dataset; review it "
+                           f"through that capture node (its ~/review service or the console), or stop it "
+                           f"first") from exc
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 JOURNAL = "journal.json"
 _DEFAULT_KEYS = tuple(DEFAULT_FEATURES)
 
@@ -210,6 +237,8 @@ class DatasetWriter:
         self.settings = settings
         self.lock = threading.RLock()
         meta = read_meta(self.root)
+        # held while this writer lives (closed when it is collected, or at process exit)
+        weakref.finalize(self, os.close, lock_dataset(self.root))
         self.episodes = meta.episodes
         self.tasks = meta.tasks
         self.episodes_stats = meta.episodes_stats
