@@ -181,7 +181,7 @@ class ExportConfig:
     v3_video_file_mb: float = 200.0
     hdf5_compression: str = ""  # "", "lzf" or "gzip"
     eva_store: StoreSettings = StoreSettings()
-    workers: int = 0  # worker processes for episode units; 0 -> os.cpu_count(); 1 -> serial
+    workers: int = 0  # worker processes for episode units; 0 -> auto (os.cpu_count() when worth it); 1 -> serial
 
 
 @dataclass(frozen=True)

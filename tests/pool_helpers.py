@@ -24,3 +24,11 @@ class CrashingHdf5(Hdf5Exporter):
         if ep.episode_index == self.crash_at and os.getpid() != self.parent_pid:
             os.kill(os.getpid(), signal.SIGKILL)
         super()._write_unit(tmp, meta, ep, table)
+
+
+def sleep_then_pid(seconds: float) -> int:
+    """A unit of known cost (the auto pool's test): returns the pid that ran it."""
+    import time
+
+    time.sleep(seconds)
+    return os.getpid()

@@ -207,3 +207,20 @@ def test_sigkill_with_workers_leaves_no_worker_and_resumes(tmp_path: Path) -> No
             assert rep.ok, rep.errors
         assert not paths.staging.exists()
     print(f"6 kills with 2 workers; reruns reused {reused_total} split units; full run {full_s:.1f}s")
+
+
+def test_auto_pool_runs_cheap_units_in_the_caller_and_starts_workers_for_heavy_ones() -> None:
+    """export.workers 0 (auto): a worker's start-up costs more than a millisecond unit; units of
+    seconds go to the workers, after the first ones ran in the caller."""
+    import pool_helpers
+
+    with pool.LocalPool(2, auto=True) as p, pool.using(p):
+        cheap: list[int] = []
+        pool.run_units([pool.Unit(f"episode {i}", os.getpid, ()) for i in range(5)], lambda u, pid: cheap.append(pid))
+        assert cheap == [os.getpid()] * 5 and p.serial_units == 5 and not p._procs  # no worker started
+        heavy: list[int] = []
+        units = [pool.Unit(f"episode {i}", pool_helpers.sleep_then_pid, (0.3,)) for i in range(8)]
+        pool.run_units(units, lambda u, pid: heavy.append(pid))
+    assert len(heavy) == 8 and heavy[0] == os.getpid()  # the first one measured the cost ...
+    assert os.getpid() not in heavy[-4:] and len(set(heavy) - {os.getpid()}) >= 1  # ... then workers
+

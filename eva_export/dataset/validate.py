@@ -25,6 +25,7 @@ from .meta import EPISODES, EPISODES_STATS, INFO, TASKS, DatasetMeta, read_meta
 from .records import CODEBASE_V21, FORMAT_V21, DatasetInfo, EpisodeRow, Feature
 from .table import arrow_type
 from .stats import STAT_KEYS
+from .video import mp4_truncation
 
 REQUIRED_COLUMNS = ("episode_index", "index")
 SMALL_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
@@ -248,41 +249,6 @@ def _check_columns(root: Path, meta: DatasetMeta, ep: SourceEpisode, offset: int
             k = int(np.flatnonzero(off)[0])
             raise DatasetError(f"episode {e}: {data}: timestamp {ts[k]:.6f} at frame {k} is off the "
                                f"{info.fps} fps grid (expected {grid[k]:.6f})")
-
-
-def mp4_truncation(path: Path) -> str:
-    """Why the MP4's top-level boxes do not tile the file exactly ("" when they do).
-
-    A file cut short (a copy interrupted, a full disk) leaves its last box claiming more bytes
-    than exist, even when the index (moov) at the front still lists every frame; garbage has
-    no box structure. Reads 8 to 16 bytes per top-level box, nothing else.
-    """
-    size = path.stat().st_size
-    if size < 8:
-        return f"{size} bytes"
-    pos = 0
-    with open(path, "rb") as fh:
-        while pos < size:
-            fh.seek(pos)
-            head = fh.read(16)
-            if len(head) < 8:
-                return f"a box header is cut at byte {pos}"
-            box = int.from_bytes(head[:4], "big")
-            kind = head[4:8]
-            if not all(32 <= b < 127 for b in kind):
-                return f"no MP4 box at byte {pos}"
-            if box == 1:
-                if len(head) < 16:
-                    return f"a box header is cut at byte {pos}"
-                box = int.from_bytes(head[8:16], "big")
-            elif box == 0:
-                box = size - pos  # "to the end of the file"
-            if box < 8:
-                return f"box {kind!r} at byte {pos} has the impossible size {box}"
-            if pos + box > size:
-                return f"box {kind.decode()!r} at byte {pos} needs {pos + box} bytes, the file has {size}"
-            pos += box
-    return ""
 
 
 def _check_video(meta: DatasetMeta, ep: SourceEpisode, key: str, path: Path) -> None:

@@ -112,11 +112,57 @@ def iter_frames(path: Path) -> Iterator[NDArray[Any]]:
         raise VideoError(f"cannot decode {path}: {exc}") from exc
 
 
+def mp4_truncation(path: Path) -> str:
+    """Why the MP4's top-level boxes do not tile the file exactly ("" when they do).
+
+    A file cut short (a copy interrupted, a full disk) leaves its last box claiming more bytes
+    than exist, even when the index (moov) at the front still lists every frame; garbage has
+    no box structure. Reads 8 to 16 bytes per top-level box, nothing else.
+    """
+    size = path.stat().st_size
+    if size < 8:
+        return f"{size} bytes"
+    pos = 0
+    with open(path, "rb") as fh:
+        while pos < size:
+            fh.seek(pos)
+            head = fh.read(16)
+            if len(head) < 8:
+                return f"a box header is cut at byte {pos}"
+            box = int.from_bytes(head[:4], "big")
+            kind = head[4:8]
+            if not all(32 <= b < 127 for b in kind):
+                return f"no MP4 box at byte {pos}"
+            if box == 1:
+                if len(head) < 16:
+                    return f"a box header is cut at byte {pos}"
+                box = int.from_bytes(head[8:16], "big")
+            elif box == 0:
+                box = size - pos  # "to the end of the file"
+            if box < 8:
+                return f"box {kind!r} at byte {pos} has the impossible size {box}"
+            if pos + box > size:
+                return f"box {kind.decode()!r} at byte {pos} needs {pos + box} bytes, the file has {size}"
+            pos += box
+    return ""
+
+
 def count_frames(path: Path) -> int:
-    """Count frames by demuxing packets (no decode): exact for our one-packet-per-frame MP4s."""
+    """Frames of the first video stream, without decoding: the MP4 sample table (exact, one
+    sample per frame) when the file has one and its boxes tile the file, else packets demuxed.
+
+    Demuxing reads the whole file; the index answers from the first few KB, which is what
+    makes verifying a hard-linked split cheap. A file cut short is refused by its boxes.
+    """
+    why = mp4_truncation(path) if path.suffix.lower() == ".mp4" else ""
+    if why:
+        raise VideoError(f"{path} is not a complete MP4 (truncated, empty or garbage: {why})")
     try:
         with av.open(str(path)) as container:
             stream = container.streams.video[0]
+            indexed = int(stream.frames or 0)
+            if indexed > 0:
+                return indexed
             return sum(1 for p in container.demux(stream) if p.size > 0)
     except av.FFmpegError as exc:
         raise VideoError(f"cannot read {path}: {exc}") from exc

@@ -36,6 +36,7 @@ import pickle
 import socket
 import subprocess
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -159,13 +160,41 @@ def _unpickle_error(blob: bytes) -> BaseException | None:
     return exc if isinstance(exc, BaseException) else None
 
 
+# A worker costs ~0.3-1 s of imports on its start and competes with the caller for the
+# cores: units whose projected remaining work is below this run in the caller instead.
+SERIAL_BUDGET_S = 1.0
+
+
 class LocalPool:
     """``workers`` worker processes on this machine, started on first use, reused across
-    units and subsets of one export (a worker starts in ~0.3-1 s: the imports)."""
+    units and subsets of one export (a worker starts in ~0.3-1 s: the imports).
 
-    def __init__(self, workers: int | None = None) -> None:
+    ``auto`` (``export.workers: 0``, the default): units run in the caller while the work left,
+    projected from the units done so far, stays under SERIAL_BUDGET_S (hard-linking split
+    units take milliseconds each); the workers start once it does not (hdf5/mcap episodes take
+    seconds each), and are reused for the rest of the job. An explicit worker count always
+    uses the workers.
+    """
+
+    def __init__(self, workers: int | None = None, *, auto: bool = False) -> None:
         self.workers = max(1, int(workers or default_workers()))
+        self.auto = auto
         self._procs: list[_Worker] = []
+        self.serial_units = 0  # units the auto mode ran in the caller (tests, benchmarks)
+
+    def _run_serial_while_cheap(self, todo: list[Unit], on_done: Done) -> list[Unit]:
+        """Run units in the caller while the projected rest is cheap; returns the units left."""
+        t0 = time.perf_counter()
+        done = 0
+        while todo:
+            u = todo.pop(0)
+            on_done(u, u.fn(*u.args))  # as serial mode: exceptions propagate unchanged
+            done += 1
+            self.serial_units += 1
+            per_unit = (time.perf_counter() - t0) / done
+            if per_unit * len(todo) > SERIAL_BUDGET_S:
+                break
+        return todo
 
     def _start(self, n: int) -> None:
         env = dict(os.environ)
@@ -180,6 +209,10 @@ class LocalPool:
 
     def run(self, units: Sequence[Unit], on_done: Done) -> None:
         todo = list(units)
+        if self.auto and not self._procs:
+            todo = self._run_serial_while_cheap(todo, on_done)
+            if not todo:
+                return
         todo.reverse()  # pop() from the end: source order
         self._start(min(self.workers, len(todo)))
         idle = [w for w in self._procs]
@@ -238,14 +271,17 @@ class LocalPool:
 
 @contextlib.contextmanager
 def local_pool(workers: int | None) -> Iterator[Executor | None]:
-    """``using`` a LocalPool of ``workers`` (None: the cores); 1 worker: serial, no process."""
+    """``using`` a LocalPool of ``workers`` (None or 0: auto, one per core when the work is
+    worth it); 1 worker: serial, no process; N: N workers from the start."""
+    auto = not workers
     n = max(1, int(workers or default_workers()))
     if n <= 1:
         with using(None):
             yield None
         return
-    with LocalPool(n) as pool, using(pool):
-        pool.prestart()  # the workers' imports overlap with the validation of the source
+    with LocalPool(n, auto=auto) as pool, using(pool):
+        if not auto:
+            pool.prestart()  # the workers' imports overlap with the validation of the source
         yield pool
 
 
