@@ -44,7 +44,7 @@ from ..dataset.meta import INFO, read_info, read_meta
 from ..dataset.records import EpisodeRow
 from ..dataset.writer import DatasetWriter
 from ..errors import ConfigError, DatasetError, EvaError, UnsafeNameError
-from ..jobs import COMPLETED, FAILED, RUNNING, Job, JobStore
+from ..jobs import Job, JobEngine, JobStore
 from .align import GridAligner
 from .checks import EpisodeChecker, QualityResult
 from .episode import EpisodeRun
@@ -166,7 +166,7 @@ class Recorder:
         self.last_message = ""
         self._closed = threading.Event()
         self._ingesting = ""  # the running ingest job's id ("" = none): START is refused meanwhile
-        self._jobs: JobStore | None = None
+        self._jobs: JobEngine | None = None
         self.recovered = self.recover_datasets()
         self._align_thread = threading.Thread(target=self._align_loop, name="capture-align", daemon=True)
         self._save_thread = threading.Thread(target=self._save_loop, name="capture-save", daemon=True)
@@ -312,9 +312,11 @@ class Recorder:
 
     # ---- bag ingest (same EpisodeRun path as live capture) -------------------------------------
     @property
-    def jobs(self) -> JobStore:
-        if self._jobs is None:  # a job left running by a dead process is marked interrupted here
-            self._jobs = JobStore(self.col.log_dir / ".jobs" / "ingest")
+    def jobs(self) -> JobEngine:
+        """Ingest jobs on the same engine as export and upload jobs (states, claims, saves);
+        a job a previous process left unfinished is failed as interrupted when it opens."""
+        if self._jobs is None:
+            self._jobs = JobEngine(JobStore(self.col.log_dir / ".jobs" / "ingest"), name="ingest", claim=True)
         return self._jobs
 
     def ingest_roots(self) -> list[Path]:
@@ -341,45 +343,42 @@ class Recorder:
                 raise EvaError(f"another bag is being ingested (job {self._ingesting})")
             self._ingesting = "starting"
         try:
-            # Job records are frozen: the ingest thread replaces the one in ``ref`` as it goes
-            ref: list[Job] = [Job.new("ingest", str(path), "lerobot_v21")]
+            job = Job.new("ingest", str(path), "lerobot_v21")
+            job_id = job.job_id
             ing = BagIngest(self.col, path, dataset_name, task, episodes,
                             writer_for=lambda name: self._writer_for(name, create=True),
-                            progress=lambda p: self._ingest_progress(ref, p))
-            ref[0] = dataclasses.replace(ref[0], accepted_dir=str(self.col.dataset_dir(ing.dataset_name)),
-                                         bytes_total=ing.progress.bytes_total, state=RUNNING).claimed()
-            self.jobs.save(ref[0])
+                            progress=lambda p: self._ingest_progress(job_id, p))
+            job = self.jobs.add(dataclasses.replace(job, accepted_dir=str(self.col.dataset_dir(ing.dataset_name)),
+                                                    bytes_total=ing.progress.bytes_total))
         except BaseException:
             with self._lock:
                 self._ingesting = ""
             raise
-        job = ref[0]
         with self._lock:
-            self._ingesting = job.job_id
-        threading.Thread(target=self._run_ingest, args=(ref, ing), name="capture-ingest", daemon=True).start()
+            self._ingesting = job_id
+        threading.Thread(target=self._run_ingest, args=(job_id, ing), name="capture-ingest", daemon=True).start()
         return job
 
-    def _ingest_progress(self, ref: list[Job], p: Any) -> None:
-        ref[0] = dataclasses.replace(
-            ref[0], messages_done=p.messages_done, episodes_done=p.episodes_done, bytes_done=p.bytes_done,
-            accepted_episodes=sum(1 for e in p.episodes if e["quality"] == "green"),
-            rejected_episodes=sum(1 for e in p.episodes if e["quality"] == "red"),
-            reused_episodes=p.episodes_skipped)
-        self.jobs.save(ref[0])
+    def _ingest_progress(self, job_id: str, p: Any) -> None:
+        self.jobs.update(job_id, messages_done=p.messages_done, episodes_done=p.episodes_done,
+                         bytes_done=p.bytes_done,
+                         accepted_episodes=sum(1 for e in p.episodes if e["quality"] == "green"),
+                         rejected_episodes=sum(1 for e in p.episodes if e["quality"] == "red"),
+                         reused_episodes=p.episodes_skipped)
+        self.jobs.save(job_id)
 
-    def _run_ingest(self, ref: list[Job], ing: Any) -> None:
-        try:
+    def _run_ingest(self, job_id: str, ing: Any) -> None:
+        def body(_job_id: str) -> dict[str, Any]:
             res = ing.run()
-            self._ingest_progress(ref, res)
-            ref[0] = dataclasses.replace(ref[0], state=COMPLETED, last_error=res.damage)
+            self._ingest_progress(job_id, res)
             self.last_message = res.message
-        except Exception as exc:  # noqa: BLE001 - recorded in the job
-            log.exception("ingest %s failed", ref[0].job_id)
-            ref[0] = dataclasses.replace(ref[0], state=FAILED, error=str(exc))
-            self.last_message = f"ingest failed: {exc}"
+            return {"last_error": res.damage}
+
+        try:
+            job = self.jobs.execute(job_id, body)  # RUNNING (claimed), then COMPLETED or FAILED with the reason
+            if job.error:
+                self.last_message = f"ingest failed: {job.error}"
         finally:
-            ref[0] = dataclasses.replace(ref[0], finished_at=time.time())
-            self.jobs.save(ref[0])
             with self._lock:
                 self._ingesting = ""
 
