@@ -3,7 +3,6 @@ whole dataset (aggregated)."""
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,7 +34,9 @@ def dataset_stats(meta: DatasetMeta, extra: dict[int, dict[str, Any]] | None = N
 
 def episode_stats(meta: DatasetMeta, ep: EpisodeRow, table: pa.Table) -> dict[str, Any]:
     """The episode's statistics: from episodes_stats.jsonl, table columns filled in when missing."""
-    st = copy.deepcopy(meta.episodes_stats[ep.episode_index].stats) if ep.episode_index in meta.episodes_stats else {}
+    # a copy per feature (only keys are added here); the values are read, never changed
+    src = meta.episodes_stats[ep.episode_index].stats if ep.episode_index in meta.episodes_stats else {}
+    st: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in src.items()}
     for name in table.column_names:
         if name not in st and name in meta.info.features and not meta.info.features[name].is_visual:
             st[name] = stats_mod.column_stats(column_numpy(table, name))
