@@ -38,7 +38,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # the local Ray instance on loopback only
 import psutil  # noqa: E402
 from bench_formats import build_dataset  # noqa: E402
 from dsfactory import Ep, make_dataset  # noqa: E402
@@ -47,7 +46,9 @@ from eva_export.config import parse_config  # noqa: E402
 from eva_export.dataset.meta import read_meta  # noqa: E402
 from eva_export.dataset.video import VideoSettings  # noqa: E402
 from eva_export.dataset.writer import DatasetWriter  # noqa: E402
-from eva_export.export.batch import run_batch  # noqa: E402
+from eva_export.export.batch import RAY_LOOPBACK_ENV, run_batch  # noqa: E402
+
+os.environ.setdefault(RAY_LOOPBACK_ENV, "0")  # the local Ray instance on loopback only (read at ray's import)
 from eva_export.export.paths import ExportPaths  # noqa: E402
 from eva_export.export.records import QualitySplit  # noqa: E402
 from eva_export.export.runner import ExportService  # noqa: E402

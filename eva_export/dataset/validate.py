@@ -25,7 +25,7 @@ from .meta import EPISODES, EPISODES_STATS, INFO, TASKS, DatasetMeta, read_meta
 from .records import CODEBASE_V21, FORMAT_V21, DatasetInfo, EpisodeRow, Feature
 from .table import arrow_type
 from .stats import STAT_KEYS
-from .video import mp4_truncation
+from .video import mp4_truncation, stream_frames
 
 REQUIRED_COLUMNS = ("episode_index", "index")
 SMALL_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
@@ -269,9 +269,7 @@ def _check_video(meta: DatasetMeta, ep: SourceEpisode, key: str, path: Path) -> 
                 raise DatasetError(f"episode {e}: {path} ({key}) has no video stream")
             stream = container.streams.video[0]
             width, height = stream.codec_context.width, stream.codec_context.height
-            frames = int(stream.frames or 0)
-            if frames <= 0:  # no index: count the packets (demux only)
-                frames = sum(1 for p in container.demux(stream) if p.size > 0)
+            frames = stream_frames(container, stream)
     except DatasetError:
         raise
     except Exception as exc:  # noqa: BLE001 - any demuxer error means an unreadable file

@@ -159,13 +159,16 @@ def count_frames(path: Path) -> int:
         raise VideoError(f"{path} is not a complete MP4 (truncated, empty or garbage: {why})")
     try:
         with av.open(str(path)) as container:
-            stream = container.streams.video[0]
-            indexed = int(stream.frames or 0)
-            if indexed > 0:
-                return indexed
-            return sum(1 for p in container.demux(stream) if p.size > 0)
+            return stream_frames(container, container.streams.video[0])
     except av.FFmpegError as exc:
         raise VideoError(f"cannot read {path}: {exc}") from exc
+
+
+def stream_frames(container: Any, stream: Any) -> int:
+    """Frames of an open video stream: the container index (the MP4 sample table, exact) when
+    it has one, else the packets, demuxed (no decode)."""
+    indexed = int(stream.frames or 0)
+    return indexed if indexed > 0 else sum(1 for p in container.demux(stream) if p.size > 0)
 
 
 def decode_count(path: Path) -> int:

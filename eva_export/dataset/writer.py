@@ -61,6 +61,8 @@ log = logging.getLogger(__name__)
 STAGING = ".staging"
 ORPHANS = ".orphans"
 WRITER_LOCK = ".writer.lock"  # held (lockf) by the one process that writes this dataset
+JOURNAL = "journal.json"
+_DEFAULT_KEYS = tuple(DEFAULT_FEATURES)
 
 
 def lock_dataset(root: Path) -> int:
@@ -85,8 +87,6 @@ def lock_dataset(root: Path) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
-JOURNAL = "journal.json"
-_DEFAULT_KEYS = tuple(DEFAULT_FEATURES)
 
 
 def make_features(extra: dict[str, Feature]) -> dict[str, Feature]:
