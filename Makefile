@@ -9,13 +9,18 @@ export RMW_IMPLEMENTATION := rmw_fastrtps_cpp
 # A local Ray instance (batch --ray local, tests, bench) binds 127.0.0.1, not the LAN address.
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 
-.PHONY: setup test demo console bench clean
+.PHONY: setup test stress demo console bench clean
 
 setup:
 	tools/setup.sh
 
 test: setup
 	$(PY) -m pytest -q -rs --durations=15 tests
+
+# The timing-sensitive tests STRESS_RUNS times each (default 20) beside a CPU hog pinned to one
+# core; prints the pass counts (build/stress.md). Not part of `make test`.
+stress: setup
+	$(PY) tools/stress.py --runs $(or $(STRESS_RUNS),20) $(if $(STRESS_ONLY),--only $(STRESS_ONLY),)
 
 demo: setup
 	$(PY) tools/demo.py $(DEMO_ARGS)

@@ -51,16 +51,20 @@ DEFAULT_SERVICE_TIMEOUT = 30.0
 
 
 # --- environment ------------------------------------------------------------------------------
-def configure_ros_env(environ: os._Environ[str] | dict[str, str] = os.environ) -> int:
+def configure_ros_env(environ: os._Environ[str] | dict[str, str] = os.environ, keep_user_domain: bool = False) -> int:
     """Keep DDS on loopback and pick this run's ROS_DOMAIN_ID; return the domain id.
 
     The domain id is ``EVA_TEST_DOMAIN_ID`` when set, else derived from the pid (1..101), so
-    parallel test runs on one machine do not see each other. Must run before rclpy starts.
+    parallel test runs on one machine do not see each other. With ``keep_user_domain`` (the
+    demo and the console, which a user runs beside their own tools) a ROS_DOMAIN_ID the user set
+    is kept. Must run before rclpy starts.
     """
     environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
     environ["RMW_IMPLEMENTATION"] = "rmw_fastrtps_cpp"
     environ.pop("ROS_LOCALHOST_ONLY", None)  # ignored by kilted; avoid the deprecation warning
     override = environ.get("EVA_TEST_DOMAIN_ID", "").strip()
+    if not override and keep_user_domain and environ.get("ROS_DOMAIN_ID", "").strip() not in ("", "0"):
+        override = environ["ROS_DOMAIN_ID"].strip()
     domain = int(override) if override else 1 + os.getpid() % 101
     if not 1 <= domain <= 232:
         raise ValueError(f"EVA_TEST_DOMAIN_ID must be 1..232, got {domain}")

@@ -53,6 +53,27 @@ def _keygen(path: Path) -> str:
     return Path(f"{path}.pub").read_text().strip()
 
 
+SFTP_SERVER = "/usr/lib/openssh/sftp-server"
+FSIZE_FILE = "sftp_fsize_limit"
+
+
+def _sftp_wrapper(root: Path) -> Path:
+    """A script that starts OpenSSH's sftp-server, under RLIMIT_FSIZE when a limit is set.
+
+    With the limit, the server's write that reaches it stops there and the next one kills the
+    server with SIGXFSZ: a file on the server ends at exactly that many bytes, whatever the
+    client's timing.
+    """
+    script = root / "sftp-server.sh"
+    script.write_text(
+        "#!/bin/sh\n"
+        f"limit=$(cat '{root / FSIZE_FILE}' 2>/dev/null)\n"
+        f'[ -n "$limit" ] && exec /usr/bin/prlimit --fsize="$limit" -- {SFTP_SERVER}\n'
+        f"exec {SFTP_SERVER}\n")
+    script.chmod(0o755)
+    return script
+
+
 def _launch(config: Path, log: Path) -> subprocess.Popen[bytes]:
     with open(log, "ab") as log_fh:
         return subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL,
@@ -121,6 +142,7 @@ class SshServer:
         authorized.write_text(client_pub + "\n")
         authorized.chmod(0o600)
         host_key_line = " ".join(host_pub.split()[:2])
+        wrapper = _sftp_wrapper(root)
         last_error = ""
         for _ in range(attempts):
             port = _free_port()
@@ -139,12 +161,14 @@ class SshServer:
                 "PermitRootLogin prohibit-password",
                 "AllowTcpForwarding no",
                 "X11Forwarding no",
-                "Subsystem sftp internal-sftp",
+                # the SFTP server runs under a wrapper that a test can give a file-size limit
+                # (limit_file_size): the server itself stops at an exact byte, not a client count
+                f"Subsystem sftp {wrapper}",
                 # commands run by the upload (its hash shell) start without the account's
                 # ~/.bashrc, which bash reads under sshd: on this machine root's runs pyenv
                 # init, seconds of start-up and sometimes a wait on pyenv's lock
                 f"SetEnv HOME={root / 'home'}",
-                *(["ForceCommand internal-sftp"] if sftp_only else []),
+                *([f"ForceCommand {wrapper}"] if sftp_only else []),
                 "",
             ]))
             log = root / "sshd.log"
@@ -195,6 +219,14 @@ class SshServer:
                                        retry_backoff_s=0.05, retry_backoff_max_s=0.5)
         args.update(kw)
         return SftpSettings(**args)  # type: ignore[arg-type]
+
+    def limit_file_size(self, limit: int | None) -> None:
+        """From the next SFTP session on, no file on the server grows past ``limit`` bytes."""
+        path = self.root / FSIZE_FILE
+        if limit is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_text(str(limit))
 
     def session_pids(self) -> list[int]:
         """The per-connection sshd processes (children of the listener)."""

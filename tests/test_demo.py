@@ -16,6 +16,7 @@ import pytest
 
 from eva_export.dataset.meta import read_meta
 from eva_export.export.records import QualitySplit
+from eva_export.formats.registry import format_names
 from eva_export.fsutil import read_json, tree_size
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +59,7 @@ def test_exports_match_summary(demo: dict) -> None:
     labels = {t["label"]: t["episode_index"] for t in demo["takes"] if "episode_index" in t}
     want_accepted = sorted([labels["good_1"], labels["fault_nan"], labels["good_3"]])
     want_rejected = [labels["good_2"]]
-    assert set(demo["exports"]) == {"lerobot_v21", "lerobot_v3", "hdf5", "mcap"}
+    assert set(demo["exports"]) == set(format_names())  # all five, eva_store included
     for fmt, e in demo["exports"].items():
         for subset, want in (("accepted", want_accepted), ("rejected", want_rejected)):
             d = Path(e[f"{subset}_dir"])
@@ -82,3 +83,58 @@ def test_upload_matches_accepted_v3(demo: dict) -> None:
     assert QualitySplit.read(remote).subset == "accepted"
     assert not [p for p in remote.parent.iterdir() if ".staging" in p.name]
     assert str(remote) in demo["_stdout"]
+
+
+def _demo_module():  # type: ignore[no-untyped-def]
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("eva_demo", ROOT / "tools" / "demo.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_demo_checked_its_own_scenario(demo: dict) -> None:
+    assert demo["scenario_errors"] == []
+    assert "scenario met" in demo["_stdout"]
+
+
+def test_demo_fails_when_the_scenario_is_not_met(demo: dict, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """A good take that came out red (as on an overloaded machine) and an export that lost an
+    episode: the demo names both and exits 1 instead of printing 'verified'."""
+    import copy
+
+    mod = _demo_module()
+    bad = copy.deepcopy({k: v for k, v in demo.items() if k != "_stdout"})
+    good_1 = next(t["episode_index"] for t in bad["takes"] if t["label"] == "good_1")
+    for e in bad["episodes"]:
+        if e["episode_index"] == good_1:
+            e["quality"], e["quality_codes"] = "red", ["missing_stream"]
+    bad["exports"]["eva_store"]["accepted_episodes"] = 2
+    errors = mod.scenario_errors(bad)
+    assert any(f"good_1: episode {good_1} is red, expected green (issues: missing_stream)" in e for e in errors)
+    assert any(e.startswith("eva_store: accepted has 2 episodes") for e in errors)
+    assert len(errors) == 2
+    bad["out"] = str(tmp_path)
+    monkeypatch.setattr(mod, "run", lambda args: copy.deepcopy(bad))
+    assert mod.main(["--out", str(tmp_path)]) == 1
+    assert "did NOT go as its scenario says" in capsys.readouterr().err
+
+
+def test_demo_keeps_the_users_domain_id() -> None:
+    import rosharness
+
+    env = {"ROS_DOMAIN_ID": "112"}
+    assert rosharness.configure_ros_env(env, keep_user_domain=True) == 112 and env["ROS_DOMAIN_ID"] == "112"
+    env = {"ROS_DOMAIN_ID": "112", "EVA_TEST_DOMAIN_ID": "7"}
+    assert rosharness.configure_ros_env(env, keep_user_domain=True) == 7
+    env = {"ROS_DOMAIN_ID": "112"}  # the tests always take their own (1..101)
+    assert 1 <= rosharness.configure_ros_env(env) <= 101
+
+
+def test_demo_ran_in_the_domain_it_was_given(demo: dict) -> None:
+    # conftest set this run's ROS_DOMAIN_ID; the demo process kept it instead of its own
+    assert demo["ros_domain_id"] == os.environ["ROS_DOMAIN_ID"]

@@ -35,3 +35,25 @@ def test_each_package_pinned_in_one_place() -> None:
 def test_setup_installs_with_the_constraints() -> None:
     setup = (ROOT / "tools" / "setup.sh").read_text(encoding="utf-8")
     assert "-r requirements-ros.txt -r requirements.txt -c constraints.txt" in setup
+
+
+def test_installed_versions_equal_the_pins() -> None:
+    """A fresh clone runs exactly what CI tested: every pin (top-level or transitive) is the
+    version installed here, the pip-only robot pins (pyarrow, av, mcap, ...) included."""
+    pinned = {name: version for name, (version, _file) in pins.top_level_pins().items()}
+    pinned.update(pins.read_constraints())
+    installed = pins.closure()
+    for core in ("pyarrow", "av", "mcap", "mcap-ros2-support", "zarr", "simplejpeg", "h5py", "numpy"):
+        assert core in pinned, f"{core} is not pinned"
+    wrong = {n: (v, installed.get(n)) for n, v in pinned.items() if n in installed and installed[n] != v}
+    assert not wrong, f"pinned (left) but installed (right): {wrong}"
+    assert set(installed) <= set(pinned)
+
+
+def test_requirements_take_the_robot_pins() -> None:
+    """requirements.txt constrains its unversioned lines by requirements-robot.txt, so the dev/CI
+    venv and a robot install the same versions of the pip-only dependencies."""
+    lines = (ROOT / "requirements.txt").read_text(encoding="utf-8").splitlines()
+    assert "-c requirements-robot.txt" in lines
+    robot = {pins.canonicalize_name(r.name) for r in pins.read_requirements("requirements-robot.txt")}
+    assert {"pyarrow", "av", "mcap", "mcap-ros2-support", "zarr", "simplejpeg"} <= robot

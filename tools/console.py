@@ -72,7 +72,7 @@ def main() -> int:
     ap.add_argument("--port", type=int, help="the console port (default: the config's, 8765)")
     ap.add_argument("--work", default=str(ROOT / "build" / "console"), help="where the config and logs go")
     args = ap.parse_args()
-    rosharness.configure_ros_env()
+    rosharness.configure_ros_env(keep_user_domain=True)
     work = Path(args.work).absolute()
     work.mkdir(parents=True, exist_ok=True)
     config = build_config(args, work)

@@ -6,12 +6,15 @@
 3. records episodes through the capture services: good ones, one with an injected fault
    (comes out red), one cancelled, one with zero frames,
 4. reviews them: a pass that overrides a red, a fail of a green,
-5. exports the raw dataset to all four formats through the export service and verifies each
-   export with a real read,
+5. exports the raw dataset to every format of the registry through the export service and
+   verifies each export with a real read,
 6. uploads the accepted lerobot_v3 export through the upload service,
 7. prints a summary and writes it to <out>/summary.json. Everything stays on disk in <out>.
+8. compares what happened with the scenario (which takes are green or red, what each export
+   accepted and rejected) and exits 1, listing every difference, when they disagree.
 
-All DDS traffic stays on loopback (ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST, own domain id).
+All DDS traffic stays on loopback (ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST); the domain id is
+the user's ROS_DOMAIN_ID when set, else a private one.
 """
 
 from __future__ import annotations
@@ -29,7 +32,13 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import rosharness  # noqa: E402
 
-FORMATS = ("lerobot_v21", "lerobot_v3", "hdf5", "mcap")
+from eva_export.formats.registry import format_names  # noqa: E402
+
+FORMATS = tuple(format_names())
+# the scenario: label -> expected quality; cancelled / zero-frame takes write nothing
+EXPECT_QUALITY = {"good_1": "green", "good_2": "green", "fault_nan": "red", "good_3": "green"}
+EXPECT_ACCEPTED = ("good_1", "fault_nan", "good_3")  # fault_nan passed by the operator
+EXPECT_REJECTED = ("good_2",)  # failed by the operator
 CAMERAS = ("front", "wrist")
 JOINTS = [f"joint_{i}" for i in range(1, 7)] + ["gripper"]
 
@@ -128,7 +137,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from eva_export.formats.verify import verify_export
 
-    rosharness.configure_ros_env(os.environ)
+    rosharness.configure_ros_env(os.environ, keep_user_domain=True)
     os.environ.setdefault("FASTDDS_DEFAULT_PROFILES_FILE", str(ROOT / "config" / "fastdds_shm.xml"))
     out = Path(args.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
@@ -264,6 +273,41 @@ def wait_job(call: Any, get_job: Any, name: str, job_id: str, timeout: float = 3
         time.sleep(0.2)
 
 
+def scenario_errors(s: dict[str, Any]) -> list[str]:
+    """Every way the run differs from the scenario (empty when it went as planned)."""
+    errors: list[str] = []
+    takes = {t["label"]: t for t in s["takes"]}
+    episodes = {e["episode_index"]: e for e in s["episodes"]}
+    for label in ("cancelled", "zero_frames"):
+        if takes[label].get("episode_index", -1) >= 0:
+            errors.append(f"{label}: wrote episode {takes[label]['episode_index']}, expected nothing")
+    for label, quality in EXPECT_QUALITY.items():
+        ep = episodes.get(takes[label].get("episode_index", -1))
+        if ep is None:
+            errors.append(f"{label}: no episode was saved ({takes[label].get('message', '')})")
+        elif ep["quality"] != quality:
+            errors.append(f"{label}: episode {ep['episode_index']} is {ep['quality']}, expected {quality} "
+                          f"(issues: {', '.join(ep['quality_codes']) or 'none'})")
+    if "fault_nan" in takes and "non_finite" not in episodes.get(
+            takes["fault_nan"].get("episode_index", -1), {}).get("quality_codes", []):
+        errors.append("fault_nan: no non_finite issue")
+    index = {label: t.get("episode_index", -1) for label, t in takes.items()}
+    want = {"accepted": [index[lab] for lab in EXPECT_ACCEPTED], "rejected": [index[lab] for lab in EXPECT_REJECTED]}
+    for fmt in FORMATS:
+        e = s["exports"].get(fmt)
+        if e is None:
+            errors.append(f"{fmt}: not exported")
+            continue
+        for subset, indices in want.items():
+            got, ok = e[f"{subset}_episodes"], e["verified"][subset]["ok"]
+            if got != len(indices) or not ok:
+                errors.append(f"{fmt}: {subset} has {got} episodes (verified: {ok}), "
+                              f"expected {len(indices)}: raw episodes {indices}")
+    if not s.get("upload", {}).get("remote_path"):
+        errors.append("upload: nothing was published")
+    return errors
+
+
 def print_summary(s: dict[str, Any]) -> None:
     print("\n==================== eva_export demo summary ====================")
     print(f"raw dataset : {s['source_dir']}")
@@ -294,8 +338,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--height", type=int, default=480)
     args = ap.parse_args(argv)
     summary = run(args)
+    summary["scenario_errors"] = scenario_errors(summary)
     Path(summary["out"], "summary.json").write_text(json.dumps(summary, indent=2))
     print_summary(summary)
+    if summary["scenario_errors"]:
+        print("\nthe demo did NOT go as its scenario says:", file=sys.stderr)
+        for err in summary["scenario_errors"]:
+            print(f"  - {err}", file=sys.stderr)
+        return 1
+    print("scenario met: every take and every export as expected")
     return 0
 
 

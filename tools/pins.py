@@ -13,6 +13,7 @@ The editable eva_export and the locally built eva_export_interfaces are not on P
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from importlib import metadata
@@ -99,6 +100,15 @@ def read_constraints() -> dict[str, str]:
     return out
 
 
+def in_project_venv() -> None:
+    """Re-run under .venv/bin/python: the pins are the versions installed in the project's venv,
+    so running this with another interpreter (`python tools/pins.py` before activation) would
+    read the wrong site-packages."""
+    venv_python = ROOT / ".venv" / "bin" / "python"
+    if Path(sys.prefix).resolve() != (ROOT / ".venv").resolve() and venv_python.exists():
+        os.execv(str(venv_python), [str(venv_python), __file__, *sys.argv[1:]])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--write", action="store_true", help="rewrite constraints.txt")
@@ -115,4 +125,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    in_project_venv()
     sys.exit(main())

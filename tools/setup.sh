@@ -68,13 +68,18 @@ else
 fi
 if ((${#missing[@]})); then
   if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    # another apt/dpkg (unattended upgrades on a robot) may hold the locks: wait, bounded
+    python3 "$ROOT/tools/apt_lock.py" --timeout "${EVA_APT_WAIT_S:-600}" || exit 1
     log "installing with apt-get: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
     mkdir -p "$ROOT/build"
-    { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}"; } \
+    APT_WAIT=(-o "DPkg::Lock::Timeout=${EVA_APT_WAIT_S:-600}")
+    { apt-get "${APT_WAIT[@]}" update -qq &&
+      apt-get "${APT_WAIT[@]}" install -y -qq --no-install-recommends "${missing[@]}"; } \
       >"$ROOT/build/apt.log" 2>&1 || { tail -30 "$ROOT/build/apt.log"; log "ERROR: apt-get failed"; exit 1; }
   else
-    log "WARNING: missing system packages (not root or no apt-get, not installing): ${missing[*]}"
+    log "WARNING: missing system packages; install them with:"
+    log "  sudo apt-get install -y --no-install-recommends ${missing[*]}"
   fi
 else
   log "all present: ${APT_PACKAGES[*]}"

@@ -1,0 +1,84 @@
+"""The timing-sensitive tests, many times, beside a busy process pinned to one core: `make stress`.
+
+    .venv/bin/python tools/stress.py [--runs 20] [--only upload_resume,console] [--out FILE]
+
+Each group is one pytest invocation per run (a fresh process, as CI runs it); a run passes when
+pytest exits 0. While it runs, a CPU hog (`while True: pass`) is pinned to CPU 0, so the tests
+share that core with a process that never yields. Prints a Markdown table of pass counts and
+writes it to --out (default build/stress.md). Not part of `make test`: 20 runs take long.
+Every pytest run picks its own ROS_DOMAIN_ID (tests/conftest.py) and keeps DDS on loopback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GROUPS = {
+    "upload_resume": ["tests/test_upload_resume.py"],
+    "upload_node": ["tests/test_upload_node.py"],
+    "capture_kill": ["tests/test_capture_kill.py"],
+    "capture_timing": ["tests/test_capture_timing.py"],
+    "export_kill": ["tests/test_export_kill.py"],
+    "console": ["tests/test_console.py"],
+}
+
+
+def start_hog() -> subprocess.Popen[bytes]:
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    os.sched_setaffinity(hog.pid, {0})
+    return hog
+
+
+def run_group(paths: list[str], log: Path) -> tuple[bool, float]:
+    env = {**os.environ, "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST"}
+    env.pop("EVA_TEST_DOMAIN_ID", None)  # each run derives its own domain id from its pid
+    t0 = time.monotonic()
+    with open(log, "ab") as fh:
+        rc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *paths],
+                            cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
+    return rc == 0, time.monotonic() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--only", default="", help="comma-separated groups: " + ",".join(GROUPS))
+    ap.add_argument("--out", default=str(ROOT / "build" / "stress.md"))
+    args = ap.parse_args()
+    groups = [g for g in GROUPS if not args.only or g in args.only.split(",")]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows = ["| group | passed | runs | median s | load (1 min) |", "|---|---|---|---|---|"]
+    hog = start_hog()
+    failed = False
+    try:
+        for group in groups:
+            log = out.with_name(f"stress-{group}.log")
+            log.unlink(missing_ok=True)
+            results = []
+            for i in range(args.runs):
+                ok, secs = run_group(GROUPS[group], log)
+                results.append((ok, secs))
+                print(f"[stress] {group} run {i + 1}/{args.runs}: {'pass' if ok else 'FAIL'} "
+                      f"({secs:.0f} s, load {os.getloadavg()[0]:.1f})", flush=True)
+            passed = sum(ok for ok, _ in results)
+            failed |= passed != args.runs
+            median = sorted(s for _, s in results)[len(results) // 2]
+            rows.append(f"| {group} | {passed} | {args.runs} | {median:.0f} | {os.getloadavg()[0]:.1f} |")
+    finally:
+        hog.kill()
+        hog.wait()
+    table = "\n".join(rows) + "\n"
+    out.write_text(table, encoding="utf-8")
+    print(table)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
