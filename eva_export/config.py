@@ -105,6 +105,8 @@ class SftpSettings:
     retry_backoff_max_s: float = 60.0
     bandwidth_limit_bps: int = 0  # bytes/s over all transfers of a job; 0: no cap
     parallel_files: int = 4  # small files (< 1 MiB) sent over this many SFTP channels at once
+    # remote_dir must exist (a typo must not create a tree somewhere else); True creates it
+    create_remote_dir: bool = False
 
     def check(self) -> None:
         if self.max_attempts < 1 or self.parallel_files < 1:

@@ -32,12 +32,12 @@ def set_file_mode(fd_or_path: int | Path) -> None:
         os.chmod(fd_or_path, FILE_MODE)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes, mode: int = FILE_MODE) -> None:
     """Replace ``path`` with ``data``: readers see the old or the new file, never a mix."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        set_file_mode(fd)
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -49,16 +49,16 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_text(path: Path, text: str, mode: int = FILE_MODE) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), mode)
 
 
 def dumps_json(obj: Any) -> str:
     return json.dumps(obj, indent=4, ensure_ascii=False) + "\n"
 
 
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, dumps_json(obj))
+def atomic_write_json(path: Path, obj: Any, mode: int = FILE_MODE) -> None:
+    atomic_write_text(path, dumps_json(obj), mode)
 
 
 def read_json(path: Path) -> Any:

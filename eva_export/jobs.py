@@ -117,6 +117,9 @@ class Job:
         return dataclasses.replace(self, pid=os.getpid(), host=socket.gethostname())
 
 
+JOB_FILE_MODE = 0o600
+
+
 class JobStore:
     """Thread-safe store of job records in one directory."""
 
@@ -131,7 +134,9 @@ class JobStore:
 
     def save(self, job: Job) -> None:
         with self._lock:
-            atomic_write_json(self.path(job.job_id), job.to_dict())
+            # 0600: an upload job names the remote (user@host:port, key path, remote_dir), which
+            # the service replies redact; the record on disk is for this account only
+            atomic_write_json(self.path(job.job_id), job.to_dict(), JOB_FILE_MODE)
 
     def get(self, job_id: str) -> Job | None:
         """The job record named ``job_id``; None for an invalid id, a missing file or a file
@@ -203,7 +208,10 @@ class JobStore:
     def mark_interrupted(self) -> list[Job]:
         """Fail the jobs a previous process left queued or running (called at start-up)."""
         out = []
+        host = socket.gethostname()
         for job in self.all():
+            if job.pid and job.pid != os.getpid() and job.host == host and _alive(job.pid):
+                continue  # run by another living process (the CLI beside the node): not ours to fail
             if not job.finished:
                 job = dataclasses.replace(job, state=FAILED, finished_at=time.time(),
                                           error="interrupted: the node stopped before the job finished; start it again")

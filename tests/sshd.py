@@ -216,7 +216,8 @@ class SshServer:
                                        identity_file=str(self.client_key),
                                        known_hosts=str(self.known_hosts), remote_dir=remote_dir,
                                        connect_timeout_s=10.0, transfer_timeout_s=15.0,
-                                       retry_backoff_s=0.05, retry_backoff_max_s=0.5)
+                                       retry_backoff_s=0.05, retry_backoff_max_s=0.5,
+                                       create_remote_dir=True)  # tests upload into fresh tmp dirs
         args.update(kw)
         return SftpSettings(**args)  # type: ignore[arg-type]
 

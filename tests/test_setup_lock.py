@@ -41,7 +41,7 @@ def test_waits_for_the_holder_and_names_it(tmp_path: Path) -> None:
     assert holder.stdin is not None
     holder.stdin.close()
     holder.wait(30)
-    out, err = waiter.communicate(timeout=60)
+    _out, err = waiter.communicate(timeout=60)
     assert waiter.returncode == 0, err
 
 
@@ -49,7 +49,7 @@ def test_gives_up_after_the_timeout_with_the_holder(tmp_path: Path) -> None:
     lock = tmp_path / "lock"
     holder = _holder(lock)
     try:
-        out, err = _wait(lock, 0.3).communicate(timeout=60)
+        _out, err = _wait(lock, 0.3).communicate(timeout=60)
         assert f"gave up after 0 s: {lock} is held by pid {holder.pid}" in err
     finally:
         assert holder.stdin is not None

@@ -14,6 +14,8 @@ into a leftover staging directory, removed other versions' leftovers, re-sent a 
 
 from __future__ import annotations
 
+import fcntl
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +29,31 @@ from .sftp import UploadBackend, UploadCancelled, backend_for
 from .snapshot import take_snapshot
 
 SAVE_EVERY_S = 0.5  # progress is written to the job file at most this often
+
+
+def claim_upload(accepted: Path, fmt: str) -> int:
+    """Hold ``<export>/.uploading-<fmt>.lock`` for one upload; refuse while another holds it.
+
+    One accepted subset is one remote version: two uploaders (the node and ``eva-export
+    upload``) would write into the same remote staging directory and publish two copies. flock
+    belongs to the open file, so a second upload in the same process is refused too, and the
+    kernel drops the lock of a killed process: no stale lock.
+    """
+    path = accepted.parent.parent / f".uploading-{fmt}.lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise UploadRefused(f"cannot create the upload lock {path}: {exc.strerror or exc}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise UploadRefused(f"{accepted} is being uploaded already (process {holder}); wait for that "
+                            "upload to finish, its job shows the progress") from exc
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 class UploadService:
@@ -46,7 +73,8 @@ class UploadService:
         self.export_jobs = JobStore(config.export.jobs_dir)
         # Uploads start at once, each on its own thread (different accepted dirs in parallel).
         self.engine = JobEngine(JobStore(config.upload.jobs_dir), name="upload", policy=QueuePolicy.PARALLEL,
-                                save_period_s=SAVE_EVERY_S, crash_prefix="unexpected ", on_change=on_change)
+                                save_period_s=SAVE_EVERY_S, crash_prefix="unexpected ", on_change=on_change,
+                                claim=True)  # the pid in a running job: another process leaves it alone
         self.jobs = self.engine.store
         self.interrupted = self.engine.interrupted
         self._closing = threading.Event()
@@ -82,8 +110,13 @@ class UploadService:
                 raise UploadRefused("no upload backend is configured; nothing was started")
             source = str(Path(source_dir).expanduser().resolve())
             target = str(Path(accepted_dir).expanduser().resolve())
-            job = self.engine.add(Job.new(JobKind.UPLOAD, source, fmt, accepted_dir=target))
-            self.engine.submit(job.job_id, lambda job_id: self._run(job_id, name))
+            lock_fd = claim_upload(Path(target), fmt)
+            try:
+                job = self.engine.add(Job.new(JobKind.UPLOAD, source, fmt, accepted_dir=target))
+                self.engine.submit(job.job_id, lambda job_id: self._run_locked(job_id, name, lock_fd))
+            except BaseException:
+                os.close(lock_fd)
+                raise
         return job
 
     def wait(self, job_id: str, timeout: float | None = None) -> Job | None:
@@ -101,6 +134,12 @@ class UploadService:
         self.engine.close(timeout)
 
     # -- the job thread ---------------------------------------------------------------
+
+    def _run_locked(self, job_id: str, name: str, lock_fd: int) -> dict[str, Any]:
+        try:
+            return self._run(job_id, name)
+        finally:
+            os.close(lock_fd)  # the next upload of this export may start
 
     def _run(self, job_id: str, name: str) -> dict[str, Any]:
         assert self.backend is not None

@@ -362,8 +362,8 @@ class SftpBackend:
                 found = _find_published(sftp, remote_dir, job)
                 if found is not None:
                     return self._result(job, found, posixpath.basename(found) != job.name)
-            phase = f"creating {remote_dir}"
-            _makedirs(sftp, remote_dir)
+            phase = f"checking {remote_dir}"
+            _check_remote_dir(sftp, remote_dir, self.settings.create_remote_dir)
             phase = "looking for earlier staging directories"
             self._leftovers(sftp, job)
             phase = f"creating the staging directory {job.staging}"
@@ -723,6 +723,21 @@ def _exists(sftp: paramiko.SFTPClient, path: str) -> bool:
             return False
         raise
     return True
+
+
+def _check_remote_dir(sftp: paramiko.SFTPClient, remote_dir: str, create: bool) -> None:
+    """remote_dir is an existing directory (created only when the config says so); a missing
+    or non-directory remote_dir is a permanent error, not something to retry."""
+    try:
+        st = sftp.stat(remote_dir)
+    except FileNotFoundError as exc:  # paramiko's ENOENT status
+        if not create:
+            raise _Permanent(f"remote_dir {remote_dir} does not exist on the server; create it there or "
+                             "set collection.storage.sftp.create_remote_dir: true") from exc
+        _makedirs(sftp, remote_dir)
+        return
+    if st.st_mode is None or not stat.S_ISDIR(st.st_mode):
+        raise _Permanent(f"remote_dir {remote_dir} on the server is not a directory")
 
 
 def _makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
