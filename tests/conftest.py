@@ -31,6 +31,16 @@ def _stop_leftover_nodes() -> Iterator[None]:
     rosharness.stop_all()
 
 
+@pytest.fixture
+def server(tmp_path: Path, request: pytest.FixtureRequest) -> object:
+    """A throwaway OpenSSH server on 127.0.0.1 for this test (tests/sshd.py), stopped after it."""
+    from sshd import SshServer
+
+    srv = SshServer.start(tmp_path / "sshd")
+    request.addfinalizer(srv.stop)
+    return srv
+
+
 @pytest.fixture(scope="session")
 def rclpy_context() -> Iterator[None]:
     """rclpy initialised once in the test process."""

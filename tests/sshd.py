@@ -14,7 +14,7 @@ Usage::
     finally:
         server.stop()
 
-or the ``sshd_server`` pytest fixture factory below.
+or the ``server`` fixture of tests/conftest.py.
 """
 
 from __future__ import annotations

@@ -35,13 +35,6 @@ MB = 1 << 20
 # -- fixtures -------------------------------------------------------------------------
 
 
-@pytest.fixture
-def server(tmp_path: Path, request: pytest.FixtureRequest) -> SshServer:
-    srv = SshServer.start(tmp_path / "sshd")
-    request.addfinalizer(srv.stop)
-    return srv
-
-
 @dataclasses.dataclass
 class Export:
     source: Path

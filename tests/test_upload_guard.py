@@ -33,13 +33,6 @@ sys.stdin.read()
 """
 
 
-@pytest.fixture
-def server(tmp_path: Path, request: pytest.FixtureRequest) -> SshServer:
-    srv = SshServer.start(tmp_path / "sshd")
-    request.addfinalizer(srv.stop)
-    return srv
-
-
 def test_second_uploader_of_the_same_export_is_refused(tmp_path: Path, server: SshServer) -> None:
     cfg = make_config(tmp_path, server.sftp_settings(str(remote_root(tmp_path))))
     exp = make_export(tmp_path, JobStore(cfg.export.jobs_dir))

@@ -53,13 +53,6 @@ LARGEST = max(TRIAL_TREE.values())
 
 
 @pytest.fixture
-def server(tmp_path: Path, request: pytest.FixtureRequest) -> SshServer:
-    srv = SshServer.start(tmp_path / "sshd")
-    request.addfinalizer(srv.stop)
-    return srv
-
-
-@pytest.fixture
 def fine_progress(monkeypatch: pytest.MonkeyPatch) -> None:
     """Progress (and so the kill hooks) every 32 KiB instead of every 4 MiB."""
     monkeypatch.setattr(sftp_mod, "PROGRESS_EVERY", 32 * KB)
