@@ -304,11 +304,18 @@ function setupEpisode() {
   }
 
   // Where reasons are located: a solid strip on top and a faint wash, so the lines stay readable.
+  // Overlapping marks are drawn once (their union), so stacked reasons do not darken the wash.
   function drawBands(ctx, x, frameW, H) {
-    for (const m of state.ep.markers) {
-      const x0 = x(m.from) - frameW / 2, w = Math.max(2, frameW * (m.to - m.from + 1));
+    const n = length(), hit = new Uint8Array(n);
+    for (const m of state.ep.markers) for (let f = Math.max(0, m.from); f <= Math.min(n - 1, m.to); f++) hit[f] = 1;
+    for (let f = 0; f < n; f++) {
+      if (!hit[f]) continue;
+      let g = f;
+      while (g + 1 < n && hit[g + 1]) g++;
+      const x0 = x(f) - frameW / 2, w = Math.max(2, frameW * (g - f + 1));
       ctx.fillStyle = "rgba(200, 0, 32, 0.06)"; ctx.fillRect(x0, 0, w, H);
       ctx.fillStyle = "rgba(200, 0, 32, 0.85)"; ctx.fillRect(x0, 0, w, 5);
+      f = g;
     }
   }
 
