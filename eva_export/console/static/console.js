@@ -153,256 +153,299 @@ function shownDims(sel, width) {
   return out;
 }
 
+// The episode being reviewed (one per page): set by setupEpisode, read by the functions below.
+const state = {ep: null, frame: 0, hover: null, videos: [], master: null, playing: false, dims: "all",
+  savedNote: ""};
+let dataset = "", index = 0, note = null;
+
+function epLength() { return Math.max(1, state.ep.episode.length); }
+
+function render() {
+  const ep = state.ep, e = ep.episode;
+  $("task").textContent = "task: " + e.task;
+  $("quality").textContent = e.quality || "unrated";
+  $("quality").className = e.quality || "unrated";
+  showVerdict(e);
+  note.value = e.note;
+  noteSaved(e.note);
+  for (const iss of ep.issues) $("issues").appendChild(el("li", {className: "issue"}, iss.code + ": " + iss.detail));
+  const nav = [["prev", ep.prev], ["next", ep.next]];
+  for (const [id, target] of nav) {
+    if (target === null) $(id).classList.add("disabled");
+    else $(id).href = "/d/" + encodeURIComponent(dataset) + "/e/" + target;
+  }
+  $("scrub").max = epLength() - 1;
+  const {opts, initial} = dimOptions(ep.series);
+  for (const [v, label] of opts) $("dims").appendChild(el("option", {value: v}, label));
+  $("dims").value = state.dims = initial;
+  renderVideos();
+  drawPlot();
+}
+
+function showVerdict(e) {
+  $("verdict").textContent = "verdict: " + (e.qc_verdict || "none") + (e.note ? " - note: " + e.note : "");
+  $("verdict").className = "verdict " + e.qc_verdict;
+}
+
+function noteSaved(text) {
+  state.savedNote = text;
+  noteState();
+}
+
+function noteState() {
+  const dirty = note.value !== state.savedNote;
+  $("note-state").textContent = dirty ? "unsaved" : (state.savedNote ? "saved" : "");
+  $("note-state").dataset.state = dirty ? "unsaved" : "saved";
+  $("note-state").className = dirty ? "red" : "ok";
+}
+
+function renderVideos() {
+  const box = $("videos");
+  const n = state.ep.cameras.length;
+  // 1-4 cameras in one row, 5-8 in two: the plot and the review bar keep their room
+  box.style.setProperty("--cols", String(Math.max(1, n <= 4 ? n : Math.ceil(n / 2))));
+  box.dataset.rows = n > 4 ? "2" : "1";
+  for (const cam of state.ep.cameras) {
+    const fig = el("figure", {className: "cam"});
+    fig.appendChild(el("figcaption", {}, cam.key + " (" + (cam.codec || "unknown codec") + ")"));
+    const probe = document.createElement("video");
+    const type = CODEC_TYPES[(cam.codec || "").toLowerCase()];
+    const msg = el("div", {className: "codec-msg red"});
+    if (!cam.exists) {
+      msg.textContent = "video file missing: " + cam.url;
+    } else if (!type || probe.canPlayType(type) === "") {
+      msg.textContent = "This browser cannot play " + (cam.codec || "this codec") + " video. Open the file with a "
+        + "desktop player (e.g. ffplay) or re-encode a copy to H.264; nothing is transcoded here.";
+    }
+    if (!msg.textContent) {
+      const v = el("video", {muted: true, preload: "auto", playsInline: true, src: cam.url});
+      v.dataset.key = cam.key;
+      v.addEventListener("error", () => {
+        msg.textContent = "This browser could not decode " + (cam.codec || "the") + " video of " + cam.key
+          + " (" + (v.error ? v.error.message || v.error.code : "error") + ").";
+      });
+      fig.appendChild(v);
+      state.videos.push(v);
+    }
+    fig.appendChild(msg);
+    box.appendChild(fig);
+  }
+  state.master = state.videos[0] || null;
+  if (state.master) {
+    state.master.addEventListener("ended", () => {
+      setPlaying(false);
+      // a camera that lagged behind (busy machine) is moved to its end too: all show the last frame
+      for (const v of state.videos) if (v !== state.master && !v.ended) v.currentTime = v.duration;
+      setFrame(epLength() - 1, false);
+      document.body.dataset.ended = "1";
+    });
+    state.master.addEventListener("timeupdate", () => { if (!state.playing) return; tick(); });
+  }
+}
+
+function frameOfTime(t) { return Math.min(epLength() - 1, Math.max(0, Math.floor(t * state.ep.fps + 1e-3))); }
+
+function tick() {
+  if (!state.master) return;
+  const t = state.master.currentTime;
+  for (const v of state.videos) {
+    if (v !== state.master && Math.abs(v.currentTime - t) > 0.5 / state.ep.fps) v.currentTime = t;
+  }
+  setFrame(frameOfTime(t), false);
+  if (state.playing) requestAnimationFrame(tick);
+}
+
+function setFrame(f, seek) {
+  state.frame = Math.min(epLength() - 1, Math.max(0, f));
+  $("scrub").value = state.frame;
+  $("frame-readout").textContent = "frame " + state.frame + " / " + (epLength() - 1)
+    + "  t=" + (state.frame / state.ep.fps).toFixed(3) + " s";
+  if (seek) {
+    const t = (state.frame + 0.5) / state.ep.fps;
+    for (const v of state.videos) v.currentTime = Math.min(t, Math.max(0, (v.duration || t) - 1e-3));
+  }
+  drawPlot();
+}
+
+function setPlaying(on) {
+  state.playing = on;
+  $("play").textContent = on ? "pause (space)" : "play (space)";
+  if (on) {
+    delete document.body.dataset.ended;
+    if (state.master && state.master.ended) for (const v of state.videos) v.currentTime = 0;
+    for (const v of state.videos) v.play().catch(() => {});
+    requestAnimationFrame(tick);
+  } else {
+    for (const v of state.videos) v.pause();
+  }
+}
+
+const plotGeom = {left: 50, right: 10};
+
+function renderLegend(dims) {
+  const box = $("legend");
+  box.textContent = "";
+  const first = Object.values(state.ep.series)[0];
+  if (!first) return;
+  for (const j of dims) {
+    const item = el("span", {className: "legend-item"});
+    const sw = el("span", {className: "swatch"});
+    sw.style.background = colourOf(dims.indexOf(j), dims.length);
+    item.appendChild(sw);
+    item.appendChild(document.createTextNode(first.names[j] || ("[" + j + "]")));
+    box.appendChild(item);
+  }
+}
+
+// Where reasons are located: a solid strip on top and a faint wash, so the lines stay readable.
+// Overlapping marks are drawn once (their union), so stacked reasons do not darken the wash.
+function drawBands(ctx, x, frameW, H) {
+  const n = epLength(), hit = new Uint8Array(n);
+  for (const m of state.ep.markers) for (let f = Math.max(0, m.from); f <= Math.min(n - 1, m.to); f++) hit[f] = 1;
+  for (let f = 0; f < n; f++) {
+    if (!hit[f]) continue;
+    let g = f;
+    while (g + 1 < n && hit[g + 1]) g++;
+    const x0 = x(f) - frameW / 2, w = Math.max(2, frameW * (g - f + 1));
+    ctx.fillStyle = "rgba(200, 0, 32, 0.06)"; ctx.fillRect(x0, 0, w, H);
+    ctx.fillStyle = "rgba(200, 0, 32, 0.85)"; ctx.fillRect(x0, 0, w, 5);
+    f = g;
+  }
+}
+
+function drawPanel(ctx, key, dims, top, h, x, W) {
+  const s = state.ep.series[key];
+  let lo = Infinity, hi = -Infinity;
+  for (const row of s.values) for (const j of dims) { const v = row[j]; if (v !== null && v !== undefined) { lo = Math.min(lo, v); hi = Math.max(hi, v); } }
+  if (!isFinite(lo)) { lo = 0; hi = 1; }
+  if (hi === lo) { hi += 1; lo -= 1; }
+  const y = (v) => top + h - (v - lo) / (hi - lo) * h;
+  ctx.fillStyle = "#222"; ctx.font = "12px sans-serif";
+  ctx.fillText(key, plotGeom.left, top - 2);
+  ctx.fillText(hi.toPrecision(4), 2, top + 10); ctx.fillText(lo.toPrecision(4), 2, top + h);
+  ctx.strokeStyle = "#ddd"; ctx.strokeRect(plotGeom.left, top, W - plotGeom.left - plotGeom.right, h);
+  let points = 0;
+  dims.forEach((j, c) => {
+    ctx.strokeStyle = colourOf(c, dims.length);
+    ctx.beginPath();
+    let pen = false;
+    s.values.forEach((row, f) => {
+      const v = row[j];
+      if (v === null || v === undefined) { pen = false; return; }
+      if (pen) ctx.lineTo(x(f), y(v)); else ctx.moveTo(x(f), y(v));
+      pen = true; points++;
+    });
+    ctx.stroke();
+  });
+  return points;
+}
+
+// plot: one panel per vector feature, one line per shown element
+function drawPlot() {
+  const c = $("plot");
+  if (!state.ep) return;
+  const ctx = c.getContext("2d");
+  const feats = Object.keys(state.ep.series);
+  const W = c.width, H = c.height;
+  ctx.clearRect(0, 0, W, H);
+  ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, W, H);
+  const n = epLength();
+  const x = (f) => plotGeom.left + (W - plotGeom.left - plotGeom.right) * (n > 1 ? f / (n - 1) : 0.5);
+  drawBands(ctx, x, (W - plotGeom.left - plotGeom.right) / Math.max(1, n - 1), H);
+  let points = 0;
+  const panelH = feats.length ? H / feats.length : H;
+  const width = Math.max(0, ...feats.map((k) => state.ep.series[k].names.length));
+  const dims = shownDims(state.dims, width);
+  feats.forEach((key, p) => {
+    const own = dims.filter((j) => j < state.ep.series[key].names.length);
+    points += drawPanel(ctx, key, own, p * panelH + 16, panelH - 26, x, W);
+  });
+  ctx.strokeStyle = "#000"; ctx.beginPath(); ctx.moveTo(x(state.frame), 0); ctx.lineTo(x(state.frame), H); ctx.stroke();
+  if (state.hover !== null) {
+    ctx.setLineDash([4, 3]); ctx.strokeStyle = "#555";
+    ctx.beginPath(); ctx.moveTo(x(state.hover), 0); ctx.lineTo(x(state.hover), H); ctx.stroke();
+    ctx.setLineDash([]);
+  }
+  if (c.dataset.dims !== state.dims) renderLegend(dims);
+  c.dataset.dims = state.dims;
+  c.dataset.points = String(points);
+  c.dataset.markers = String(state.ep.markers.length);
+  c.dataset.rendered = "1";
+  const legend = state.ep.markers.map((m) => m.code + " frames " + m.from + ".." + m.to);
+  $("timeline-legend").textContent = legend.length ? "marked: " + legend.join("; ")
+    : state.ep.issues.length ? "no reason of this episode says which frames (listed above)"
+      : "no issues recorded for this episode";
+}
+
+function frameAtMouse(ev) {
+  const c = $("plot"), r = c.getBoundingClientRect();
+  const px = (ev.clientX - r.left) * c.width / r.width;
+  const n = epLength();
+  const span = c.width - plotGeom.left - plotGeom.right;
+  return Math.min(n - 1, Math.max(0, Math.round((px - plotGeom.left) / span * (n - 1))));
+}
+
+function readout(f) {
+  const parts = ["frame " + f + " (t=" + (f / state.ep.fps).toFixed(3) + " s)"];
+  for (const [key, s] of Object.entries(state.ep.series)) {
+    const dims = shownDims(state.dims, s.names.length);
+    parts.push(key + ": " + dims.map((j) => {
+      const v = s.values[f][j];
+      return s.names[j] + "=" + (v === null ? "NaN" : v.toFixed(3));
+    }).join(", "));
+  }
+  for (const m of state.ep.markers) if (f >= m.from && f <= m.to) parts.push("[" + m.code + "] " + m.detail);
+  return parts.join("  |  ");
+}
+
+async function review(verdict) {
+  const out = $("review-result");
+  out.textContent = "saving...";
+  const text = note.value;
+  const r = await post("/api/review", {dataset, episode: index, verdict, note: text});
+  out.textContent = r.ok ? r.message : "refused: " + r.message;
+  out.className = r.ok ? "ok" : "red";
+  if (r.ok && r.episode) { showVerdict(r.episode); noteSaved(r.episode.note); }
+}
+
+function onKey(key) {
+  const go = (t) => { if (t !== null) location.href = "/d/" + encodeURIComponent(dataset) + "/e/" + t; };
+  switch (key) {
+    case " ": setPlaying(!state.playing); break;
+    case "p": review("pass"); break;
+    case "f": review("fail"); break;
+    case "c": review("clear"); break;
+    case "n": note.focus(); break;
+    case "j": go(state.ep.next); break;
+    case "k": go(state.ep.prev); break;
+    case "ArrowRight": setPlaying(false); setFrame(state.frame + 1, true); break;
+    case "ArrowLeft": setPlaying(false); setFrame(state.frame - 1, true); break;
+    default: return false;
+  }
+  return true;
+}
+
+function onKeydown(ev) {
+  if (ev.target === note) {
+    if (ev.key === "Enter") { ev.preventDefault(); note.blur(); review(""); }  // "" = the note only
+    else if (ev.key === "Escape") note.blur();
+    return;
+  }
+  if (ev.target && (ev.target.tagName === "SELECT" || ev.target.tagName === "TEXTAREA"
+      || (ev.target.tagName === "INPUT" && ev.target.type !== "range"))) return;
+  if (ev.ctrlKey || ev.metaKey || ev.altKey || !state.ep) return;
+  if (!onKey(ev.key)) return;
+  ev.preventDefault();
+}
+
 function setupEpisode() {
-  const body = document.body;
-  const dataset = body.dataset.dataset, index = Number(body.dataset.episode);
-  const state = {ep: null, frame: 0, hover: null, videos: [], master: null, playing: false, dims: "all",
-    savedNote: ""};
-  const note = $("note");
+  dataset = document.body.dataset.dataset;
+  index = Number(document.body.dataset.episode);
+  note = $("note");
 
   getJSON("/api/episode?dataset=" + encodeURIComponent(dataset) + "&episode=" + index)
     .then((ep) => { state.ep = ep; render(); })
     .catch((e) => { $("info").textContent = "cannot load episode: " + (e.message || e); });
-
-  function length() { return Math.max(1, state.ep.episode.length); }
-
-  function render() {
-    const ep = state.ep, e = ep.episode;
-    $("task").textContent = "task: " + e.task;
-    $("quality").textContent = e.quality || "unrated";
-    $("quality").className = e.quality || "unrated";
-    showVerdict(e);
-    note.value = e.note;
-    noteSaved(e.note);
-    for (const iss of ep.issues) $("issues").appendChild(el("li", {className: "issue"}, iss.code + ": " + iss.detail));
-    const nav = [["prev", ep.prev], ["next", ep.next]];
-    for (const [id, target] of nav) {
-      if (target === null) $(id).classList.add("disabled");
-      else $(id).href = "/d/" + encodeURIComponent(dataset) + "/e/" + target;
-    }
-    $("scrub").max = length() - 1;
-    const {opts, initial} = dimOptions(ep.series);
-    for (const [v, label] of opts) $("dims").appendChild(el("option", {value: v}, label));
-    $("dims").value = state.dims = initial;
-    renderVideos();
-    drawPlot();
-  }
-
-  function showVerdict(e) {
-    $("verdict").textContent = "verdict: " + (e.qc_verdict || "none") + (e.note ? " - note: " + e.note : "");
-    $("verdict").className = "verdict " + e.qc_verdict;
-  }
-
-  function noteSaved(text) {
-    state.savedNote = text;
-    noteState();
-  }
-
-  function noteState() {
-    const dirty = note.value !== state.savedNote;
-    $("note-state").textContent = dirty ? "unsaved" : (state.savedNote ? "saved" : "");
-    $("note-state").dataset.state = dirty ? "unsaved" : "saved";
-    $("note-state").className = dirty ? "red" : "ok";
-  }
-
-  function renderVideos() {
-    const box = $("videos");
-    const n = state.ep.cameras.length;
-    // 1-4 cameras in one row, 5-8 in two: the plot and the review bar keep their room
-    box.style.setProperty("--cols", String(Math.max(1, n <= 4 ? n : Math.ceil(n / 2))));
-    box.dataset.rows = n > 4 ? "2" : "1";
-    for (const cam of state.ep.cameras) {
-      const fig = el("figure", {className: "cam"});
-      fig.appendChild(el("figcaption", {}, cam.key + " (" + (cam.codec || "unknown codec") + ")"));
-      const probe = document.createElement("video");
-      const type = CODEC_TYPES[(cam.codec || "").toLowerCase()];
-      const msg = el("div", {className: "codec-msg red"});
-      if (!cam.exists) {
-        msg.textContent = "video file missing: " + cam.url;
-      } else if (!type || probe.canPlayType(type) === "") {
-        msg.textContent = "This browser cannot play " + (cam.codec || "this codec") + " video. Open the file with a "
-          + "desktop player (e.g. ffplay) or re-encode a copy to H.264; nothing is transcoded here.";
-      }
-      if (!msg.textContent) {
-        const v = el("video", {muted: true, preload: "auto", playsInline: true, src: cam.url});
-        v.dataset.key = cam.key;
-        v.addEventListener("error", () => {
-          msg.textContent = "This browser could not decode " + (cam.codec || "the") + " video of " + cam.key
-            + " (" + (v.error ? v.error.message || v.error.code : "error") + ").";
-        });
-        fig.appendChild(v);
-        state.videos.push(v);
-      }
-      fig.appendChild(msg);
-      box.appendChild(fig);
-    }
-    state.master = state.videos[0] || null;
-    if (state.master) {
-      state.master.addEventListener("ended", () => {
-        setPlaying(false);
-        // a camera that lagged behind (busy machine) is moved to its end too: all show the last frame
-        for (const v of state.videos) if (v !== state.master && !v.ended) v.currentTime = v.duration;
-        setFrame(length() - 1, false);
-        document.body.dataset.ended = "1";
-      });
-      state.master.addEventListener("timeupdate", () => { if (!state.playing) return; tick(); });
-    }
-  }
-
-  function frameOfTime(t) { return Math.min(length() - 1, Math.max(0, Math.floor(t * state.ep.fps + 1e-3))); }
-
-  function tick() {
-    if (!state.master) return;
-    const t = state.master.currentTime;
-    for (const v of state.videos) {
-      if (v !== state.master && Math.abs(v.currentTime - t) > 0.5 / state.ep.fps) v.currentTime = t;
-    }
-    setFrame(frameOfTime(t), false);
-    if (state.playing) requestAnimationFrame(tick);
-  }
-
-  function setFrame(f, seek) {
-    state.frame = Math.min(length() - 1, Math.max(0, f));
-    $("scrub").value = state.frame;
-    $("frame-readout").textContent = "frame " + state.frame + " / " + (length() - 1)
-      + "  t=" + (state.frame / state.ep.fps).toFixed(3) + " s";
-    if (seek) {
-      const t = (state.frame + 0.5) / state.ep.fps;
-      for (const v of state.videos) v.currentTime = Math.min(t, Math.max(0, (v.duration || t) - 1e-3));
-    }
-    drawPlot();
-  }
-
-  function setPlaying(on) {
-    state.playing = on;
-    $("play").textContent = on ? "pause (space)" : "play (space)";
-    if (on) {
-      delete document.body.dataset.ended;
-      if (state.master && state.master.ended) for (const v of state.videos) v.currentTime = 0;
-      for (const v of state.videos) v.play().catch(() => {});
-      requestAnimationFrame(tick);
-    } else {
-      for (const v of state.videos) v.pause();
-    }
-  }
-
-  const plotGeom = {left: 50, right: 10};
-
-  function renderLegend(dims) {
-    const box = $("legend");
-    box.textContent = "";
-    const first = Object.values(state.ep.series)[0];
-    if (!first) return;
-    for (const j of dims) {
-      const item = el("span", {className: "legend-item"});
-      const sw = el("span", {className: "swatch"});
-      sw.style.background = colourOf(dims.indexOf(j), dims.length);
-      item.appendChild(sw);
-      item.appendChild(document.createTextNode(first.names[j] || ("[" + j + "]")));
-      box.appendChild(item);
-    }
-  }
-
-  // Where reasons are located: a solid strip on top and a faint wash, so the lines stay readable.
-  // Overlapping marks are drawn once (their union), so stacked reasons do not darken the wash.
-  function drawBands(ctx, x, frameW, H) {
-    const n = length(), hit = new Uint8Array(n);
-    for (const m of state.ep.markers) for (let f = Math.max(0, m.from); f <= Math.min(n - 1, m.to); f++) hit[f] = 1;
-    for (let f = 0; f < n; f++) {
-      if (!hit[f]) continue;
-      let g = f;
-      while (g + 1 < n && hit[g + 1]) g++;
-      const x0 = x(f) - frameW / 2, w = Math.max(2, frameW * (g - f + 1));
-      ctx.fillStyle = "rgba(200, 0, 32, 0.06)"; ctx.fillRect(x0, 0, w, H);
-      ctx.fillStyle = "rgba(200, 0, 32, 0.85)"; ctx.fillRect(x0, 0, w, 5);
-      f = g;
-    }
-  }
-
-  function drawPanel(ctx, key, dims, top, h, x, W) {
-    const s = state.ep.series[key];
-    let lo = Infinity, hi = -Infinity;
-    for (const row of s.values) for (const j of dims) { const v = row[j]; if (v !== null && v !== undefined) { lo = Math.min(lo, v); hi = Math.max(hi, v); } }
-    if (!isFinite(lo)) { lo = 0; hi = 1; }
-    if (hi === lo) { hi += 1; lo -= 1; }
-    const y = (v) => top + h - (v - lo) / (hi - lo) * h;
-    ctx.fillStyle = "#222"; ctx.font = "12px sans-serif";
-    ctx.fillText(key, plotGeom.left, top - 2);
-    ctx.fillText(hi.toPrecision(4), 2, top + 10); ctx.fillText(lo.toPrecision(4), 2, top + h);
-    ctx.strokeStyle = "#ddd"; ctx.strokeRect(plotGeom.left, top, W - plotGeom.left - plotGeom.right, h);
-    let points = 0;
-    dims.forEach((j, c) => {
-      ctx.strokeStyle = colourOf(c, dims.length);
-      ctx.beginPath();
-      let pen = false;
-      s.values.forEach((row, f) => {
-        const v = row[j];
-        if (v === null || v === undefined) { pen = false; return; }
-        if (pen) ctx.lineTo(x(f), y(v)); else ctx.moveTo(x(f), y(v));
-        pen = true; points++;
-      });
-      ctx.stroke();
-    });
-    return points;
-  }
-
-  // plot: one panel per vector feature, one line per shown element
-  function drawPlot() {
-    const c = $("plot");
-    if (!state.ep) return;
-    const ctx = c.getContext("2d");
-    const feats = Object.keys(state.ep.series);
-    const W = c.width, H = c.height;
-    ctx.clearRect(0, 0, W, H);
-    ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, W, H);
-    const n = length();
-    const x = (f) => plotGeom.left + (W - plotGeom.left - plotGeom.right) * (n > 1 ? f / (n - 1) : 0.5);
-    drawBands(ctx, x, (W - plotGeom.left - plotGeom.right) / Math.max(1, n - 1), H);
-    let points = 0;
-    const panelH = feats.length ? H / feats.length : H;
-    const width = Math.max(0, ...feats.map((k) => state.ep.series[k].names.length));
-    const dims = shownDims(state.dims, width);
-    feats.forEach((key, p) => {
-      const own = dims.filter((j) => j < state.ep.series[key].names.length);
-      points += drawPanel(ctx, key, own, p * panelH + 16, panelH - 26, x, W);
-    });
-    ctx.strokeStyle = "#000"; ctx.beginPath(); ctx.moveTo(x(state.frame), 0); ctx.lineTo(x(state.frame), H); ctx.stroke();
-    if (state.hover !== null) {
-      ctx.setLineDash([4, 3]); ctx.strokeStyle = "#555";
-      ctx.beginPath(); ctx.moveTo(x(state.hover), 0); ctx.lineTo(x(state.hover), H); ctx.stroke();
-      ctx.setLineDash([]);
-    }
-    if (c.dataset.dims !== state.dims) renderLegend(dims);
-    c.dataset.dims = state.dims;
-    c.dataset.points = String(points);
-    c.dataset.markers = String(state.ep.markers.length);
-    c.dataset.rendered = "1";
-    const legend = state.ep.markers.map((m) => m.code + " frames " + m.from + ".." + m.to);
-    $("timeline-legend").textContent = legend.length ? "marked: " + legend.join("; ")
-      : state.ep.issues.length ? "no reason of this episode says which frames (listed above)"
-        : "no issues recorded for this episode";
-  }
-
-  function frameAtMouse(ev) {
-    const c = $("plot"), r = c.getBoundingClientRect();
-    const px = (ev.clientX - r.left) * c.width / r.width;
-    const n = length();
-    const span = c.width - plotGeom.left - plotGeom.right;
-    return Math.min(n - 1, Math.max(0, Math.round((px - plotGeom.left) / span * (n - 1))));
-  }
-
-  function readout(f) {
-    const parts = ["frame " + f + " (t=" + (f / state.ep.fps).toFixed(3) + " s)"];
-    for (const [key, s] of Object.entries(state.ep.series)) {
-      const dims = shownDims(state.dims, s.names.length);
-      parts.push(key + ": " + dims.map((j) => {
-        const v = s.values[f][j];
-        return s.names[j] + "=" + (v === null ? "NaN" : v.toFixed(3));
-      }).join(", "));
-    }
-    for (const m of state.ep.markers) if (f >= m.from && f <= m.to) parts.push("[" + m.code + "] " + m.detail);
-    return parts.join("  |  ");
-  }
 
   $("plot").addEventListener("mousemove", (ev) => {
     if (!state.ep) return;
@@ -416,15 +459,6 @@ function setupEpisode() {
   $("play").addEventListener("click", () => setPlaying(!state.playing));
   $("scrub").addEventListener("input", () => { setPlaying(false); setFrame(Number($("scrub").value), true); });
 
-  async function review(verdict) {
-    const out = $("review-result");
-    out.textContent = "saving...";
-    const text = note.value;
-    const r = await post("/api/review", {dataset, episode: index, verdict, note: text});
-    out.textContent = r.ok ? r.message : "refused: " + r.message;
-    out.className = r.ok ? "ok" : "red";
-    if (r.ok && r.episode) { showVerdict(r.episode); noteSaved(r.episode.note); }
-  }
   $("pass-btn").addEventListener("click", () => review("pass"));
   $("fail-btn").addEventListener("click", () => review("fail"));
   $("clear-btn").addEventListener("click", () => review("clear"));
@@ -436,35 +470,7 @@ function setupEpisode() {
     const a = document.activeElement;
     if (a && a !== note && a.tagName !== "SELECT" && a !== document.body) a.blur();
   });
-  document.addEventListener("keydown", (ev) => {
-    if (ev.target === note) {
-      if (ev.key === "Enter") { ev.preventDefault(); note.blur(); review(""); }  // "" = the note only
-      else if (ev.key === "Escape") note.blur();
-      return;
-    }
-    if (ev.target && (ev.target.tagName === "SELECT" || ev.target.tagName === "TEXTAREA"
-        || (ev.target.tagName === "INPUT" && ev.target.type !== "range"))) return;
-    if (ev.ctrlKey || ev.metaKey || ev.altKey || !state.ep) return;
-    if (!onKey(ev.key)) return;
-    ev.preventDefault();
-  });
-
-  function onKey(key) {
-    const go = (t) => { if (t !== null) location.href = "/d/" + encodeURIComponent(dataset) + "/e/" + t; };
-    switch (key) {
-      case " ": setPlaying(!state.playing); break;
-      case "p": review("pass"); break;
-      case "f": review("fail"); break;
-      case "c": review("clear"); break;
-      case "n": note.focus(); break;
-      case "j": go(state.ep.next); break;
-      case "k": go(state.ep.prev); break;
-      case "ArrowRight": setPlaying(false); setFrame(state.frame + 1, true); break;
-      case "ArrowLeft": setPlaying(false); setFrame(state.frame - 1, true); break;
-      default: return false;
-    }
-    return true;
-  }
+  document.addEventListener("keydown", onKeydown);
 }
 
 document.addEventListener("DOMContentLoaded", () => {
