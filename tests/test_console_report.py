@@ -140,3 +140,36 @@ def test_console_server_binds_ipv4_and_ipv6_loopback(tmp_path: Path, bind: str) 
             assert resp.status == 200 and "day1" in resp.read().decode()
     finally:
         server.stop()
+
+
+def test_upload_is_offered_only_with_a_backend() -> None:
+    from eva_export.console import pages
+
+    for configured in (False, True):
+        html_text = pages.episodes_page("d", True, "", [], [], False, False, "tok", ["hdf5"], configured)
+        assert ("id=upload-btn" in html_text) is configured
+        assert ("id=upload-off" in html_text) is not configured
+
+
+def test_report_unrated_and_nonfinite_counts(tmp_path: Path) -> None:
+    root = make_dataset(tmp_path / "third" / "raw", [Ep(frames=8, quality=""), Ep(frames=9, quality="")],
+                        cameras=1, width=32, height=24)
+    meta = read_meta(root)
+    path = meta.data_path(1)
+    table = pq.read_table(path)
+    state = np.array(table.column("observation.state").to_pylist(), dtype=np.float32)
+    state[:, 3] = np.nan
+    state[2, 0] = -np.inf
+    col = pa.FixedSizeListArray.from_arrays(pa.array(state.reshape(-1), pa.float32()), 6)
+    pq.write_table(table.set_column(table.schema.get_field_index("observation.state"),
+                                    table.schema.field("observation.state"), col), path)
+    text = build_report(root)
+    assert '<span id="count-red" class="red">0 red</span>' in text
+    assert '<span id="count-green" class="green">0 green</span>' in text
+    assert '<span id="count-unrated" class="unrated">2 unrated</span>' in text
+    assert "10 NaN/inf values in 1 episodes" in text
+    # joint_3 is NaN in all 9 frames of episode 1: its range is episode 0's, and the 9 are counted
+    assert ('<td>observation.state</td><td>joint_3</td><td class="num">0.300</td><td class="num">7.300</td>'
+            '<td class="num red">9</td>') in text
+    assert "episode 1: non_finite frames 0..8" in text
+    assert "<svg" not in text and text.count('<img class="plot') >= 2

@@ -84,6 +84,9 @@ MODULES = [
     "eva_export.console.pages",
     "eva_export.console.report",
     "eva_export.console.server",
+    "eva_export.console.httpio",
+    "eva_export.console.status",
+    "eva_export.console.report_svg",
 ]
 
 

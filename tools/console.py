@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import re
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -65,6 +66,32 @@ def build_config(args: argparse.Namespace, work: Path) -> Path:
     return path
 
 
+def port_in_use(config: Path) -> str:
+    """One line when the console's port is taken (else ""), checked before any node starts:
+    the console node would otherwise die with its traceback in the log."""
+    import yaml
+
+    console = (yaml.safe_load(config.read_text()) or {}).get("console") or {}
+    bind, port = str(console.get("bind", "127.0.0.1")), int(console.get("port", 8765))
+    if port == 0:
+        return ""
+    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the console's server does
+        try:
+            s.bind((bind, port))
+        except OSError as exc:
+            return (f"eva console: port {port} on {bind} is not available ({exc.strerror}); "
+                    'pick another with CONSOLE_ARGS="--port 0" (any free port) or --port N')
+    return ""
+
+
+def _startup_failure(proc: rosharness.NodeProcess) -> str:
+    """The console node's own one-line reason when it has one, else its log tail."""
+    m = re.search(r"console cannot listen[^\n]*", proc.log_text())
+    return f"eva console: {m.group(0)}" if m else proc.log_tail()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", help="an eva_export config (default: a sample one)")
@@ -76,6 +103,10 @@ def main() -> int:
     work = Path(args.work).absolute()
     work.mkdir(parents=True, exist_ok=True)
     config = build_config(args, work)
+    busy = port_in_use(config)
+    if busy:
+        print(busy, file=sys.stderr)
+        return 1
     ns = rosharness.unique_namespace("console")  # one namespace: the console finds its peers
     procs = [rosharness.NodeProcess(exe, work / "logs", params={"config_file": str(config)}, namespace=ns)
              for exe in NODES]
@@ -88,7 +119,7 @@ def main() -> int:
             m = re.search(r"console at (http://\S+)", procs[-1].log_text())
             url = m.group(1) if m else ""
             if not procs[-1].alive():
-                print(procs[-1].log_tail(), file=sys.stderr)
+                print(_startup_failure(procs[-1]), file=sys.stderr)
                 return 1
             time.sleep(0.2)
         if not url:

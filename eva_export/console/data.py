@@ -51,6 +51,11 @@ def dataset_root(log_dir: Path, name: str) -> Path:
     return root
 
 
+def dataset_exists(log_dir: Path, name: str) -> bool:
+    """Whether ``name`` is a dataset the console can show (its meta/info.json is there)."""
+    return (dataset_root(log_dir, name) / INFO).is_file()
+
+
 def list_datasets(log_dir: Path) -> list[DatasetSummary]:
     """Every ``<log_dir>/<name>/raw`` that holds meta/info.json, sorted by name."""
     out: list[DatasetSummary] = []
@@ -166,12 +171,9 @@ def _runs(frames: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def episode_series(root: Path, info: DatasetInfo, episode_index: int) -> dict[str, Any]:
-    """The plotted vectors of one episode from its Parquet file (only those columns are read).
-
-    Returns ``{"series": {feature: {"names": [...], "values": [[...] per frame]}},
-    "nonfinite": {feature: [frames]}}``; NaN/inf become null so the JSON stays valid.
-    """
+def feature_arrays(root: Path, info: DatasetInfo, episode_index: int) -> dict[str, Any]:
+    """The plotted vector features of one episode as float64 arrays (frames x elements), read
+    from its Parquet file (only those columns)."""
     import numpy as np
     import pyarrow.parquet as pq
 
@@ -181,25 +183,42 @@ def episode_series(root: Path, info: DatasetInfo, episode_index: int) -> dict[st
     wanted = [k for k in PLOT_FEATURES if k in info.features]
     try:
         table = pq.read_table(path, columns=wanted)
-    except Exception as exc:  # pyarrow raises several types for a damaged file
+        out: dict[str, Any] = {}
+        for key in wanted:
+            col = table.column(key).combine_chunks()
+            arr = np.asarray(col.flatten().to_numpy(zero_copy_only=False), dtype=np.float64)
+            out[key] = arr.reshape(-1, int(np.prod(info.features[key].shape)) or 1)
+    except Exception as exc:  # noqa: BLE001 - pyarrow and numpy raise several types for a damaged file
         raise DatasetError(f"{path}: cannot read ({exc})") from exc
+    return out
+
+
+def element_names(info: DatasetInfo, key: str, width: int) -> list[str]:
+    """The joint names info.json gives a feature ("names"), else ``key[j]``."""
+    names: Any = info.features[key].names
+    if isinstance(names, dict):  # LeRobot sometimes nests {"motors": [...]}
+        names = next(iter(names.values()), None)
+    if not isinstance(names, list) or len(names) != width:
+        return [f"{key}[{j}]" for j in range(width)]
+    return [str(n) for n in names]
+
+
+def episode_series(root: Path, info: DatasetInfo, episode_index: int) -> dict[str, Any]:
+    """The plotted vectors of one episode.
+
+    Returns ``{"series": {feature: {"names": [...], "values": [[...] per frame]}},
+    "nonfinite": {feature: [frames]}}``; NaN/inf become null so the JSON stays valid.
+    """
+    import numpy as np
+
     series: dict[str, Any] = {}
     nonfinite: dict[str, list[int]] = {}
-    for key in wanted:
-        col = table.column(key).combine_chunks()
-        arr = np.asarray(col.flatten().to_numpy(zero_copy_only=False), dtype=np.float64)
-        width = int(np.prod(info.features[key].shape)) or 1
-        arr = arr.reshape(-1, width)
+    for key, arr in feature_arrays(root, info, episode_index).items():
         bad = ~np.isfinite(arr)
         if bad.any():
             nonfinite[key] = [int(i) for i in np.nonzero(bad.any(axis=1))[0]]
-        names = info.features[key].names
-        if isinstance(names, dict):  # LeRobot sometimes nests {"motors": [...]}
-            names = next(iter(names.values()), None)
-        if not isinstance(names, list) or len(names) != width:
-            names = [f"{key}[{j}]" for j in range(width)]
         values = [[_finite_or_none(float(f"{v:.7g}")) for v in frame] for frame in arr]
-        series[key] = {"names": [str(n) for n in names], "values": values}
+        series[key] = {"names": element_names(info, key, arr.shape[1]), "values": values}
     return {"series": series, "nonfinite": nonfinite}
 
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .data import DatasetSummary
-from .report import esc
+from .report_svg import esc
 
 
 def _head(title: str, csrf: str = "") -> str:
@@ -47,7 +47,7 @@ def datasets_page(datasets: Sequence[DatasetSummary]) -> str:
 
 def episodes_page(name: str, ok: bool, message: str, rows: Sequence[dict[str, Any]],
                   shown: Sequence[dict[str, Any]], red_only: bool, unreviewed_only: bool,
-                  csrf: str, formats: Sequence[str]) -> str:
+                  csrf: str, formats: Sequence[str], upload_configured: bool = False) -> str:
     q = _q(name)
     filt = []
     for key, on, label in (("red", red_only, "red only"), ("unreviewed", unreviewed_only, "unreviewed only")):
@@ -71,14 +71,26 @@ def episodes_page(name: str, ok: bool, message: str, rows: Sequence[dict[str, An
     if not ok:
         table = f"<p class=red>list_episodes refused: {esc(message)}</p>"
     opts = "".join(f'<option value="{esc(f)}">{esc(f)}</option>' for f in formats)
+    # Upload only when a backend is configured: a button that can only be refused is noise
+    upload = (' <button id=upload-btn>Upload</button>' if upload_configured
+              else ' <span id=upload-off class=muted>upload: no backend configured (collection.storage.sftp)</span>')
     jobs = (f'<section id=jobs><select id=format aria-label=format>{opts}</select> '
-            '<button id=export-btn>Export</button> <button id=upload-btn>Upload</button>'
+            '<button id=export-btn>Export</button>' + upload +
             '<div id=job-status class=jobline></div><div id=job-error class=red></div></section>')
-    return (_head(name, csrf) + f'<body data-page="episodes" data-dataset="{esc(name)}">'
+    return (_head(name, csrf) + f'<body data-page="episodes" data-dataset="{esc(name)}" '
+            f'data-episodes="{len(rows)}">'
             f'<header><a href="/">datasets</a> / <h1>{esc(name)}</h1> '
             f'<a href="/d/{q}/report">health report</a><span id=status class=muted></span></header>'
             f'<p>{len(shown)} of {len(rows)} episodes shown. {" ".join(filt)}</p>'
             + jobs + table + "</body></html>")
+
+
+def missing_dataset_page(name: str) -> str:
+    """A dataset name with no dataset behind it: say so, offer nothing to act on."""
+    return (_head(f"{name} (missing)") + '<body data-page="missing"><header><a href="/">datasets</a> / '
+            f'<h1>{esc(name)}</h1></header><p id=missing class=red>There is no dataset named '
+            f'&ldquo;{esc(name)}&rdquo; under log_dir (no {esc(name)}/raw/meta/info.json).</p>'
+            '<p><a href="/">Back to the list of datasets</a></p></body></html>')
 
 
 def episode_page(name: str, index: int, csrf: str) -> str:
@@ -90,14 +102,18 @@ def episode_page(name: str, index: int, csrf: str) -> str:
             '<a id=next href="#">next (j) &rarr;</a><span id=status class=muted></span></header>'
             '<div id=info><span id=task></span> <span id=quality></span> <span id=verdict></span>'
             '<ul id=issues></ul></div>'
-            '<div id=videos></div>'
-            '<div id=transport><button id=play>play (space)</button> '
+            '<main id=main><div id=videos></div>'
+            '<div id=plotbox><div id=plot-controls><label>show <select id=dims aria-label="dimensions">'
+            '</select></label> <span id=legend></span></div>'
+            '<canvas id=plot width=960 height=300></canvas><div id=cursor-readout class=muted></div>'
+            '<div id=timeline-legend class=muted></div></div></main>'
+            # the review bar stays at the bottom of the window whatever the number of cameras
+            '<section id=review><div id=transport><button id=play>play (space)</button> '
             '<input id=scrub type=range min=0 value=0 step=1 aria-label=frame> '
             '<span id=frame-readout>frame 0</span></div>'
-            '<canvas id=plot width=960 height=300></canvas><div id=cursor-readout class=muted></div>'
-            '<div id=timeline-legend class=muted></div>'
-            '<section id=review><input id=note placeholder="note (n to focus)" size=60> '
+            '<input id=note placeholder="note (n to focus, Enter saves)" size=50> '
+            '<span id=note-state class=muted></span> '
             '<button id=pass-btn>PASS (p)</button> <button id=fail-btn>FAIL (f)</button> '
-            '<button id=clear-btn>CLEAR (c)</button> <span id=review-result></span></section>'
-            '<p class=muted>Keys: space play/pause, p pass, f fail, c clear, n note, j/k next/previous, '
-            '&larr;/&rarr; one frame.</p></body></html>')
+            '<button id=clear-btn>CLEAR (c)</button> <span id=review-result></span>'
+            '<div class=muted>Keys: space play/pause, p pass, f fail, c clear, n note (Enter saves, Esc leaves), '
+            'j/k next/previous, &larr;/&rarr; one frame.</div></section></body></html>')

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import mimetypes
 import re
 import secrets
 import socket
@@ -36,12 +35,23 @@ from ..dataset.records import REVIEW_VERDICTS, Quality
 from ..errors import DatasetError, UnsafeNameError
 from ..export.paths import ExportPaths
 from . import data, pages
+from .httpio import (
+    MAX_NAME,
+    MAX_NOTE,
+    Refused,
+    bounded_index,
+    copy_span,
+    media_headers,
+    parse_json_object,
+    parse_range,
+    valid_text,
+)
 from .report import build_report
+from .status import JobBook, status_for
 
 LOG = logging.getLogger("eva_export.console")
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATIC_FILES = {"console.js", "console.css"}
-CHUNK = 256 * 1024
 MAX_BODY = 64 * 1024
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
        "media-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
@@ -56,13 +66,16 @@ class Backend(Protocol):
     def start_job(self, kind: str, source_dir: str, fmt: str,
                   accepted_dir: str) -> tuple[bool, str, dict[str, Any]]: ...
     def get_job(self, kind: str, job_id: str) -> tuple[bool, str, dict[str, Any]]: ...
-    def status(self) -> dict[str, Any]: ...
+    def status(self) -> dict[str, Any]:
+        """capture: a line; export/upload: {"queue": line, "job": the current or last job}."""
+        ...
 
 
 class ConsoleServer(ThreadingHTTPServer):
     daemon_threads = True  # a browser holding a video connection open must not block shutdown
 
-    def __init__(self, bind: str, port: int, log_dir: Path, backend: Backend) -> None:
+    def __init__(self, bind: str, port: int, log_dir: Path, backend: Backend,
+                 upload_configured: bool = False) -> None:
         # ThreadingHTTPServer is IPv4 only by default: an IPv6 bind address needs AF_INET6
         self.address_family = socket.AF_INET6 if ":" in bind else socket.AF_INET
         super().__init__((bind, port), ConsoleHandler)
@@ -70,6 +83,8 @@ class ConsoleServer(ThreadingHTTPServer):
         self.backend = backend
         self.csrf_token = secrets.token_urlsafe(32)
         self.bind_host = bind
+        self.upload_configured = upload_configured
+        self.jobs = JobBook()
         self._thread: threading.Thread | None = None
 
     @property
@@ -99,12 +114,6 @@ class ConsoleServer(ThreadingHTTPServer):
         self.server_close()
         if self._thread is not None:
             self._thread.join(5.0)
-
-
-class Refused(Exception):
-    def __init__(self, status: HTTPStatus, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class ConsoleHandler(BaseHTTPRequestHandler):
@@ -139,6 +148,11 @@ class ConsoleHandler(BaseHTTPRequestHandler):
             # the body may be unread: never parse its bytes as the next request on this connection
             self.close_connection = True
             self._send_json({"ok": False, "message": str(exc)}, exc.status)
+        except Exception as exc:  # noqa: BLE001 - every request gets an answer, never a dropped connection
+            LOG.exception("console POST %s failed", self.path[:200])
+            self.close_connection = True
+            self._send_json({"ok": False, "message": f"internal error: {type(exc).__name__}"},
+                            HTTPStatus.INTERNAL_SERVER_ERROR)
 
     def _handle(self, head: bool) -> None:
         self._head = head
@@ -151,10 +165,12 @@ class ConsoleHandler(BaseHTTPRequestHandler):
             if path == "/":
                 self._send_html(pages.datasets_page(data.list_datasets(self.server.log_dir)))
             elif m:
-                name = urllib.parse.unquote(m.group(1))
+                name = valid_text(urllib.parse.unquote(m.group(1), errors="strict"), "dataset name", MAX_NAME)
                 data.dataset_root(self.server.log_dir, name)  # refuse bad names early
-                if m.group(2):
-                    self._episode_page(name, int(m.group(3)))
+                if not data.dataset_exists(self.server.log_dir, name):
+                    self._send_html(pages.missing_dataset_page(name), HTTPStatus.NOT_FOUND)
+                elif m.group(2):
+                    self._episode_page(name, bounded_index(m.group(3)))
                 elif m.group(4):
                     self._send_html(build_report(data.dataset_root(self.server.log_dir, name), name))
                 else:
@@ -168,7 +184,7 @@ class ConsoleHandler(BaseHTTPRequestHandler):
                 ok, msg, job = self.server.backend.get_job(kind, _one(query, "id"))
                 self._send_json({"ok": ok, "message": msg, "job": job})
             elif path == "/api/status":
-                self._send_json(self.server.backend.status())
+                self._api_status(_one(query, "dataset"))
             elif path.startswith("/media/"):
                 self._media(path[len("/media/"):])
             elif path == "/favicon.ico":
@@ -181,10 +197,16 @@ class ConsoleHandler(BaseHTTPRequestHandler):
             self._send_text(str(exc), exc.status)
         except UnsafeNameError as exc:
             self._send_text(f"refused: {exc}", HTTPStatus.FORBIDDEN)
+        except UnicodeDecodeError:
+            self._send_text("the path is not valid UTF-8 after percent-decoding", HTTPStatus.BAD_REQUEST)
         except DatasetError as exc:
             self._send_text(f"dataset error: {exc}", HTTPStatus.NOT_FOUND)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the browser dropped a video request while seeking
+        except Exception as exc:  # noqa: BLE001 - every request gets an answer, never a dropped connection
+            LOG.exception("console GET %s failed", self.path[:200])
+            self.close_connection = True
+            self._send_text(f"internal error: {type(exc).__name__}", HTTPStatus.INTERNAL_SERVER_ERROR)
 
     # ---- checks -----------------------------------------------------------------------------
     def _check_host(self) -> None:
@@ -214,13 +236,7 @@ class ConsoleHandler(BaseHTTPRequestHandler):
             raise Refused(HTTPStatus.BAD_REQUEST, "bad Content-Length") from None
         if not 0 < length <= MAX_BODY:
             raise Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "body empty or too large")
-        try:
-            body = json.loads(self.rfile.read(length))
-        except (ValueError, UnicodeDecodeError):
-            raise Refused(HTTPStatus.BAD_REQUEST, "body is not JSON") from None
-        if not isinstance(body, dict):
-            raise Refused(HTTPStatus.BAD_REQUEST, "body must be a JSON object")
-        return body
+        return parse_json_object(self.rfile.read(length))
 
     # ---- pages ------------------------------------------------------------------------------
     def _episodes_page(self, name: str, query: dict[str, list[str]]) -> None:
@@ -230,17 +246,14 @@ class ConsoleHandler(BaseHTTPRequestHandler):
         shown = [r for r in rows if (not red_only or r["quality"] == Quality.RED)
                  and (not unreviewed_only or not r["qc_verdict"])]
         self._send_html(pages.episodes_page(name, ok, msg, rows, shown, red_only, unreviewed_only,
-                                            self.server.csrf_token, FORMATS))
+                                            self.server.csrf_token, FORMATS, self.server.upload_configured))
 
     def _episode_page(self, name: str, index: int) -> None:
         self._send_html(pages.episode_page(name, index, self.server.csrf_token))
 
     def _api_episode(self, query: dict[str, list[str]]) -> None:
-        name = _one(query, "dataset")
-        try:
-            index = int(_one(query, "episode"))
-        except ValueError:
-            raise Refused(HTTPStatus.BAD_REQUEST, "episode must be an integer") from None
+        name = valid_text(_one(query, "dataset"), "dataset", MAX_NAME)
+        index = bounded_index(_one(query, "episode"))
         root, info = data.read_info_of(self.server.log_dir, name)
         ok, msg, rows = self.server.backend.list_episodes(name)  # verdicts as the capture node has them
         if not ok:
@@ -267,24 +280,31 @@ class ConsoleHandler(BaseHTTPRequestHandler):
         }
         self._send_json(payload)
 
+    def _api_status(self, name: str) -> None:
+        source_dir = None
+        if name:
+            source_dir = str(data.dataset_root(self.server.log_dir, valid_text(name, "dataset", MAX_NAME)))
+        line, seen = status_for(self.server.backend.status(), source_dir)
+        jobs = self.server.jobs.of(name) if name else []
+        jobs += [j for j in seen if j not in jobs]
+        self._send_json({"status": line, "jobs": jobs})
+
     # ---- actions ----------------------------------------------------------------------------
     def _review(self, body: dict[str, Any]) -> None:
-        name = str(body.get("dataset", ""))
-        verdict = str(body.get("verdict", ""))
+        name = valid_text(body.get("dataset", ""), "dataset", MAX_NAME)
+        verdict = body.get("verdict", "")
         if verdict not in REVIEW_VERDICTS:
             raise Refused(HTTPStatus.BAD_REQUEST, "verdict must be pass, fail, clear or empty")
-        try:
-            index = int(body.get("episode", -1))
-        except (TypeError, ValueError):
-            raise Refused(HTTPStatus.BAD_REQUEST, "episode must be an integer") from None
+        index = bounded_index(body.get("episode"))
         note = body.get("note")
-        ok, msg, row = self.server.backend.review(name, index, verdict, str(note or ""), note is not None)
+        text = "" if note is None else valid_text(note, "note", MAX_NOTE)
+        ok, msg, row = self.server.backend.review(name, index, str(verdict), text, note is not None)
         self._send_json({"ok": ok, "message": msg, "episode": row},
                         HTTPStatus.OK if ok else HTTPStatus.CONFLICT)
 
     def _start_job(self, kind: str, body: dict[str, Any]) -> None:
-        name = str(body.get("dataset", ""))
-        fmt = str(body.get("format", ""))
+        name = valid_text(body.get("dataset", ""), "dataset", MAX_NAME)
+        fmt = valid_text(body.get("format", ""), "format", 64)
         try:
             root = data.dataset_root(self.server.log_dir, name)
         except UnsafeNameError as exc:
@@ -292,7 +312,12 @@ class ConsoleHandler(BaseHTTPRequestHandler):
         # the upload names the accepted export where the export node publishes it (same code);
         # the upload gate decides whether it is current and complete
         accepted = str(ExportPaths.of(root, fmt).accepted) if kind == "upload" and fmt in FORMATS else ""
+        if kind == "upload" and not self.server.upload_configured:
+            raise Refused(HTTPStatus.CONFLICT, "no upload backend is configured (collection.storage.sftp "
+                                               "is missing); nothing was started")
         ok, msg, reply = self.server.backend.start_job(kind, str(root), fmt, accepted)
+        if ok and reply.get("job_id"):
+            self.server.jobs.started(name, kind, str(reply["job_id"]))
         self._send_json({"ok": ok, "message": msg, **reply}, HTTPStatus.OK if ok else HTTPStatus.CONFLICT)
 
     # ---- files ------------------------------------------------------------------------------
@@ -307,43 +332,32 @@ class ConsoleHandler(BaseHTTPRequestHandler):
         name, _, rel = rest.partition("/")
         path = data.confined_file(self.server.log_dir, urllib.parse.unquote(name), urllib.parse.unquote(rel))
         size = path.stat().st_size
-        start, end = 0, size - 1
+        span, partial = (0, size - 1), False
         rng = self.headers.get("Range")
-        status = HTTPStatus.OK
         if rng:
-            parsed = _parse_range(rng, size)
-            if parsed is None:
-                self.send_response(HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE)
-                self.send_header("Content-Range", f"bytes */{size}")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
+            try:
+                parsed = parse_range(rng, size)
+            except Refused as exc:
+                self._send_text(str(exc), exc.status, [("Content-Range", f"bytes */{size}")])
                 return
-            start, end = parsed
-            status = HTTPStatus.PARTIAL_CONTENT
-        self.send_response(status)
-        self.send_header("Content-Type", mimetypes.guess_type(path.name)[0] or "application/octet-stream")
-        self.send_header("Accept-Ranges", "bytes")
-        self.send_header("Content-Length", str(end - start + 1))
-        if status == HTTPStatus.PARTIAL_CONTENT:
-            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("X-Content-Type-Options", "nosniff")
+            if parsed is None:
+                self._send_text("Range is outside the file", HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE,
+                                [("Content-Range", f"bytes */{size}")])
+                return
+            span, partial = parsed, True
+        self.send_response(HTTPStatus.PARTIAL_CONTENT if partial else HTTPStatus.OK)
+        for k, v in media_headers(path, size, span, partial):
+            self.send_header(k, v)
         self.end_headers()
-        if self._head:
-            return
-        with open(path, "rb") as fh:  # streamed: memory stays flat whatever the file size
-            fh.seek(start)
-            left = end - start + 1
-            while left > 0:
-                chunk = fh.read(min(CHUNK, left))
-                if not chunk:
-                    break
-                self.wfile.write(chunk)
-                left -= len(chunk)
+        if not self._head:
+            copy_span(path, span, self.wfile)
 
     # ---- responses --------------------------------------------------------------------------
-    def _send(self, status: HTTPStatus, body: bytes, ctype: str) -> None:
+    def _send(self, status: HTTPStatus, body: bytes, ctype: str,
+              extra: list[tuple[str, str]] | None = None) -> None:
         self.send_response(status)
+        for k, v in extra or ():
+            self.send_header(k, v)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Content-Security-Policy", CSP)
@@ -354,11 +368,11 @@ class ConsoleHandler(BaseHTTPRequestHandler):
         if not getattr(self, "_head", False):
             self.wfile.write(body)
 
-    def _send_html(self, text: str) -> None:
-        self._send(HTTPStatus.OK, text.encode("utf-8"), "text/html; charset=utf-8")
+    def _send_html(self, text: str, status: HTTPStatus = HTTPStatus.OK) -> None:
+        self._send(status, text.encode("utf-8"), "text/html; charset=utf-8")
 
-    def _send_text(self, text: str, status: HTTPStatus) -> None:
-        self._send(status, text.encode("utf-8"), "text/plain; charset=utf-8")
+    def _send_text(self, text: str, status: HTTPStatus, extra: list[tuple[str, str]] | None = None) -> None:
+        self._send(status, text.encode("utf-8", "replace"), "text/plain; charset=utf-8", extra)
 
     def _send_json(self, obj: Any, status: HTTPStatus = HTTPStatus.OK) -> None:
         self._send(status, json.dumps(obj, allow_nan=False).encode("utf-8"), "application/json")
@@ -366,21 +380,6 @@ class ConsoleHandler(BaseHTTPRequestHandler):
 
 def _one(query: dict[str, list[str]], key: str) -> str:
     return (query.get(key) or [""])[0]
-
-
-def _parse_range(header: str, size: int) -> tuple[int, int] | None:
-    """One ``bytes=a-b`` / ``bytes=a-`` / ``bytes=-n`` range; None when unsatisfiable."""
-    m = re.fullmatch(r"\s*bytes=(\d*)-(\d*)\s*", header)
-    if not m or (not m.group(1) and not m.group(2)) or size == 0:
-        return None
-    if not m.group(1):
-        n = int(m.group(2))
-        return (max(size - n, 0), size - 1) if n > 0 else None
-    start = int(m.group(1))
-    end = int(m.group(2)) if m.group(2) else size - 1
-    if start >= size or end < start:
-        return None
-    return start, min(end, size - 1)
 
 
 __all__ = ["Backend", "ConsoleServer"]

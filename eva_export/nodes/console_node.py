@@ -55,7 +55,7 @@ class RosBackend:
                           "upload": c(StartUpload, f"{upload}/start", callback_group=group)}
         self.job_cli = {"export": c(GetJob, f"{export}/get_job", callback_group=group),
                         "upload": c(GetJob, f"{upload}/get_job", callback_group=group)}
-        self._status: dict[str, str] = {}
+        self._status: dict[str, Any] = {}
         self._lock = threading.Lock()
         node.create_subscription(CaptureStatus, f"{capture}/status", self._on_capture, STATUS_QOS_DEPTH,
                                  callback_group=group)
@@ -71,16 +71,17 @@ class RosBackend:
             self._status["capture"] = text
 
     def _on_queue(self, kind: str, m: JobQueueStatus) -> None:
-        text = f"{m.state}, {m.queued} queued"
-        if m.current.job_id:
-            text += f", last {m.current.job_id} {m.current.state}"
+        # the job is kept whole: the console shows it only on the pages of its own dataset
+        entry = {"queue": f"{m.state}, {m.queued} queued",
+                 "job": msg_to_dict(m.current) if m.current.job_id else {}}
         with self._lock:
-            self._status[kind] = text
+            self._status[kind] = entry
 
     def status(self) -> dict[str, Any]:
         with self._lock:
             st = dict(self._status)
-        return {k: st.get(k, "no status yet") for k in ("capture", "export", "upload")}
+        return {"capture": st.get("capture", "no status yet"),
+                **{k: st.get(k, {"queue": "no status yet", "job": {}}) for k in ("export", "upload")}}
 
     def clients(self) -> list[Any]:
         return [self.list_cli, self.review_cli, *self.start_cli.values(), *self.job_cli.values()]
@@ -160,7 +161,8 @@ class ConsoleNode(Node):
         backend = RosBackend(self, names["capture"], names["export"], names["upload"])
         cc = config.console
         try:
-            self.server = ConsoleServer(cc.bind, cc.port, config.collection.log_dir, backend)
+            self.server = ConsoleServer(cc.bind, cc.port, config.collection.log_dir, backend,
+                                        upload_configured=config.collection.sftp is not None)
         except OSError as exc:
             raise ConfigError(f"console cannot listen on {cc.bind}:{cc.port}: {exc.strerror or exc}; "
                               "change console.port or console.bind") from exc
