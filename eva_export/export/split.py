@@ -31,12 +31,16 @@ from ..dataset import stats as stats_mod
 from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS
 from ..dataset.records import FORMAT_V21, DatasetInfo, EpisodeRow, Quality, UnitRecord, Verdict
 from ..dataset.table import to_numpy
+from ..dataset.video import iter_frames
 from ..dataset.validate import SourceCheck, SourceEpisode
 from ..errors import DatasetError, ExportError
+from ..sources.base import place_video, read_table, staged_video_ok
 from ..fsutil import atomic_write_json, dumps_json, jsonl_dumps, read_json, set_file_mode
 from .records import ACCEPTED, QUALITY_SPLIT_FILE, REJECTED, QualitySplit
 
 MANIFEST = "manifest.json"
+#: Episode row field naming the cameras re-encoded because no exact stream-copy cut existed.
+REENCODED_FIELD = "source_video_reencoded"
 RECOMPUTED_COLUMNS = ("episode_index", "index", "task_index")
 
 
@@ -128,6 +132,7 @@ class SubsetResult:
     source_indices: list[int]
     episodes: int
     frames: int
+    reencoded: list[int] = field(default_factory=list)  # source indices cut by re-encoding
 
 
 @dataclass
@@ -136,6 +141,11 @@ class SplitResult:
     reused: int = 0
     built: int = 0
     unrated: list[int] = field(default_factory=list)  # source indices: no quality, no verdict
+
+    @property
+    def reencoded(self) -> list[int]:
+        """Source episodes with a camera re-encoded (no exact stream-copy cut; v3.0 sources)."""
+        return sorted(i for s in self.subsets.values() for i in s.reencoded)
 
 
 @dataclass
@@ -193,13 +203,11 @@ def _write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.unlink(missing_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)  # another filesystem or no hard links: copy, never re-encode
+def _camera_stats(path: Path) -> dict[str, Any]:
+    st = stats_mod.ImageStats()
+    for frame in iter_frames(path):
+        st.add(frame)
+    return st.to_dict()
 
 
 def unit_is_complete(staging: Path, p: PlannedEpisode, info: DatasetInfo) -> bool:
@@ -213,8 +221,8 @@ def unit_is_complete(staging: Path, p: PlannedEpisode, info: DatasetInfo) -> boo
         with pq.ParquetFile(data) as pf:
             if pf.metadata.num_rows != p.source.rows:
                 return False
-        for key, src in p.source.video_paths.items():
-            if not videos[key].is_file() or videos[key].stat().st_size != src.stat().st_size:
+        for key in p.source.video_paths:
+            if not staged_video_ok(p.source, key, videos[key], u.video_sizes.get(key)):
                 return False
         return True
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
@@ -235,11 +243,7 @@ def build_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats
     """
     src = p.source
     data, videos = unit_files(staging, p, info)
-    try:
-        with pq.ParquetFile(src.data_path) as pf:
-            table = pf.read()
-    except Exception as exc:  # noqa: BLE001
-        raise DatasetError(f"episode {src.index}: cannot read {src.data_path}: {exc}") from exc
+    table = read_table(src)  # its own file, or its rows of a shared v3.0 file
     n = table.num_rows
     if n != src.rows:
         raise DatasetError(f"episode {src.index}: {src.data_path} changed during the export "
@@ -266,12 +270,19 @@ def build_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats
             st[key] = stats_mod.column_stats(to_numpy(table.column(key)))
     del table
     sizes = {}
-    for key, vp in src.video_paths.items():
-        _link_or_copy(vp, videos[key])
-        sizes[key] = vp.stat().st_size
+    reencoded = []
+    for key in src.video_paths:
+        placed = place_video(src, key, videos[key], info.fps)
+        sizes[key] = placed.bytes
+        if placed.reencoded:
+            reencoded.append(key)
+        if key not in st:  # a v3.0 / v2.0 source without camera statistics: computed here
+            st[key] = _camera_stats(videos[key])
     row = src.row.to_dict()
     row["episode_index"] = p.new_index
     row["source_episode_index"] = src.index
+    if reencoded:  # provenance: these cameras are not the source's bytes (no exact cut existed)
+        row[REENCODED_FIELD] = reencoded
     rec = unit_record(staging, p)
     rec.parent.mkdir(parents=True, exist_ok=True)
     _write_text(rec, json.dumps(UnitRecord(src.index, p.new_index, n, p.offset, row, st, sizes).to_dict()))
@@ -341,9 +352,12 @@ def assemble_subset(plan: SplitPlan, name: str, staging: Path, marker: QualitySp
     rows: list[dict[str, Any]] = []
     stats_rows: list[dict[str, Any]] = []
     frames = 0
+    reencoded: list[int] = []
     for p in items:
         u = UnitRecord.from_dict(read_json(unit_record(staging, p)))
         rows.append(u.row)
+        if REENCODED_FIELD in u.row:
+            reencoded.append(p.source.index)
         stats_rows.append({"episode_index": p.new_index, "stats": u.stats})
         frames += u.rows
     info.set_totals(len(items), frames, len(plan.tasks[name]))
@@ -354,7 +368,7 @@ def assemble_subset(plan: SplitPlan, name: str, staging: Path, marker: QualitySp
     _write_text(out / STATS, dumps_json(stats_mod.aggregate(r["stats"] for r in stats_rows)))
     _write_text(out / INFO, dumps_json(info.to_dict()))
     _write_text(out / QUALITY_SPLIT_FILE, dumps_json(marker.to_dict()))
-    return SubsetResult(name, out, [p.source.index for p in items], len(items), frames)
+    return SubsetResult(name, out, [p.source.index for p in items], len(items), frames, reencoded)
 
 
 def make_marker(plan: SplitPlan, name: str, fmt: str, job_id: str) -> QualitySplit:
@@ -398,9 +412,9 @@ def split_dataset(source: Path, out_root: Path, job_id: str = "") -> SplitResult
     ``out_root/accepted`` and ``out_root/rejected`` are written through a staging root beside
     them (reused when rerun); no publication logic.
     """
-    from ..dataset.validate import validate_source
+    from ..sources.base import validate_any
 
-    check = validate_source(source, allow_empty_dataset=False)
+    check = validate_any(source, allow_empty_dataset=False)
     staging = Path(out_root) / ".staging"
     prepare_staging(staging, check.root, FORMAT_V21, check.source_hash)
     res = NativeSplit(check, staging, job_id).run()
