@@ -53,6 +53,10 @@ class Source(Protocol):
         """Check everything the export needs; raise DatasetError naming file and episode."""
         ...
 
+    def episode_indices(self, root: Path) -> list[int]:
+        """The source's episode indices, from its metadata only (what a review may name)."""
+        ...
+
 
 def detect_kind(root: Path) -> SourceKind:
     """The kind of the dataset at ``root``, from meta/info.json's codebase_version."""

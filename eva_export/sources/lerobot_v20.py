@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 from pathlib import Path
 
+from ..dataset.meta import read_meta
 from ..dataset.records import CODEBASE_V21
 from ..dataset.validate import SourceCheck, validate_source
 from . import sidecar
@@ -30,6 +31,9 @@ class V20Source:
         check = validate_source(root, allow_empty_dataset=allow_empty_dataset, codebase=CODEBASE_V20,
                                 camera_stats_computed=True)
         return relabel(check, root)
+
+    def episode_indices(self, root: Path) -> list[int]:
+        return [e.episode_index for e in read_meta(root).episodes]
 
 
 def relabel(check: SourceCheck, root: Path) -> SourceCheck:

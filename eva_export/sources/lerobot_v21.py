@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..dataset.meta import read_meta
 from ..dataset.validate import SourceCheck, validate_source
 from .base import SourceKind
 
@@ -16,3 +17,6 @@ class V21Source:
 
     def validate(self, root: Path, *, allow_empty_dataset: bool = True) -> SourceCheck:
         return validate_source(root, allow_empty_dataset=allow_empty_dataset)
+
+    def episode_indices(self, root: Path) -> list[int]:
+        return [e.episode_index for e in read_meta(root).episodes]

@@ -107,6 +107,13 @@ class V30Source:
         _check_stray_files(root, check)
         return check
 
+    def episode_indices(self, root: Path) -> list[int]:
+        try:
+            info = DatasetInfo.from_dict(_raw_info(root))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DatasetError(f"{root / INFO}: {exc}") from exc
+        return [loc.episode_index for loc, _st in iter_episode_rows(Path(root), info)]
+
 
 def source_hash(root: Path) -> str:
     """Hash of the files that define the source state: info, episode metadata, tasks, sidecar."""
