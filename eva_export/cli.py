@@ -106,13 +106,13 @@ def _review(args: argparse.Namespace) -> int:
         wanted = parse_episodes(args.episodes)
         source = open_source(root)
         if not source.owned:
-            known = source.episode_indices(root)
-            indices = known if wanted is None else wanted
-            unknown = sorted(set(indices) - set(known))
-            if unknown:
-                raise ValueError(f"{root}: no episode(s) {unknown}; the dataset has {known}")
-            sidecar.append_review(root, indices, args.verdict, args.note)
-            print(f"{root}: {len(indices)} episode(s) set to verdict {args.verdict} in {sidecar.SIDECAR}")
+            listed = source.episode_indices(root)
+            chosen = listed if wanted is None else wanted
+            missing = sorted(set(chosen) - set(listed))
+            if missing:  # check all before writing any: a typo rates nothing
+                raise ValueError(f"{root}: no episode(s) {missing}; the dataset has {listed}")
+            sidecar.append_review(root, chosen, args.verdict, args.note)
+            print(f"{root}: {len(chosen)} episode(s) set to verdict {args.verdict} in {sidecar.SIDECAR}")
             return 0
         writer = DatasetWriter(root, read_info(root))
         indices = [e.episode_index for e in writer.episodes] if wanted is None else wanted

@@ -33,8 +33,8 @@ from ..config import FORMATS, Config, inside
 from ..errors import ConfigError, EvaError, ExportError, UnsafeNameError
 from ..formats.base import Exporter, Progress
 from ..formats.registry import get_spec
-from ..sources.base import validate_any
 from ..jobs import Job, JobEngine, JobKind, JobStore, QueuePolicy, ServiceStatus
+from ..sources.base import validate_any
 from .paths import SUBSETS, ExportPaths
 from .publish import export_lock, publish_pair, recover_pair
 from .records import ACCEPTED, REJECTED

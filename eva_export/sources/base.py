@@ -131,7 +131,8 @@ def read_table(ep: SourceEpisode) -> pa.Table:
 def _read_rows(pf: pq.ParquetFile, start: int, count: int) -> pa.Table:
     """Rows [start, start + count) reading only the row groups that hold them (memory: the
     episode plus at most two partial row groups, not the shard)."""
-    groups, first_row, pos = [], 0, 0
+    groups: list[int] = []
+    first_row = pos = 0
     for g in range(pf.metadata.num_row_groups):
         n = pf.metadata.row_group(g).num_rows
         if pos + n > start and pos < start + count:

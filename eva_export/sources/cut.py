@@ -80,7 +80,7 @@ def _exact_cut(src: Path, first: int, count: int, fps: int) -> bool:
             if first <= k < end:
                 if run_start < 0:
                     run_start, first_ok = pos, bool(pkt.is_keyframe) and k == first
-                if seen[k - first] or run_end != pos - 1 and run_end >= 0:
+                if seen[k - first] or (run_end >= 0 and run_end != pos - 1):
                     return False  # a frame twice, or the run interrupted by another frame
                 seen[k - first] = 1
                 run_end = pos

@@ -41,6 +41,7 @@ from .v30_meta import (
     episode_files,
     iter_episode_rows,
     read_tasks,
+    require_episode_files,
     video_file,
 )
 
@@ -87,6 +88,7 @@ class V30Source:
             raise DatasetError(f"{root / INFO}: codebase_version is {info.codebase_version!r}, expected "
                                f"{CODEBASE_V30!r}")
         _check_info(root, raw, info)
+        require_episode_files(root)  # before tasks: a v2.1 layout labelled v3.0 is named as such
         tasks = read_tasks(root)
         meta = DatasetMeta(root=root, info=as_v21(info), episodes=[], tasks=tasks, episodes_stats={})
         check = SourceCheck(root=root, meta=meta, source_hash=source_hash(root))

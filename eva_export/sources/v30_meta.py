@@ -73,6 +73,16 @@ def episode_files(root: Path) -> list[Path]:
     return files
 
 
+def require_episode_files(root: Path) -> list[Path]:
+    """The episode metadata files; none means info.json's version does not match the layout."""
+    files = episode_files(root)
+    if not files:
+        hint = " (meta/episodes.jsonl is there: a v2.1 layout)" if (Path(root) / "meta/episodes.jsonl").is_file() else ""
+        raise DatasetError(f"{Path(root) / 'meta/info.json'}: codebase_version is 'v3.0' but "
+                           f"{Path(root) / EPISODES_DIR} holds no chunk-*/file-*.parquet episode metadata{hint}")
+    return files
+
+
 def read_tasks(root: Path) -> list[TaskRow]:
     path = Path(root) / TASKS_PARQUET
     if not path.is_file():
@@ -153,10 +163,7 @@ def _stats(row: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def iter_episode_rows(root: Path, info: DatasetInfo) -> Iterator[tuple[EpisodeLocator, EpisodeStats]]:
     """Every episode row of every metadata file, in file order (one record batch at a time)."""
-    files = episode_files(root)
-    if not files:
-        raise DatasetError(f"{Path(root) / 'meta/info.json'}: codebase_version is 'v3.0' but "
-                           f"{Path(root) / EPISODES_DIR} holds no chunk-*/file-*.parquet episode metadata")
+    files = require_episode_files(root)
     wanted = list(_ROW_COLUMNS) + [f"videos/{k}/{c}" for k in info.video_keys for c in _VIDEO_COLUMNS]
     for path in files:
         try:
