@@ -375,3 +375,49 @@ def test_hostile_v30_source_is_refused(tmp_path: Path, name: str) -> None:
     assert tree_digest(src) == before
     assert not (tmp_path / "data" / "v30_export").exists() or not any(
         (tmp_path / "data" / "v30_export").rglob("accepted"))
+
+
+# ---- shapes of v3.0 files LeRobot may write ---------------------------------------------------------
+def test_v30_shard_with_small_row_groups(tmp_path: Path) -> None:
+    """An episode spread over several row groups is sliced row-exactly."""
+    src = copy_source(tmp_path, V30)
+    shard = src / "data/chunk-000/file-000.parquet"
+    pq.write_table(pq.read_table(shard), shard, row_group_size=6)
+    assert pq.ParquetFile(shard).metadata.num_row_groups == 6
+    episodes = source_episodes(src)
+    job = export(tmp_path, src, "lerobot_v21")
+    read_back("lerobot_v21", Path(job.rejected_dir), episodes)
+
+
+def test_v30_h264_with_b_frames_is_cut_by_stream_copy(tmp_path: Path) -> None:
+    """x264's default (closed-GOP) B-frames: each episode starts at a keyframe, so both are
+    copied, and their frames decode pixel-exact."""
+    src = copy_source(tmp_path, V30)
+    frames = frames_of(src / SHARD)
+    with av.open(str(src / SHARD), "w", format="mp4") as out:
+        s = out.add_stream("libx264", rate=10)
+        s.width, s.height, s.pix_fmt = 64, 48, "yuv420p"
+        s.options = {"preset": "medium", "x264-params": "keyint=10:min-keyint=10:scenecut=0:bframes=2"}
+        for i, f in enumerate(frames):
+            vf = av.VideoFrame.from_ndarray(f, format="rgb24")
+            vf.pts = i
+            out.mux(s.encode(vf))
+        out.mux(s.encode(None))
+    with av.open(str(src / SHARD)) as c:
+        pkts = [p for p in c.demux(video=0) if p.size]
+        assert any(p.pts != p.dts for p in pkts)  # really reordered (B-frames)
+        assert [round(p.pts * p.time_base * 10) for p in pkts if p.is_keyframe][:3] == [0, 10, 20]
+    episodes = source_episodes(src)
+    job = export(tmp_path, src, "lerobot_v21")
+    assert job.reencoded_episodes == 0
+    read_back("lerobot_v21", Path(job.rejected_dir), episodes)
+
+
+def test_v30_export_resumes_from_its_staged_units(tmp_path: Path) -> None:
+    src = copy_source(tmp_path, V30)
+    cfg = parse_config({"export": {"data_roots": [str(tmp_path / "data")], "jobs_dir": str(tmp_path / "jobs")}})
+    job = ExportService(cfg, background=False, recover=False, fail_at="convert_accepted").run(src, "lerobot_v3")
+    assert job.state != COMPLETED and "injected failure" in job.error
+    job = export(tmp_path, src, "lerobot_v3")
+    assert job.reused_episodes == 2  # the cut units were checked (sizes from their records) and kept
+    assert verify_export(Path(job.rejected_dir)).ok

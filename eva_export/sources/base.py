@@ -93,6 +93,10 @@ def validate_any(root: Path, *, allow_empty_dataset: bool = True) -> SourceCheck
 
 
 # ---- reading one episode (the split's seam) ----------------------------------------------------
+#: Rows per record batch when slicing an episode out of a shared Parquet file.
+BATCH_ROWS = 4096
+
+
 @dataclass(frozen=True)
 class VideoSlice:
     """An episode's frames inside a camera file shared with other episodes."""
@@ -129,8 +133,8 @@ def read_table(ep: SourceEpisode) -> pa.Table:
 
 
 def _read_rows(pf: pq.ParquetFile, start: int, count: int) -> pa.Table:
-    """Rows [start, start + count) reading only the row groups that hold them (memory: the
-    episode plus at most two partial row groups, not the shard)."""
+    """Rows [start, start + count): only the row groups that hold them are read, in record
+    batches, and only the episode's rows are kept (not the shard)."""
     groups: list[int] = []
     first_row = pos = 0
     for g in range(pf.metadata.num_row_groups):
@@ -140,7 +144,13 @@ def _read_rows(pf: pq.ParquetFile, start: int, count: int) -> pa.Table:
                 first_row = pos
             groups.append(g)
         pos += n
-    return pf.read_row_groups(groups).slice(start - first_row, count)
+    kept, pos = [], first_row
+    for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=groups):
+        lo, hi = max(start, pos), min(start + count, pos + batch.num_rows)
+        if hi > lo:
+            kept.append(batch.slice(lo - pos, hi - lo))
+        pos += batch.num_rows
+    return pa.Table.from_batches(kept, schema=pf.schema_arrow)
 
 
 def place_video(ep: SourceEpisode, key: str, dst: Path, fps: int) -> PlacedVideo:
