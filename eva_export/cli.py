@@ -66,6 +66,10 @@ def _export(args: argparse.Namespace) -> int:
         print(f"eva-export: warning: {job.unrated_episodes} of {total} episodes have no quality field and no "
               "verdict, so the rule put them in rejected. To accept them, rate them and export again: "
               f"eva-export review {source} --episodes all --verdict pass", file=sys.stderr)
+    if job.reencoded_episodes:
+        print(f"eva-export: note: {job.reencoded_episodes} episode(s) of the v3.0 source could not be cut out of "
+              "their shared MP4 by stream copy (no keyframe at the episode start) and were re-encoded; their rows "
+              "say which camera (source_video_reencoded)", file=sys.stderr)
     if job.state != COMPLETED:
         print(f"eva-export: export failed: {job.error}", file=sys.stderr)
         return 1
