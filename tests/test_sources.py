@@ -421,3 +421,30 @@ def test_v30_export_resumes_from_its_staged_units(tmp_path: Path) -> None:
     job = export(tmp_path, src, "lerobot_v3")
     assert job.reused_episodes == 2  # the cut units were checked (sizes from their records) and kept
     assert verify_export(Path(job.rejected_dir)).ok
+
+
+def test_v30_with_several_data_and_video_files(tmp_path: Path) -> None:
+    """A v3.0 dataset whose episodes spread over several Parquet and MP4 files per camera (file
+    rollover), two cameras: every episode's rows and frames come back from the right file."""
+    from dsfactory import Ep, make_subset
+
+    v21 = make_subset(tmp_path / "made", [Ep(frames=n) for n in (12, 7, 15, 9)], cameras=2, width=32, height=24)
+    src = tmp_path / "data" / "v30multi"
+    LeRobotV3Exporter(data_files_size_in_mb=0.002, video_files_size_in_mb=0.004).export(v21, src)
+    for name in ("quality_split.json", "episodes.jsonl", "tasks.jsonl", "episodes_stats.jsonl"):
+        (src / "meta" / name).unlink(missing_ok=True)  # a foreign v3.0 dataset, not our export
+    assert len(list((src / "data").rglob("*.parquet"))) > 1
+    assert len(list((src / "videos/observation.images.cam1").rglob("*.mp4"))) > 1
+    job = export(tmp_path, src, "lerobot_v21")
+    out = Path(job.rejected_dir)  # no sidecar: all unrated
+    assert job.rejected_episodes == 4 and job.reencoded_episodes == 0
+    for i in range(4):
+        a = pq.read_table(out / f"data/chunk-000/episode_{i:06d}.parquet")
+        b = pq.read_table(v21 / f"data/chunk-000/episode_{i:06d}.parquet")
+        for col in ("observation.state", "action", "capture_time", "timestamp", "frame_index", "index"):
+            np.testing.assert_array_equal(to_numpy(a.column(col)), to_numpy(b.column(col)))
+        for cam in ("observation.images.cam0", "observation.images.cam1"):
+            got = frames_of(out / f"videos/chunk-000/{cam}/episode_{i:06d}.mp4")
+            want = frames_of(v21 / f"videos/chunk-000/{cam}/episode_{i:06d}.mp4")
+            assert len(got) == len(want) and all(np.array_equal(x, y) for x, y in zip(got, want, strict=True))
+    assert verify_export(out).ok
