@@ -197,6 +197,10 @@ def test_v30_to_v21_is_real_v21_and_round_trips_to_v3(tmp_path: Path) -> None:
         np.testing.assert_allclose(st["stats"]["action"]["mean"], s["stats/action/mean"], rtol=1e-6)
         np.testing.assert_allclose(st["stats"][CAM]["std"], s[f"stats/{CAM}/std"], rtol=1e-6)
     read_back("lerobot_v21", v21, episodes)  # values equal, frames pixel-exact (stream copy)
+    # The 'huggingface' schema metadata in the types datasets 3.x (LeRobot 0.3.3's reader) parses:
+    # LeRobot 0.4's "List" failed there with "Feature type 'List' not found".
+    hf = json.loads(pq.read_schema(v21 / "data/chunk-000/episode_000001.parquet").metadata[b"huggingface"])
+    assert hf["info"]["features"]["action"]["_type"] == "Sequence" and "fingerprint" not in hf
     exp = LeRobotV3Exporter()
     exp.export(v21, tmp_path / "v3")
     assert exp.last_reencoded == {}

@@ -14,12 +14,13 @@ episode, whatever its kind; both run in export worker processes (the episode is 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -127,7 +128,8 @@ def read_table(ep: SourceEpisode) -> pa.Table:
         with pq.ParquetFile(ep.data_path) as pf:  # not read_table: its dataset layer costs ms per small file
             if not isinstance(ep, SlicedEpisode):
                 return pf.read()
-            return _read_rows(pf, ep.row_start, ep.rows)
+            table = _read_rows(pf, ep.row_start, ep.rows)
+            return table.replace_schema_metadata(v21_schema_metadata(table.schema.metadata))
     except (OSError, pa.ArrowException) as exc:
         raise DatasetError(f"episode {ep.index}: cannot read {ep.data_path}: {exc}") from exc
 
@@ -151,6 +153,39 @@ def _read_rows(pf: pq.ParquetFile, start: int, count: int) -> pa.Table:
             kept.append(batch.slice(lo - pos, hi - lo))
         pos += batch.num_rows
     return pa.Table.from_batches(kept, schema=pf.schema_arrow)
+
+
+def v21_schema_metadata(metadata: dict[bytes, bytes] | None) -> dict[bytes, bytes]:
+    """A v3.0 shard's schema metadata as a v2.1 reader's ``datasets`` (3.x) parses it.
+
+    LeRobot 0.4's writer (datasets 4) types vectors ``"_type": "List"``; datasets 3.6, which
+    LeRobot 0.3.3 reads v2.1 with, knows only ``Sequence`` and fails to load the episode.
+    The fingerprint of the whole shard does not describe one episode: dropped.
+    """
+    out = dict(metadata or {})
+    raw = out.get(b"huggingface")
+    if raw is None:
+        return out
+    try:
+        hf = json.loads(raw)
+    except ValueError:
+        del out[b"huggingface"]  # unreadable: a reader rebuilds it from the Arrow schema
+        return out
+    if isinstance(hf, dict):
+        hf.pop("fingerprint", None)
+    out[b"huggingface"] = json.dumps(_sequence_types(hf)).encode()
+    return out
+
+
+def _sequence_types(value: Any) -> Any:
+    if isinstance(value, dict):
+        d = {k: _sequence_types(v) for k, v in value.items()}
+        if d.get("_type") == "List":
+            d["_type"] = "Sequence"
+        return d
+    if isinstance(value, list):
+        return [_sequence_types(v) for v in value]
+    return value
 
 
 def place_video(ep: SourceEpisode, key: str, dst: Path, fps: int) -> PlacedVideo:
