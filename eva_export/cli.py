@@ -66,6 +66,10 @@ def _export(args: argparse.Namespace) -> int:
         print(f"eva-export: warning: {job.unrated_episodes} of {total} episodes have no quality field and no "
               "verdict, so the rule put them in rejected. To accept them, rate them and export again: "
               f"eva-export review {source} --episodes all --verdict pass", file=sys.stderr)
+    if job.reencoded_episodes:
+        print(f"eva-export: note: {job.reencoded_episodes} episode(s) of the v3.0 source could not be cut out of "
+              "their shared MP4 by stream copy (no keyframe at the episode start) and were re-encoded; their rows "
+              "say which camera (source_video_reencoded)", file=sys.stderr)
     if job.state != COMPLETED:
         print(f"eva-export: export failed: {job.error}", file=sys.stderr)
         return 1
@@ -94,13 +98,26 @@ def parse_episodes(text: str) -> list[int] | None:
 
 
 def _review(args: argparse.Namespace) -> int:
-    """Rate episodes of a v2.1 dataset through the capture node's single writer (no ROS)."""
+    """Rate episodes of a v2.1 dataset through the capture node's single writer (no ROS); of
+    a v3.0 / v2.0 source (not ours) in its sidecar, leaving its own files byte-identical."""
     from .dataset.meta import read_info
     from .dataset.writer import DatasetWriter
+    from .sources import sidecar
+    from .sources.base import open_source
 
     root = Path(args.dir)
     try:
         wanted = parse_episodes(args.episodes)
+        source = open_source(root)
+        if not source.owned:
+            listed = source.episode_indices(root)
+            chosen = listed if wanted is None else wanted
+            missing = sorted(set(chosen) - set(listed))
+            if missing:  # check all before writing any: a typo rates nothing
+                raise ValueError(f"{root}: no episode(s) {missing}; the dataset has {listed}")
+            sidecar.append_review(root, chosen, args.verdict, args.note)
+            print(f"{root}: {len(chosen)} episode(s) set to verdict {args.verdict} in {sidecar.SIDECAR}")
+            return 0
         writer = DatasetWriter(root, read_info(root))
         indices = [e.episode_index for e in writer.episodes] if wanted is None else wanted
         known = {e.episode_index for e in writer.episodes}
@@ -233,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     p.set_defaults(func=_batch)
     p = sub.add_parser("review", help="set or clear the operator verdict of episodes (no ROS needed)")
-    p.add_argument("dir", help="the raw v2.1 dataset directory")
+    p.add_argument("dir", help="the dataset directory (v2.1: its rows; v3.0 / v2.0: the meta/ sidecar)")
     p.add_argument("--episodes", required=True, help="indices and ranges (0,2,5-7) or all")
     p.add_argument("--verdict", required=True, choices=[v for v in REVIEW_VERDICTS if v])
     p.add_argument("--note", default=None, help="replace the episode note")

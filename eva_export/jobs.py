@@ -80,6 +80,7 @@ class Job:
     created_at: float = field(default_factory=time.time)
     finished_at: float = 0.0
     unrated_episodes: int = 0  # export: no quality field and no verdict (rejected by the rule)
+    reencoded_episodes: int = 0  # export: v3.0 source episodes re-encoded (no exact stream-copy cut)
     attempts: int = 0  # upload: connection attempts so far
     last_error: str = ""  # upload: error of the last failed attempt, kept while retrying
     messages_done: int = 0  # ingest: bag messages read so far

@@ -164,6 +164,8 @@ class OurDataset:
         self.root = root
         self.info = json.loads((root / "meta" / "info.json").read_text())
         self.version = self.info.get("codebase_version", "?")
+        # v2.0 has the v2.1 file layout (only its statistics differ): read it the same way
+        self.layout = "v2.1" if self.version in ("v2.1", "v2.0") else "v3.0"
         self.fps = float(self.info["fps"])
         self.features = self.info["features"]
         self.video_keys = [k for k, f in self.features.items() if f.get("dtype") == "video"]
@@ -177,7 +179,7 @@ class OurDataset:
 
     # -- metadata
     def _tasks(self) -> dict[int, str]:
-        if self.version == "v2.1":
+        if self.layout == "v2.1":
             rows = [json.loads(x) for x in (self.root / "meta/tasks.jsonl").read_text().splitlines() if x.strip()]
             return {int(r["task_index"]): r["task"] for r in rows}
         t = pq.read_table(self.root / "meta/tasks.parquet")
@@ -186,7 +188,7 @@ class OurDataset:
         return {int(i): str(s) for i, s in zip(t.column("task_index").to_pylist(), t.column(task_col).to_pylist(), strict=False)}
 
     def _episodes(self) -> dict[int, dict[str, Any]]:
-        if self.version == "v2.1":
+        if self.layout == "v2.1":
             rows = [json.loads(x) for x in (self.root / "meta/episodes.jsonl").read_text().splitlines() if x.strip()]
         else:
             files = sorted((self.root / "meta/episodes").glob("chunk-*/file-*.parquet"))
@@ -203,7 +205,7 @@ class OurDataset:
 
     def data_file(self, ep: int) -> Path:
         chunks_size = int(self.info.get("chunks_size", 1000))
-        if self.version == "v2.1":
+        if self.layout == "v2.1":
             rel = self.info["data_path"].format(episode_chunk=ep // chunks_size, episode_index=ep)
         else:
             row = self.episodes[ep]
@@ -234,7 +236,7 @@ class OurDataset:
     def video_location(self, ep: int, key: str) -> tuple[Path, int]:
         """The MP4 holding ``key`` of episode ``ep`` and the frame number where the episode starts."""
         chunks_size = int(self.info.get("chunks_size", 1000))
-        if self.version == "v2.1":
+        if self.layout == "v2.1":
             rel = self.info["video_path"].format(episode_chunk=ep // chunks_size, video_key=key, episode_index=ep)
             return self.root / rel, 0
         row = self.episodes[ep]
@@ -245,7 +247,7 @@ class OurDataset:
     def frames_by_count(self, ep: int, key: str) -> int:
         """v3.0: where the episode starts inside its MP4 derived from the lengths of the episodes
         stored before it in the same file (ordered by from_timestamp), not from timestamps."""
-        if self.version == "v2.1":
+        if self.layout == "v2.1":
             return 0
         row = self.episodes[ep]
         same = [(float(r[f"videos/{key}/from_timestamp"]), e) for e, r in self.episodes.items()
@@ -488,7 +490,7 @@ def run(args: argparse.Namespace) -> int:
             frames = ours.decode(path)
             need = start_cnt + n_rows
             c = res["video frame count"]
-            if ours.version == "v2.1":
+            if ours.layout == "v2.1":
                 (c.ok() if len(frames) == n_rows else
                  c.fail(f"episode {ep} {key}: {path.name} has {len(frames)} frames, episode has {n_rows}"))
             else:
@@ -539,13 +541,14 @@ def run(args: argparse.Namespace) -> int:
                     c.fail(f"episode {ep} {key} frame {pos} (file frame {at} of {path.name}): "
                            f"mean abs diff {d:.2f} levels")
                 if src_cols is not None and source is not None and src_ep is not None:
-                    spath, _ = source.video_location(src_ep, key)
+                    # a v3.0 source shares its MP4 between episodes: the episode starts at sstart
+                    spath, sstart = source.video_location(src_ep, key)
                     sframes = source.decode(spath)
                     sc = res["source frames"]
-                    if pos >= len(sframes):
-                        sc.fail(f"episode {ep} {key}: source {spath} has no frame {pos}")
+                    if sstart + pos >= len(sframes):
+                        sc.fail(f"episode {ep} {key}: source {spath} has no frame {sstart + pos}")
                         continue
-                    sd = mean_abs_diff(sframes[pos], lr_img)
+                    sd = mean_abs_diff(sframes[sstart + pos], lr_img)
                     sc.worst = max(sc.worst, sd)
                     (sc.ok() if sd < args.max_mean_diff else
                      sc.fail(f"episode {ep} {key} frame {pos}: vs source episode {src_ep} mean abs diff {sd:.2f}"))

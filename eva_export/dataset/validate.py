@@ -81,13 +81,16 @@ def source_hash(root: Path) -> str:
     return h.hexdigest()
 
 
-def validate_source(root: Path, *, allow_empty_dataset: bool = True, as_source: bool = True) -> SourceCheck:
+def validate_source(root: Path, *, allow_empty_dataset: bool = True, as_source: bool = True,
+                    codebase: str = CODEBASE_V21, camera_stats_computed: bool = False) -> SourceCheck:
     """Validate a raw v2.1 dataset as an export source; raise DatasetError on the first fault.
 
     Reads metadata, Parquet footers and the small index columns, and demuxes (never decodes)
     every MP4. Every message names the raw file and the raw episode index at fault. With
     ``as_source`` an export (anything inside an export tree or carrying quality_split.json)
     is refused; the lerobot_v21 verifier checks exported subsets with ``as_source=False``.
+    A v2.0 source (sources/lerobot_v20.py) passes ``codebase`` "v2.0" and
+    ``camera_stats_computed``: its camera statistics are computed by the split.
     """
     root = Path(root)
     if as_source:
@@ -98,9 +101,9 @@ def validate_source(root: Path, *, allow_empty_dataset: bool = True, as_source: 
     raw = _raw_info(root)
     meta = read_meta(root)
     info = meta.info
-    if info.codebase_version != CODEBASE_V21:
+    if info.codebase_version != codebase:
         raise DatasetError(f"{root / INFO}: codebase_version is {info.codebase_version!r}, expected "
-                           f"{CODEBASE_V21!r} (only raw v2.1 datasets are exported)")
+                           f"{codebase!r} (only raw v2.1 datasets are exported)")
     if info.dataset_format != FORMAT_V21:
         raise DatasetError(f"{root / INFO}: dataset_format is {info.dataset_format!r}, expected "
                            f"{FORMAT_V21!r} (an export cannot be the source of another export)")
@@ -124,7 +127,7 @@ def validate_source(root: Path, *, allow_empty_dataset: bool = True, as_source: 
     check = SourceCheck(root=root, meta=meta, source_hash=source_hash(root))
     offset = 0
     for row in meta.episodes:
-        ep = _check_episode(root, meta, row, task_text, task_ids, offset)
+        ep = _check_episode(root, meta, row, task_text, task_ids, offset, camera_stats_computed)
         for key, vp in ep.video_paths.items():
             _check_video(meta, ep, key, vp)
         offset += ep.rows
@@ -284,7 +287,7 @@ def _check_video(meta: DatasetMeta, ep: SourceEpisode, key: str, path: Path) -> 
 
 
 def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: dict[int, str],
-                   task_ids: dict[str, int], offset: int = 0) -> SourceEpisode:
+                   task_ids: dict[str, int], offset: int = 0, camera_stats_computed: bool = False) -> SourceEpisode:
     info = meta.info
     ep = row.episode_index
     if row.length <= 0:
@@ -339,8 +342,8 @@ def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: di
         st = have.get(key)
         if isinstance(st, dict) and all(k in st for k in STAT_KEYS):
             continue
-        if not feat.is_visual and key in columns:
-            continue  # computed from the table during the split
+        if (not feat.is_visual and key in columns) or (camera_stats_computed and feat.dtype == "video"):
+            continue  # computed from the table (or the decoded video) during the split
         raise DatasetError(f"episode {ep}: no statistics for {key!r}: absent from {root / EPISODES_STATS} "
                            f"and not a table column")
     _check_columns(root, meta, SourceEpisode(row, data, videos, nrows, tasks, columns, 0, schema), offset, small)

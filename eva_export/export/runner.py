@@ -30,11 +30,11 @@ from typing import Any
 
 from .. import confine
 from ..config import FORMATS, Config, inside
-from ..dataset.validate import validate_source
 from ..errors import ConfigError, EvaError, ExportError, UnsafeNameError
 from ..formats.base import Exporter, Progress
 from ..formats.registry import get_spec
 from ..jobs import Job, JobEngine, JobKind, JobStore, QueuePolicy, ServiceStatus
+from ..sources.base import validate_any
 from .paths import SUBSETS, ExportPaths
 from .publish import export_lock, publish_pair, recover_pair
 from .records import ACCEPTED, REJECTED
@@ -165,7 +165,7 @@ class ExportService:
                 # put it back first, so a validation failure below cannot leave it there.
                 recover_pair(paths)
         try:
-            check = validate_source(source, allow_empty_dataset=False)  # before anything is written
+            check = validate_any(source, allow_empty_dataset=False)  # any source kind; before anything is written
         except EvaError:
             # The source changed into something invalid: an earlier run's staging of it can
             # never be reused. Remove it rather than keep it (it may be large).
@@ -189,7 +189,8 @@ class ExportService:
             prepare_staging(paths.staging, check.root, fmt, check.source_hash)
             split = NativeSplit(check, paths.staging, job_id, progress=SplitProgress(on_unit),
                                 faults=faults).run()
-            self.jobs.update(job_id, unrated_episodes=len(split.unrated))
+            # a v3.0 source episode that could not be cut exactly was re-encoded: said in the job
+            self.jobs.update(job_id, unrated_episodes=len(split.unrated), reencoded_episodes=len(split.reencoded))
             pair = self._convert(job_id, exporter, paths.staging, faults, count=not spec.native)
             verify_staged(fmt, pair, exporter)  # publish only what verifies
             faults.check("verified")

@@ -1,9 +1,9 @@
 """The quality split: a validated raw v2.1 source -> complete native accepted/rejected datasets.
 
-The unit of work is the source episode. A unit's files (its rewritten Parquet, its hard-linked
-videos) are written straight to their templated v2.1 paths inside ``<staging>/native/<subset>``;
-then its record ``<staging>/units/<subset>/ep_NNNNNN.json`` (episode row, statistics, row
-count) is renamed into place: the commit point. A rerun after a kill reuses every unit with a
+The source is any kind sources/ validates (v2.1, v3.0, v2.0); the subsets are always real v2.1.
+The unit of work is the source episode (units.py): its files are written straight to their
+templated v2.1 paths inside ``<staging>/native/<subset>``, then its record is renamed into
+place: the commit point. A rerun after a kill reuses every unit with a
 record (after checking its files and row count) and rewrites the rest. At most BUILD_WORKERS
 episode tables (one per build thread) are in memory at a time.
 
@@ -13,7 +13,6 @@ native subset directory is the finished dataset, ready to be published by one re
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -22,22 +21,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from .. import confine
 from ..dataset import stats as stats_mod
 from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS
 from ..dataset.records import FORMAT_V21, DatasetInfo, EpisodeRow, Quality, UnitRecord, Verdict
-from ..dataset.table import to_numpy
 from ..dataset.validate import SourceCheck, SourceEpisode
-from ..errors import DatasetError, ExportError
-from ..fsutil import atomic_write_json, dumps_json, jsonl_dumps, read_json, set_file_mode
+from ..errors import ExportError
+from ..fsutil import atomic_write_json, dumps_json, jsonl_dumps, read_json
 from .records import ACCEPTED, QUALITY_SPLIT_FILE, REJECTED, QualitySplit
+from .units import (
+    REENCODED_FIELD,
+    PlannedEpisode,
+    native_dir,
+    split_unit,
+    unit_is_complete,
+    unit_record,
+    write_text,
+)
 
 MANIFEST = "manifest.json"
-RECOMPUTED_COLUMNS = ("episode_index", "index", "task_index")
 
 
 def classify(row: EpisodeRow) -> str:
@@ -74,15 +75,6 @@ class Faults:
         if self.fail_at is not None and name == self.fail_at:
             raise ExportError(f"injected failure at {name!r}")
         self.passed.append(name)
-
-
-@dataclass
-class PlannedEpisode:
-    source: SourceEpisode
-    subset: str
-    new_index: int
-    offset: int  # global index of its first frame within the subset
-    task_map: dict[int, int]
 
 
 @dataclass
@@ -128,6 +120,7 @@ class SubsetResult:
     source_indices: list[int]
     episodes: int
     frames: int
+    reencoded: list[int] = field(default_factory=list)  # source indices cut by re-encoding
 
 
 @dataclass
@@ -136,6 +129,11 @@ class SplitResult:
     reused: int = 0
     built: int = 0
     unrated: list[int] = field(default_factory=list)  # source indices: no quality, no verdict
+
+    @property
+    def reencoded(self) -> list[int]:
+        """Source episodes with a camera re-encoded (no exact stream-copy cut; v3.0 sources)."""
+        return sorted(i for s in self.subsets.values() for i in s.reencoded)
 
 
 @dataclass
@@ -166,126 +164,6 @@ def prepare_staging(staging: Path, source_dir: Path, fmt: str, src_hash: str) ->
     return False
 
 
-def native_dir(staging: Path, subset: str) -> Path:
-    """Where the native subset is laid out (its files at their final templated paths)."""
-    return staging / "native" / subset
-
-
-def unit_record(staging: Path, p: PlannedEpisode) -> Path:
-    """The unit's commit record: it exists only once the unit's files are complete."""
-    return staging / "units" / p.subset / f"ep_{p.new_index:06d}.json"
-
-
-def unit_files(staging: Path, p: PlannedEpisode, info: DatasetInfo) -> tuple[Path, dict[str, Path]]:
-    # The templates were checked by validation; confining again keeps a write inside staging
-    # even if a caller skipped it.
-    root = native_dir(staging, p.subset)
-    return (confine.confined(root, info.data_file(p.new_index), "staged data file"),
-            {k: confine.confined(root, info.video_file(k, p.new_index), "staged video file")
-             for k in p.source.video_paths})
-
-
-def _write_text(path: Path, text: str) -> None:
-    """Write then rename: a killed process leaves the old file or the new one (no fsync)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    set_file_mode(tmp)  # meta files get the data files' mode
-    os.replace(tmp, path)
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.unlink(missing_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)  # another filesystem or no hard links: copy, never re-encode
-
-
-def unit_is_complete(staging: Path, p: PlannedEpisode, info: DatasetInfo) -> bool:
-    """A committed unit is trusted only after checking its record, row count and files."""
-    try:
-        u = UnitRecord.from_dict(read_json(unit_record(staging, p)))
-        if (u.source_episode_index, u.episode_index, u.rows, u.offset) != (
-                p.source.index, p.new_index, p.source.rows, p.offset):
-            return False
-        data, videos = unit_files(staging, p, info)
-        with pq.ParquetFile(data) as pf:
-            if pf.metadata.num_rows != p.source.rows:
-                return False
-        for key, src in p.source.video_paths.items():
-            if not videos[key].is_file() or videos[key].stat().st_size != src.stat().st_size:
-                return False
-        return True
-    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
-        return False
-
-
-def _replace(table: pa.Table, name: str, values: np.ndarray[Any, Any]) -> pa.Table:
-    i = table.schema.get_field_index(name)
-    typ = table.schema.field(i).type
-    return table.set_column(i, table.schema.field(i), pa.array(values.astype(typ.to_pandas_dtype()), type=typ))
-
-
-def build_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats: dict[str, Any]) -> int:
-    """Write one episode's files at their final paths in the native subset, then its record.
-
-    The record (renamed into place last) is the commit point; files without a record are
-    rewritten by the next run. Returns the bytes the unit holds.
-    """
-    src = p.source
-    data, videos = unit_files(staging, p, info)
-    try:
-        with pq.ParquetFile(src.data_path) as pf:
-            table = pf.read()
-    except Exception as exc:  # noqa: BLE001
-        raise DatasetError(f"episode {src.index}: cannot read {src.data_path}: {exc}") from exc
-    n = table.num_rows
-    if n != src.rows:
-        raise DatasetError(f"episode {src.index}: {src.data_path} changed during the export "
-                           f"({n} rows, validated {src.rows})")
-    table = _replace(table, "episode_index", np.full(n, p.new_index, dtype=np.int64))
-    table = _replace(table, "index", np.arange(p.offset, p.offset + n, dtype=np.int64))
-    if "task_index" in table.column_names:
-        old = to_numpy(table.column("task_index")).astype(np.int64)
-        unknown = sorted(set(np.unique(old).tolist()) - set(p.task_map))
-        if unknown:
-            raise DatasetError(f"episode {src.index}: task_index {unknown} changed during the export")
-        lut = np.zeros(max(p.task_map) + 1 if p.task_map else 1, dtype=np.int64)
-        for o, nw in p.task_map.items():
-            lut[o] = nw
-        table = _replace(table, "task_index", lut[old])
-    data.parent.mkdir(parents=True, exist_ok=True)
-    tmp = data.with_name(f".{data.name}.tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, data)
-    # Statistics: keep the source's, recompute the columns whose values changed or are missing.
-    st: dict[str, Any] = dict(source_stats)
-    for key in info.table_keys:
-        if (key in RECOMPUTED_COLUMNS or key not in st) and key in table.column_names:
-            st[key] = stats_mod.column_stats(to_numpy(table.column(key)))
-    del table
-    sizes = {}
-    for key, vp in src.video_paths.items():
-        _link_or_copy(vp, videos[key])
-        sizes[key] = vp.stat().st_size
-    row = src.row.to_dict()
-    row["episode_index"] = p.new_index
-    row["source_episode_index"] = src.index
-    rec = unit_record(staging, p)
-    rec.parent.mkdir(parents=True, exist_ok=True)
-    _write_text(rec, json.dumps(UnitRecord(src.index, p.new_index, n, p.offset, row, st, sizes).to_dict()))
-    return data.stat().st_size + sum(sizes.values())
-
-
-def _split_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats: dict[str, Any],
-                fail: bool) -> int:
-    """One native unit, run by export.pool (in this process or in a worker process)."""
-    if fail:  # fault injection (Faults "unit:N"), raised where the unit runs
-        raise ExportError(f"injected failure at 'unit:{p.source.index}'")
-    return build_unit(staging, p, info, source_stats)
-
-
 def build_units(plan: SplitPlan, staging: Path, progress: SplitProgress, faults: Faults) -> tuple[int, int]:
     """Build every unit without a valid record; returns (reused, built).
 
@@ -310,7 +188,7 @@ def build_units(plan: SplitPlan, staging: Path, progress: SplitProgress, faults:
         src_stats = ep_stats[p.source.index].stats if p.source.index in ep_stats else {}
         name = f"{p.subset} episode {p.new_index} (source episode {p.source.index})"
         fail = faults.fail_at == f"unit:{p.source.index}"
-        units.append(pool.Unit(name, _split_unit, (staging, p, info, src_stats, fail)))
+        units.append(pool.Unit(name, split_unit, (staging, p, info, src_stats, fail)))
         planned[name] = p
     built = 0
 
@@ -341,20 +219,23 @@ def assemble_subset(plan: SplitPlan, name: str, staging: Path, marker: QualitySp
     rows: list[dict[str, Any]] = []
     stats_rows: list[dict[str, Any]] = []
     frames = 0
+    reencoded: list[int] = []
     for p in items:
         u = UnitRecord.from_dict(read_json(unit_record(staging, p)))
         rows.append(u.row)
+        if REENCODED_FIELD in u.row:
+            reencoded.append(p.source.index)
         stats_rows.append({"episode_index": p.new_index, "stats": u.stats})
         frames += u.rows
     info.set_totals(len(items), frames, len(plan.tasks[name]))
     info.extra["dataset_format"] = FORMAT_V21
-    _write_text(out / EPISODES, jsonl_dumps(rows))
-    _write_text(out / EPISODES_STATS, jsonl_dumps(stats_rows))
-    _write_text(out / TASKS, jsonl_dumps({"task_index": i, "task": t} for i, t in plan.tasks[name]))
-    _write_text(out / STATS, dumps_json(stats_mod.aggregate(r["stats"] for r in stats_rows)))
-    _write_text(out / INFO, dumps_json(info.to_dict()))
-    _write_text(out / QUALITY_SPLIT_FILE, dumps_json(marker.to_dict()))
-    return SubsetResult(name, out, [p.source.index for p in items], len(items), frames)
+    write_text(out / EPISODES, jsonl_dumps(rows))
+    write_text(out / EPISODES_STATS, jsonl_dumps(stats_rows))
+    write_text(out / TASKS, jsonl_dumps({"task_index": i, "task": t} for i, t in plan.tasks[name]))
+    write_text(out / STATS, dumps_json(stats_mod.aggregate(r["stats"] for r in stats_rows)))
+    write_text(out / INFO, dumps_json(info.to_dict()))
+    write_text(out / QUALITY_SPLIT_FILE, dumps_json(marker.to_dict()))
+    return SubsetResult(name, out, [p.source.index for p in items], len(items), frames, reencoded)
 
 
 def make_marker(plan: SplitPlan, name: str, fmt: str, job_id: str) -> QualitySplit:
@@ -398,9 +279,9 @@ def split_dataset(source: Path, out_root: Path, job_id: str = "") -> SplitResult
     ``out_root/accepted`` and ``out_root/rejected`` are written through a staging root beside
     them (reused when rerun); no publication logic.
     """
-    from ..dataset.validate import validate_source
+    from ..sources.base import validate_any
 
-    check = validate_source(source, allow_empty_dataset=False)
+    check = validate_any(source, allow_empty_dataset=False)
     staging = Path(out_root) / ".staging"
     prepare_staging(staging, check.root, FORMAT_V21, check.source_hash)
     res = NativeSplit(check, staging, job_id).run()

@@ -1,5 +1,9 @@
 """Native LeRobot v2.1: the staged subset published as is (hard links, copies across devices).
 
+Whatever the source kind (sources/: v2.1, v3.0, v2.0), the split has already written the staged
+subset as real v2.1: per-episode Parquet and MP4 files (a v3.0 source's cut out of its shared
+files), per-episode statistics, episodes.jsonl / tasks.jsonl. So this writer never converts.
+
 Writer: every file of the staged native subset is hard-linked (or copied) into the output;
 meta/quality_split.json is rewritten with dataset_format "lerobot_v21" (a new inode, so the
 staged original is never modified through a link).

@@ -1,0 +1,163 @@
+"""One unit of the quality split: a source episode written as a native v2.1 episode.
+
+A unit's files (its rewritten Parquet, its camera files: hard links of a v2.1/v2.0 source's
+files, or cuts of a v3.0 source's shared MP4s) go straight to their templated v2.1 paths inside
+``<staging>/native/<subset>``; then its record ``<staging>/units/<subset>/ep_NNNNNN.json``
+(episode row, statistics, row count) is renamed into place: the commit point. How an episode
+is read is the source's business (sources/base.py: ``read_table``, ``place_video``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .. import confine
+from ..dataset import stats as stats_mod
+from ..dataset.records import DatasetInfo, UnitRecord
+from ..dataset.table import to_numpy
+from ..dataset.validate import SourceEpisode
+from ..dataset.video import iter_frames
+from ..errors import DatasetError, ExportError
+from ..fsutil import read_json, set_file_mode
+from ..sources.base import place_video, read_table, staged_video_ok
+
+#: Episode row field naming the cameras re-encoded because no exact stream-copy cut existed.
+REENCODED_FIELD = "source_video_reencoded"
+RECOMPUTED_COLUMNS = ("episode_index", "index", "task_index")
+
+
+@dataclass
+class PlannedEpisode:
+    source: SourceEpisode
+    subset: str
+    new_index: int
+    offset: int  # global index of its first frame within the subset
+    task_map: dict[int, int]
+
+
+def native_dir(staging: Path, subset: str) -> Path:
+    """Where the native subset is laid out (its files at their final templated paths)."""
+    return staging / "native" / subset
+
+
+def unit_record(staging: Path, p: PlannedEpisode) -> Path:
+    """The unit's commit record: it exists only once the unit's files are complete."""
+    return staging / "units" / p.subset / f"ep_{p.new_index:06d}.json"
+
+
+def unit_files(staging: Path, p: PlannedEpisode, info: DatasetInfo) -> tuple[Path, dict[str, Path]]:
+    # The templates were checked by validation; confining again keeps a write inside staging
+    # even if a caller skipped it.
+    root = native_dir(staging, p.subset)
+    return (confine.confined(root, info.data_file(p.new_index), "staged data file"),
+            {k: confine.confined(root, info.video_file(k, p.new_index), "staged video file")
+             for k in p.source.video_paths})
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write then rename: a killed process leaves the old file or the new one (no fsync)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    set_file_mode(tmp)  # meta files get the data files' mode
+    os.replace(tmp, path)
+
+
+def _camera_stats(path: Path) -> dict[str, Any]:
+    st = stats_mod.ImageStats()
+    for frame in iter_frames(path):
+        st.add(frame)
+    return st.to_dict()
+
+
+def unit_is_complete(staging: Path, p: PlannedEpisode, info: DatasetInfo) -> bool:
+    """A committed unit is trusted only after checking its record, row count and files."""
+    try:
+        u = UnitRecord.from_dict(read_json(unit_record(staging, p)))
+        if (u.source_episode_index, u.episode_index, u.rows, u.offset) != (
+                p.source.index, p.new_index, p.source.rows, p.offset):
+            return False
+        data, videos = unit_files(staging, p, info)
+        with pq.ParquetFile(data) as pf:
+            if pf.metadata.num_rows != p.source.rows:
+                return False
+        return all(staged_video_ok(p.source, key, videos[key], u.video_sizes.get(key)) for key in p.source.video_paths)
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
+        return False
+
+
+def _replace(table: pa.Table, name: str, values: np.ndarray[Any, Any]) -> pa.Table:
+    i = table.schema.get_field_index(name)
+    typ = table.schema.field(i).type
+    return table.set_column(i, table.schema.field(i), pa.array(values.astype(typ.to_pandas_dtype()), type=typ))
+
+
+def build_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats: dict[str, Any]) -> int:
+    """Write one episode's files at their final paths in the native subset, then its record.
+
+    The record (renamed into place last) is the commit point; files without a record are
+    rewritten by the next run. Returns the bytes the unit holds.
+    """
+    src = p.source
+    data, videos = unit_files(staging, p, info)
+    table = read_table(src)  # its own file, or its rows of a shared v3.0 file
+    n = table.num_rows
+    if n != src.rows:
+        raise DatasetError(f"episode {src.index}: {src.data_path} changed during the export "
+                           f"({n} rows, validated {src.rows})")
+    table = _replace(table, "episode_index", np.full(n, p.new_index, dtype=np.int64))
+    table = _replace(table, "index", np.arange(p.offset, p.offset + n, dtype=np.int64))
+    if "task_index" in table.column_names:
+        old = to_numpy(table.column("task_index")).astype(np.int64)
+        unknown = sorted(set(np.unique(old).tolist()) - set(p.task_map))
+        if unknown:
+            raise DatasetError(f"episode {src.index}: task_index {unknown} changed during the export")
+        lut = np.zeros(max(p.task_map) + 1 if p.task_map else 1, dtype=np.int64)
+        for o, nw in p.task_map.items():
+            lut[o] = nw
+        table = _replace(table, "task_index", lut[old])
+    data.parent.mkdir(parents=True, exist_ok=True)
+    tmp = data.with_name(f".{data.name}.tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, data)
+    # Statistics: keep the source's, recompute the columns whose values changed or are missing.
+    st: dict[str, Any] = dict(source_stats)
+    for key in info.table_keys:
+        if (key in RECOMPUTED_COLUMNS or key not in st) and key in table.column_names:
+            st[key] = stats_mod.column_stats(to_numpy(table.column(key)))
+    del table
+    sizes = {}
+    reencoded = []
+    for key in src.video_paths:
+        placed = place_video(src, key, videos[key], info.fps)
+        sizes[key] = placed.bytes
+        if placed.reencoded:
+            reencoded.append(key)
+        if key not in st:  # a v3.0 / v2.0 source without camera statistics: computed here
+            st[key] = _camera_stats(videos[key])
+    row = src.row.to_dict()
+    row["episode_index"] = p.new_index
+    row["source_episode_index"] = src.index
+    if reencoded:  # provenance: these cameras are not the source's bytes (no exact cut existed)
+        row[REENCODED_FIELD] = reencoded
+    rec = unit_record(staging, p)
+    rec.parent.mkdir(parents=True, exist_ok=True)
+    write_text(rec, json.dumps(UnitRecord(src.index, p.new_index, n, p.offset, row, st, sizes).to_dict()))
+    return data.stat().st_size + sum(sizes.values())
+
+
+def split_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats: dict[str, Any],
+                fail: bool) -> int:
+    """One native unit, run by export.pool (in this process or in a worker process)."""
+    if fail:  # fault injection (Faults "unit:N"), raised where the unit runs
+        raise ExportError(f"injected failure at 'unit:{p.source.index}'")
+    return build_unit(staging, p, info, source_stats)
+
+

@@ -1,0 +1,1 @@
+"""Export sources: one module per dataset kind (see base.py and docs/sources.md)."""

@@ -1,0 +1,216 @@
+"""The export's input: a source dataset of one kind, validated into a ``SourceCheck``.
+
+One module per source kind (lerobot_v21, lerobot_v30, lerobot_v20), detected from the
+``codebase_version`` of meta/info.json. Every kind validates into the same ``SourceCheck``
+(dataset/validate.py) whose ``meta`` describes the source as a v2.1 dataset: the quality split
+then writes real v2.1 subsets from it, and every format, staging, verify, the manifests and
+publication work on those subsets unchanged.
+
+Episodes of a v2.1 or v2.0 source own their files (one Parquet, one MP4 per camera). An episode
+of a v3.0 source is a ``SlicedEpisode``: rows and frames inside files shared with other
+episodes. ``read_table`` and ``place_video`` are the two operations the split needs from an
+episode, whatever its kind; both run in export worker processes (the episode is pickled).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Protocol
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .. import confine
+from ..dataset.meta import INFO
+from ..dataset.validate import SourceCheck, SourceEpisode
+from ..errors import DatasetError
+from ..fsutil import read_json
+
+
+class SourceKind(StrEnum):
+    LEROBOT_V21 = "lerobot_v21"  # ours or any writer's; the only kind we write quality into
+    LEROBOT_V30 = "lerobot_v30"  # LeRobot 0.4.x-0.6.x: shared files located by episode metadata
+    LEROBOT_V20 = "lerobot_v20"  # older LeRobot: meta/stats.json, no per-episode statistics
+
+
+#: codebase_version -> kind. Anything else is handed to the v2.1 source, whose validation
+#: names the unexpected version (the message v2.1 users always got).
+KIND_OF_CODEBASE = {"v2.1": SourceKind.LEROBOT_V21, "v3.0": SourceKind.LEROBOT_V30,
+                    "v2.0": SourceKind.LEROBOT_V20}
+
+
+class Source(Protocol):
+    """One source kind: validation of a dataset directory into a plan-ready SourceCheck."""
+
+    kind: SourceKind
+    owned: bool  # quality and verdicts live in the dataset's own rows (else: the sidecar)
+
+    def validate(self, root: Path, *, allow_empty_dataset: bool = True) -> SourceCheck:
+        """Check everything the export needs; raise DatasetError naming file and episode."""
+        ...
+
+    def episode_indices(self, root: Path) -> list[int]:
+        """The source's episode indices, from its metadata only (what a review may name)."""
+        ...
+
+
+def detect_kind(root: Path) -> SourceKind:
+    """The kind of the dataset at ``root``, from meta/info.json's codebase_version."""
+    path = Path(root) / INFO
+    if not path.is_file():
+        return SourceKind.LEROBOT_V21  # its validation reports the missing files
+    try:
+        raw = read_json(confine.confined(Path(root), INFO, "meta file"))
+    except (OSError, ValueError) as exc:
+        raise DatasetError(f"{path}: unreadable ({exc})") from exc
+    version = raw.get("codebase_version") if isinstance(raw, dict) else None
+    return KIND_OF_CODEBASE.get(str(version), SourceKind.LEROBOT_V21)
+
+
+def get_source(kind: SourceKind) -> Source:
+    """The source implementation of ``kind`` (its module imported on first use)."""
+    if kind == SourceKind.LEROBOT_V30:
+        from .lerobot_v30 import V30Source
+        return V30Source()
+    if kind == SourceKind.LEROBOT_V20:
+        from .lerobot_v20 import V20Source
+        return V20Source()
+    from .lerobot_v21 import V21Source
+    return V21Source()
+
+
+def open_source(root: Path) -> Source:
+    return get_source(detect_kind(root))
+
+
+def validate_any(root: Path, *, allow_empty_dataset: bool = True) -> SourceCheck:
+    """Validate ``root`` as an export source of whatever kind it is."""
+    return open_source(root).validate(Path(root), allow_empty_dataset=allow_empty_dataset)
+
+
+# ---- reading one episode (the split's seam) ----------------------------------------------------
+#: Rows per record batch when slicing an episode out of a shared Parquet file.
+BATCH_ROWS = 4096
+
+
+@dataclass(frozen=True)
+class VideoSlice:
+    """An episode's frames inside a camera file shared with other episodes."""
+
+    path: Path
+    first_frame: int  # frame number of the episode's frame 0 in the file
+    frames: int
+
+
+@dataclass
+class SlicedEpisode(SourceEpisode):
+    """A v3.0 episode: rows ``row_start .. row_start + rows`` of ``data_path``, and per camera
+    a frame range of a shared MP4 (``video_paths`` name the shared files)."""
+
+    row_start: int = 0
+    video_slices: dict[str, VideoSlice] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PlacedVideo:
+    bytes: int
+    reencoded: bool  # the episode could not be cut exactly by stream copy
+
+
+def read_table(ep: SourceEpisode) -> pa.Table:
+    """The episode's rows as a table (its own file, or its slice of a shared one)."""
+    try:
+        with pq.ParquetFile(ep.data_path) as pf:  # not read_table: its dataset layer costs ms per small file
+            if not isinstance(ep, SlicedEpisode):
+                return pf.read()
+            table = _read_rows(pf, ep.row_start, ep.rows)
+            return table.replace_schema_metadata(v21_schema_metadata(table.schema.metadata))
+    except (OSError, pa.ArrowException) as exc:
+        raise DatasetError(f"episode {ep.index}: cannot read {ep.data_path}: {exc}") from exc
+
+
+def _read_rows(pf: pq.ParquetFile, start: int, count: int) -> pa.Table:
+    """Rows [start, start + count): only the row groups that hold them are read, in record
+    batches, and only the episode's rows are kept (not the shard)."""
+    groups: list[int] = []
+    first_row = pos = 0
+    for g in range(pf.metadata.num_row_groups):
+        n = pf.metadata.row_group(g).num_rows
+        if pos + n > start and pos < start + count:
+            if not groups:
+                first_row = pos
+            groups.append(g)
+        pos += n
+    kept, pos = [], first_row
+    for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=groups):
+        lo, hi = max(start, pos), min(start + count, pos + batch.num_rows)
+        if hi > lo:
+            kept.append(batch.slice(lo - pos, hi - lo))
+        pos += batch.num_rows
+    return pa.Table.from_batches(kept, schema=pf.schema_arrow)
+
+
+def v21_schema_metadata(metadata: dict[bytes, bytes] | None) -> dict[bytes, bytes]:
+    """A v3.0 shard's schema metadata as a v2.1 reader's ``datasets`` (3.x) parses it.
+
+    LeRobot 0.4's writer (datasets 4) types vectors ``"_type": "List"``; datasets 3.6, which
+    LeRobot 0.3.3 reads v2.1 with, knows only ``Sequence`` and fails to load the episode.
+    The fingerprint of the whole shard does not describe one episode: dropped.
+    """
+    out = dict(metadata or {})
+    raw = out.get(b"huggingface")
+    if raw is None:
+        return out
+    try:
+        hf = json.loads(raw)
+    except ValueError:
+        del out[b"huggingface"]  # unreadable: a reader rebuilds it from the Arrow schema
+        return out
+    if isinstance(hf, dict):
+        hf.pop("fingerprint", None)
+    out[b"huggingface"] = json.dumps(_sequence_types(hf)).encode()
+    return out
+
+
+def _sequence_types(value: Any) -> Any:
+    if isinstance(value, dict):
+        d = {k: _sequence_types(v) for k, v in value.items()}
+        if d.get("_type") == "List":
+            d["_type"] = "Sequence"
+        return d
+    if isinstance(value, list):
+        return [_sequence_types(v) for v in value]
+    return value
+
+
+def place_video(ep: SourceEpisode, key: str, dst: Path, fps: int) -> PlacedVideo:
+    """Put the episode's ``key`` camera file at ``dst``: hard link (or copy) of its own file,
+    or cut out of the shared file by stream copy (re-encoded when no exact cut exists)."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.unlink(missing_ok=True)
+    if isinstance(ep, SlicedEpisode):
+        from .cut import cut_episode
+
+        sl = ep.video_slices[key]
+        cut = cut_episode(sl.path, sl.first_frame, sl.frames, fps, dst, f"episode {ep.index} ({key})")
+        return PlacedVideo(dst.stat().st_size, cut.reencoded)
+    src = ep.video_paths[key]
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)  # another filesystem or no hard links: copy, never re-encode
+    return PlacedVideo(src.stat().st_size, False)
+
+
+def staged_video_ok(ep: SourceEpisode, key: str, staged: Path, recorded: int | None) -> bool:
+    """Whether a staged camera file of an earlier run can be reused: the size of its source
+    file (a link or copy) or, for a cut, the size the unit record wrote down."""
+    if not staged.is_file():
+        return False
+    want = recorded if isinstance(ep, SlicedEpisode) else ep.video_paths[key].stat().st_size
+    return want is not None and staged.stat().st_size == want

@@ -1,0 +1,22 @@
+"""LeRobot v2.1 source (ours, or any writer's): validated by dataset/validate.py as before."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..dataset.meta import read_meta
+from ..dataset.validate import SourceCheck, validate_source
+from .base import SourceKind
+
+
+class V21Source:
+    """One Parquet and one MP4 per camera per episode; quality lives in episodes.jsonl."""
+
+    kind = SourceKind.LEROBOT_V21
+    owned = True
+
+    def validate(self, root: Path, *, allow_empty_dataset: bool = True) -> SourceCheck:
+        return validate_source(root, allow_empty_dataset=allow_empty_dataset)
+
+    def episode_indices(self, root: Path) -> list[int]:
+        return [e.episode_index for e in read_meta(root).episodes]
