@@ -20,6 +20,8 @@ rate), constant velocity, a gripper held closed, an arm at rest and sensor noise
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from numpy.typing import NDArray
@@ -80,7 +82,7 @@ def _segments(ok: NDArray[np.bool_], breaks: NDArray[np.intp] | None) -> list[tu
     for a, b in runs(ok):
         cuts = sorted(s for s in starts if a < s <= b)
         edges = [a, *cuts, b + 1]
-        out += [(s, e - 1) for s, e in zip(edges[:-1], edges[1:], strict=True)]
+        out += [(s, e - 1) for s, e in pairwise(edges)]
     return out
 
 
@@ -96,7 +98,7 @@ def _name(v: VectorSeries, j: int) -> str:
 
 def _frozen(name: str, x: F64, off: int, n: int, fps: float, th: Thresholds) -> list[Finding]:
     same = np.all(np.abs(np.diff(x, axis=0)) <= _eps(x), axis=1)  # same[t]: row t+1 == row t
-    need = max(1, int(round(th.frozen_s * fps)))
+    need = max(1, round(th.frozen_s * fps))
     out: list[Finding] = []
     for a, b in runs(same):
         first, last = off + a, off + b + 1
@@ -132,7 +134,7 @@ def _moving_at(d1: F64, steps: tuple[int, int], speed: float, th: Thresholds) ->
 def _stuck(v: VectorSeries, x: F64, off: int, fps: float, th: Thresholds) -> list[Finding]:
     d = np.diff(x, axis=0)
     same = np.abs(d) <= _eps(x)
-    need = max(1, int(round(th.stuck_s * fps)))
+    need = max(1, round(th.stuck_s * fps))
     out: list[Finding] = []
     for j in range(x.shape[1]):
         speed = _speed(d[:, j])
