@@ -29,7 +29,7 @@ class Thresholds:
 
     min_frames: int = 10  # too_short: fewer rows
     frozen_frames: int = 15  # frozen_camera: this many consecutive unchanged frames
-    still_levels: float = 2.0  # a frame is "unchanged" when no sampled pixel moved more (0-255)
+    still_levels: float = 0.0  # "unchanged": mean sampled-pixel change at most this (0-255)
     gap_periods: float = 1.5  # timestamp_gap: a row step longer than this many periods
     grid_tolerance_s: float = 1e-4  # off_grid_timestamp: |t - k/fps| above this (LeRobot's)
     frozen_s: float = 2.0  # frozen_signal / idle_start / idle_end: every dimension unchanged
@@ -38,6 +38,12 @@ class Thresholds:
     spike_window: int = 31  # rows of the local scale (median / MAD window)
     saturation_frames: int = 5  # saturation: rows pinned at the episode's extreme value
     moving_fraction: float = 0.5  # "moving": a step above this fraction of its own median step
+
+
+#: The offline driver reads the luma of decoded lossy video, where a frozen camera's frames
+#: differ by the encoder's refinements (corpus, H.264 crf 18: mean change <= 0.35 levels while
+#: frozen, >= 1.5 for its slowest moving texture); live frames repeat exactly (0).
+OFFLINE_THRESHOLDS = Thresholds(still_levels=0.75)
 
 
 @dataclass(frozen=True)
@@ -123,19 +129,20 @@ def spans(ranges: list[tuple[int, int]], limit: int = 5) -> str:
     return text + (f" and {len(ranges) - limit} more" if len(ranges) > limit else "")
 
 
-def signature(rgb: NDArray[np.uint8]) -> NDArray[np.int16]:
-    """A strided pixel sample of a frame (about 64 x 48 x 3), cheap enough for every live row."""
-    h, w = rgb.shape[:2]
+def signature(img: NDArray[np.uint8]) -> NDArray[np.int16]:
+    """A strided pixel sample of a frame (about 64 x 48, RGB live, luma offline), cheap enough
+    for every live row."""
+    h, w = img.shape[:2]
     sy, sx = max(1, h // 48), max(1, w // 64)
-    return rgb[::sy, ::sx].astype(np.int16)
+    return img[::sy, ::sx].astype(np.int16)
 
 
 def frame_change(prev: NDArray[np.int16] | None, cur: NDArray[np.int16]) -> float:
-    """Largest sampled-pixel difference: a frozen camera repeats 0 (lossy video: a few levels),
-    a live camera's sensor noise moves some sampled pixel further."""
+    """Mean sampled-pixel difference: exactly 0 for a frozen camera's repeated buffer (live),
+    below a level for its frames decoded from lossy video (the encoder keeps refining them)."""
     if prev is None or prev.shape != cur.shape:
         return float("inf")
-    return float(np.max(np.abs(cur - prev))) if cur.size else 0.0
+    return float(np.mean(np.abs(cur - prev))) if cur.size else 0.0
 
 
 # ---- rules on rows and stamps -------------------------------------------------------------------
