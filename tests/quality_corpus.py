@@ -129,13 +129,13 @@ def faults() -> list[CorpusEpisode]:
     out.append(replace(ep, action=a, expect=(Expect("frozen_signal", "action", 100, 160),)))
     a = ep.action.copy()
     a[120, 3] += 0.8
-    out.append(replace(ep, name="action_spike", action=a, expect=(Expect("spike", "action[3]", 120, 120),)))
+    out.append(replace(ep, name="action_spike", action=a, expect=(Expect("spike", "action[joint_3]", 120, 120),)))
     a = ep.action.copy()
     a[100:161, 2] = a[100, 2]
-    out.append(replace(ep, name="joint_stuck", action=a, expect=(Expect("stuck_joint", "action[2]", 100, 160),)))
+    out.append(replace(ep, name="joint_stuck", action=a, expect=(Expect("stuck_joint", "action[joint_2]", 100, 160),)))
     a = ep.action.copy()
     a[:, 1] = np.clip(a[:, 1], -0.4, 0.4)  # its amplitude is 0.5
-    out.append(replace(ep, name="saturation", action=a, expect=(Expect("saturation", "action[1]", 0, N - 1),)))
+    out.append(replace(ep, name="saturation", action=a, expect=(Expect("saturation", "action[joint_1]", 0, N - 1),)))
     s = ep.state.copy()
     s[90:105, 0] = np.nan
     out.append(replace(ep, name="nan_run", state=s, expect=(Expect("non_finite", "observation.state", 90, 104),)))
@@ -152,9 +152,9 @@ def faults() -> list[CorpusEpisode]:
     content = dict(ep.content)
     content["cam1"] = np.where((t >= 2.0) & (t < 5.0), 60, np.arange(N))
     out.append(replace(ep, name="frozen_camera", content=content,
-                       expect=(Expect("frozen_camera", "cam1", 60, 149),)))
+                       expect=(Expect("frozen_camera", "observation.images.cam1", 60, 149),)))
     out.append(replace(ep, name="frame_count_mismatch", video_frames={"cam0": N - 5},
-                       expect=(Expect("video_frame_count_mismatch", "cam0", -1, -1),)))
+                       expect=(Expect("video_frame_count_mismatch", "observation.images.cam0", -1, -1),)))
     out.append(episode("too_short", "fault", base_signal, n=6, expect=(Expect("too_short", "", -1, -1),)))
     return out
 
@@ -210,3 +210,71 @@ def _inject(root: Path, index: int, ep: CorpusEpisode) -> None:
         with VideoEncoder(path, W, H, FPS, SETTINGS) as enc:
             for k in range(frames):
                 enc.add(frame_image(int(ep.content[cam][k]), CAMS.index(cam)))
+
+
+# ---- the live side: the same samples as messages through the capture engine --------------------
+def live_config(log_dir: Path, min_frames: int = 10, frozen_frames: int = 15) -> Any:
+    from eva_export.config import parse_config
+
+    names = [f"joint_{j}" for j in range(JOINTS)]
+    raw = {"collection": {
+        "log_dir": str(log_dir), "fps": FPS, "robot_type": "test",
+        "tasks": [{"dataset_name": "live", "task": "corpus"}],
+        "streams": {"state": {"topic": "/s", "type": "JointState", "names": names},
+                    "action": {"topic": "/a", "type": "Float64MultiArray", "names": names},
+                    "cameras": [{"name": c, "topic": f"/{c}", "width": W, "height": H} for c in CAMS]},
+        "capture": {"min_frames": min_frames, "frozen_frames": frozen_frames, "max_drop_ratio": 0.05}}}
+    return parse_config(raw).collection
+
+
+@dataclass(frozen=True)
+class LiveResult:
+    quality: str
+    issues: list[dict[str, Any]]
+    rows: int
+
+
+def _messages(ep: CorpusEpisode, t0: float) -> list[tuple[float, int, float, Any]]:
+    """(receive time, stream, header stamp, payload) in receive order; a message is received
+    when its stamp says (never before an earlier one: the wire does not go back in time)."""
+    from eva_export.capture.intake import RawImage, RawVector
+
+    names = [f"joint_{j}" for j in range(JOINTS)]
+    arrival = t0 + np.maximum.accumulate(ep.timestamps)
+    out: list[tuple[float, int, float, Any]] = []
+    for k in range(ep.rows):
+        stamp = t0 + float(ep.timestamps[k])
+        recv = float(arrival[k]) + 1e-6 * k
+        out.append((recv + 0.001, 0, stamp, RawVector(ep.state[k].astype(np.float64), names)))
+        out.append((recv + 0.002, 1, stamp, RawVector(ep.action[k].astype(np.float64))))
+        for i, c in enumerate(CAMS):
+            # the reference camera (the first) last: the grid starts once every stream delivered
+            img = frame_image(int(ep.content[c][k]), i)
+            out.append((recv + 0.004 - 0.001 * i, 2 + i, stamp, RawImage(img.reshape(-1), H, W, "rgb8", W * 3)))
+    out.sort(key=lambda m: (m[0], m[1]))
+    return out
+
+
+def feed_live(col: Any, dw: DatasetWriter, ep: CorpusEpisode, t0: float = 1000.0) -> LiveResult:
+    """Record one corpus episode as live capture would (the receive clock driven by the
+    messages, like bag ingest); ``ep.video_frames`` stands in for the encoder's frame count."""
+    from eva_export.capture.episode import EpisodeRun
+    from eva_export.capture.intake import streams_from_config
+    from eva_export.capture.stream import states_for
+
+    states = states_for(streams_from_config(col))
+    run = EpisodeRun.begin(col, states, dw, "live", "corpus", t0 - 0.01, 0.0)
+    last = t0
+    for recv, i, stamp, payload in _messages(ep, t0):
+        t_src = states[i].offset.observe(recv, stamp)
+        run.poll(recv)
+        run.push(i, recv, stamp, payload, t_src)
+        last = recv
+    run.stop(last + 0.5 / FPS)
+    run.finish_slots()
+    row, result = run.save()
+    assert row is not None
+    if ep.video_frames:  # the encoder wrote every frame it got: judge the count the corpus has
+        frames = {c: ep.video_frames.get(c, row.length) for c in CAMS}
+        result = run.checker.finish(row.length, last + 0.5 / FPS, frames, run.aligner.timings())
+    return LiveResult(result.quality, [i.to_dict() for i in result.issues], row.length)

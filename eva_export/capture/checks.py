@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..dataset.records import Quality, QualityIssue, Severity
 from ..quality import rules
@@ -58,8 +59,9 @@ class StreamCounters:
     max_latency_s: float | None = None  # receive time minus header stamp (same host clock)
     # evidence for the shared rules
     stamps: list[float] = field(default_factory=list)
-    stamp_rows: list[int] = field(default_factory=list)  # the row being built when it came
-    rejected: list[tuple[int, int, str]] = field(default_factory=list)  # (row, width, why)
+    stamp_recv: list[float] = field(default_factory=list)  # receive time of each stamped message
+    rejected: list[tuple[float, int, str]] = field(default_factory=list)  # (receive time, width, why)
+    anchor: tuple[int, float] | None = None  # (row, receive time) of the stream's first placed message
     values: list[Any] = field(default_factory=list)  # vector rows
     valid: list[bool] = field(default_factory=list)
     age: int = 0  # slots since the held vector was fresh
@@ -76,8 +78,10 @@ class StreamCounters:
     def add_row(self, value: Any, repeat: bool) -> None:
         """The value written for this stream in one row (None: the placeholder)."""
         if self.is_camera:
-            if value is None or value is self.last_img:
-                self.change.append(0.0 if self.change else float("inf"))
+            if value is None or repeat or value is self.last_img:
+                # a held or placeholder frame is no evidence: a camera that drops or stops is
+                # dropped_frames / missing_stream, not frozen
+                self.change.append(float("nan"))
                 return
             sig = rules.signature(value)
             self.change.append(rules.frame_change(self.last_sig, sig))
@@ -136,14 +140,15 @@ class EpisodeChecker:
         s.last_recv = recv
         if stamp is not None:
             s.stamps.append(stamp)
-            s.stamp_rows.append(self.slots)
+            s.stamp_recv.append(recv)
             if self.wall_offset is not None:
                 lat = recv + self.wall_offset - stamp
                 s.max_latency_s = lat if s.max_latency_s is None else max(s.max_latency_s, lat)
 
     def on_dimension(self, i: int, detail: str, width: int = -1) -> None:
         """A vector message of the wrong width (it cannot go into the row: the row holds the last)."""
-        self.streams[i].rejected.append((self.slots, width, detail))
+        s = self.streams[i]
+        s.rejected.append((s.last_recv if s.last_recv is not None else self.start, width, detail))
 
     def on_shape(self, i: int, detail: str) -> None:
         d = self.streams[i].shapes
@@ -165,6 +170,8 @@ class EpisodeChecker:
         for k, (s, pick) in enumerate(zip(self.streams, slot.picks, strict=True)):
             if pick.dropped:
                 s.dropped += 1
+            elif s.anchor is None and pick.sample is not None:
+                s.anchor = (self.slots - 1, pick.sample.recv)
             if s.is_camera and pick.sample is not None and pick.sample.stamp is not None:
                 stamps.append(pick.sample.stamp)
             if row is not None:
@@ -182,8 +189,10 @@ class EpisodeChecker:
         cameras: list[CameraSeries] = []
         messages: list[MessageStamps] = []
         for k, s in enumerate(self.streams):
+            rejected = tuple((int(self._row_at(s, np.array([r]), rows)[0]), w, why) for r, w, why in s.rejected)
             messages.append(MessageStamps(s.name, np.asarray(s.stamps, np.float64),
-                                          np.asarray(s.stamp_rows, np.int64), tuple(s.rejected), self.widths[k]))
+                                          self._row_at(s, np.asarray(s.stamp_recv, np.float64), rows),
+                                          rejected, self.widths[k]))
             if s.is_camera:
                 frames = (video_frames or {}).get(s.name)
                 cameras.append(CameraSeries(s.name, np.asarray(s.change, np.float64), frames))
@@ -258,6 +267,13 @@ class EpisodeChecker:
             if s.max_latency_s is not None:
                 stats[s.name]["max_latency_s"] = round(s.max_latency_s, 4)
         return stats
+
+    def _row_at(self, s: StreamCounters, recv: NDArray[np.float64], rows: int) -> NDArray[np.int64]:
+        """The rows messages received at ``recv`` went into (estimated on the receive clock from
+        the stream's first placed message; the aligner places by source time)."""
+        row0, recv0 = s.anchor if s.anchor is not None else (0, self.start)
+        est = row0 + np.round((recv - recv0) * self.fps)
+        return np.clip(est, 0, max(rows - 1, 0)).astype(np.int64)
 
     def _stream(self, name: str) -> StreamCounters:
         return next(s for s in self.streams if s.name == name)

@@ -62,7 +62,7 @@ class CameraSeries:
     """One camera: per-row change against the previous row (``frame_change``), and frame counts."""
 
     name: str
-    change: F64  # (rows,); change[0] is inf (nothing to compare with)
+    change: F64  # (rows,); inf for the first frame, NaN for a row that is no evidence (held)
     video_frames: int | None = None  # encoded / decoded frame count (None: not known)
 
 
@@ -73,7 +73,7 @@ class MessageStamps:
     name: str
     stamps: F64
     frames: I64
-    rejected: tuple[tuple[int, int, str], ...] = ()  # (frame, width, why) of wrong-width messages
+    rejected: tuple[tuple[int, int, str], ...] = ()  # (row, width, why) of wrong-width messages
     expected_width: int = 0
 
 
@@ -217,9 +217,11 @@ def message_rules(m: MessageStamps, fps: float, th: Thresholds) -> list[Finding]
 
 def camera_rules(c: CameraSeries, rows: int, th: Thresholds) -> list[Finding]:
     out: list[Finding] = []
-    still = c.change <= th.still_levels
-    # a run of k unchanged rows means k + 1 identical frames
-    long = [(a - 1, b) for a, b in runs(still) if b - a + 2 >= th.frozen_frames]
+    known = np.flatnonzero(~np.isnan(c.change))  # NaN: a held frame (live), neither evidence nor a break
+    still = c.change[known] <= th.still_levels
+    # a run of k unchanged frames means k + 1 identical frames, from the one before the run
+    long = [(int(known[a - 1]) if a else int(known[a]), int(known[b])) for a, b in runs(still)
+            if b - a + 2 >= th.frozen_frames]
     if long:
         worst = max(b - a + 1 for a, b in long)
         out.append(error("frozen_camera", c.name, f"{c.name}: {worst} identical consecutive frames "
