@@ -108,10 +108,10 @@ def luma_frames(path: Path) -> Iterator[NDArray[np.uint8]]:
         stream.thread_type = "AUTO"
         for frame in container.decode(stream):
             if frame.format.name not in ("yuv420p", "yuvj420p", "yuv422p", "yuv444p", "gray"):
-                yield frame.to_ndarray(format="gray")
+                yield np.asarray(frame.to_ndarray(format="gray"), np.uint8)
                 continue
             plane = frame.planes[0]
-            rows = np.frombuffer(plane, np.uint8).reshape(plane.height, plane.line_size)
+            rows = np.frombuffer(memoryview(plane), np.uint8).reshape(plane.height, plane.line_size)
             yield rows[:, : plane.width]
 
 
