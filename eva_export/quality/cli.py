@@ -24,8 +24,11 @@ def _ranges(issue: dict[str, Any]) -> str:
             + ("..." if len(r) > 4 else "")) if r else ""
 
 
-def episode_lines(ep: EpisodeCheck) -> list[str]:
+def episode_lines(ep: EpisodeCheck, stored: str = "") -> list[str]:
+    """``stored``: the quality the row already carries (capture's), shown when it differs."""
     head = f"episode {ep.episode_index:>4}: {ep.quality}"
+    if stored and stored != ep.quality:
+        head += f" (the row says {stored}: its flags are kept by --write)"
     lines = [head]
     for i in ep.issues:
         d = i.to_dict()
@@ -59,7 +62,8 @@ def _check(args: argparse.Namespace) -> int:
         print(json.dumps(to_json(check), indent=2))
     else:
         for ep in check.episodes:
-            print("\n".join(episode_lines(ep)))
+            row = check.rows.get(ep.episode_index)
+            print("\n".join(episode_lines(ep, row.quality.strip().lower() if row is not None else "")))
         red = sum(e.quality == "red" for e in check.episodes)
         print(f"{root}: {red} red, {len(check.episodes) - red} green (rules version {RULE_VERSION})"
               + (f"; wrote {written}" if written else ""))
