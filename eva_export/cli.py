@@ -18,6 +18,7 @@ from .dataset.records import REVIEW_VERDICTS, Subset
 from .errors import EvaError
 from .formats.registry import SPECS as FORMAT_SPECS
 from .jobs import COMPLETED, JobStore
+from .quality.cli import add_check_command
 from .upload.cli import add_upload_commands  # no paramiko until an upload runs
 
 
@@ -278,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", help="the raw v2.1 dataset directory")
     p.add_argument("-o", "--output", help="the HTML file (default: DIR_report.html beside DIR)")
     p.set_defaults(func=_report)
+    add_check_command(sub)
     add_upload_commands(sub)
     return parser
 

@@ -147,8 +147,17 @@ def checker(**kw) -> EpisodeChecker:
     return EpisodeChecker(["state", "front", "wrist"], [False, True, True], **defaults)
 
 
+def row_of(slot, frozen: str = "", nan_at: int = -1) -> list:
+    """The row written for a slot: a ramp state (NaN at ``nan_at``), a changing image per camera
+    (or a constant one for the ``frozen`` camera)."""
+    state = np.full(3, float(slot.index)) if slot.index != nan_at else np.array([np.nan, 0.0, 0.0])
+    imgs = [np.full((8, 8, 3), 7 if name == frozen else (slot.index * 5 + k) % 256, np.uint8)
+            for k, name in enumerate(("front", "wrist"))]
+    return [state, *imgs]
+
+
 def feed_clean(ck: EpisodeChecker, n: int = 60, cam_stamp_offset: float = 0.0, frozen: str = "",
-               skip_front=(), state_stamps=None) -> int:
+               skip_front=(), state_stamps=None, nan_at: int = -1) -> int:
     wrist = [(r, s + cam_stamp_offset) for r, s in cam_stream(0.0, n * T + 1)]
     cams = {"front": cam_stream(0.0, n * T, skip=skip_front), "wrist": wrist}
     events = [(r, 0, s) for r, s in cam_stream(0.0, n * T, 0.01)]
@@ -162,15 +171,12 @@ def feed_clean(ck: EpisodeChecker, n: int = 60, cam_stamp_offset: float = 0.0, f
         if state_stamps is not None and i == 0:
             stamp = state_stamps(k, stamp)
         ck.on_message(i, recv, stamp)
-        if i:
-            name = ["state", "front", "wrist"][i]
-            ck.on_fingerprint(i, 7 if name == frozen else (i, recv))
         for s in al.push(i, Sample(recv, stamp, None)):
-            ck.on_slot(s)
+            ck.on_slot(s, row_of(s, frozen, nan_at))
             rows += 1
     al.stop(n * T)
     for s in al.finish():
-        ck.on_slot(s)
+        ck.on_slot(s, row_of(s, frozen, nan_at))
         rows += 1
     return rows
 
@@ -234,10 +240,9 @@ def test_missing_stream_never_received_and_stopped():
 
 def test_shape_dimension_nonfinite_clock_and_video_count():
     ck = checker()
-    rows = feed_clean(ck, state_stamps=lambda k, s: s - (0.5 if k == 40 else 0.0))
+    rows = feed_clean(ck, state_stamps=lambda k, s: s - (0.5 if k == 40 else 0.0), nan_at=20)
     ck.on_shape(1, "640x480 received, 320x240 configured")
     ck.on_dimension(0, "joints ['j9'] missing from the message")
-    ck.on_non_finite(0)
     res = ck.finish(rows, 60 * T, {"front": rows - 1, "wrist": rows})
     assert set(res.codes) == {"image_shape_change", "vector_dimension_change", "non_finite",
                               "non_monotonic_clock", "video_frame_count_mismatch"}

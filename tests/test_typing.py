@@ -82,6 +82,12 @@ MODULES = [
     "eva_export.capture.ingest",
     "eva_export.capture.intake",
     "eva_export.capture.features",
+    # quality rules and their offline driver
+    "eva_export.quality.rules",
+    "eva_export.quality.kinematics",
+    "eva_export.quality.offline",
+    "eva_export.quality.store",
+    "eva_export.quality.cli",
     "eva_export.upload.sftp",
     "eva_export.upload.remote",
     "eva_export.upload.limiter",

@@ -24,7 +24,7 @@ from ..dataset.writer import DatasetWriter, EpisodeWriter
 from .align import LATENCY_BUDGET_S, GridAligner, Sample, Slot
 from .checks import EpisodeChecker, QualityResult
 from .features import CAPTURE_TIME
-from .intake import RawImage, RawVector, fingerprint
+from .intake import RawImage, RawVector
 from .stream import StreamState
 
 
@@ -61,7 +61,9 @@ class EpisodeRun:
         checker = EpisodeChecker([s.spec.name for s in streams], [s.spec.is_camera for s in streams],
                                  fps=col.fps, start=now, min_frames=cap.min_frames,
                                  max_drop_ratio=cap.max_drop_ratio, frozen_frames=cap.frozen_frames,
-                                 camera_skew_tolerance_s=cap.camera_skew_tolerance_s, wall_offset=wall_offset)
+                                 camera_skew_tolerance_s=cap.camera_skew_tolerance_s, wall_offset=wall_offset,
+                                 widths=[s.spec.width_values for s in streams],
+                                 dim_names=[s.spec.names for s in streams])
         writer = writer or dw.begin_episode(task)
         for s in streams:
             s.begin_episode()
@@ -87,7 +89,6 @@ class EpisodeRun:
         value: Any = None
         if spec.is_camera:
             raw: RawImage = payload
-            self.checker.on_fingerprint(i, fingerprint(raw))
             if not raw.compressed and (raw.width, raw.height) != (spec.width, spec.height):
                 self.checker.on_shape(i, f"{raw.width}x{raw.height} received, {spec.width}x{spec.height} configured")
             else:
@@ -107,15 +108,13 @@ class EpisodeRun:
             if missing or len(vals) != len(raw.names):
                 detail = (f"joints {missing} missing from the message" if missing
                           else f"{len(vals)} {spec.field} values for {len(raw.names)} joint names")
-                self.checker.on_dimension(i, detail)
+                self.checker.on_dimension(i, detail, len(vals))
                 return None
             out = vals[[index[n] for n in spec.names]]
         if out.shape != (want,):
-            self.checker.on_dimension(i, f"{out.size} values, {want} configured")
+            self.checker.on_dimension(i, f"{out.size} values, {want} configured", out.size)
             return None
-        if not np.all(np.isfinite(out)):
-            self.checker.on_non_finite(i)
-        return out.astype(np.float32)
+        return out.astype(np.float32)  # NaN/inf kept: the rows show them, the rules flag them
 
     # ---- grid slots -------------------------------------------------------------------------
     def poll(self, now: float) -> None:
@@ -135,6 +134,7 @@ class EpisodeRun:
         for slot in slots:
             values: dict[str, Any] = {}
             images: dict[str, np.ndarray[Any, Any]] = {}
+            row: list[Any] = []  # what the rules see: the values written, None for placeholders
             for i, pick in enumerate(slot.picks):
                 st = self.streams[i]
                 spec = st.spec
@@ -155,11 +155,12 @@ class EpisodeRun:
                     st.held_seq = s.seq
                 if st.held is None:
                     st.held = st.placeholder()
+                row.append(st.held if st.held_seq >= 0 else None)
                 if spec.is_camera:
                     images[spec.feature] = st.held
                 else:
                     values[spec.feature] = st.held
-            self.checker.on_slot(slot)
+            self.checker.on_slot(slot, row)
             # Seconds since START, not epoch seconds: LeRobot hands columns out as float32, which
             # keeps ~1e-5 s here but only 128 s steps for epoch values. The episode row carries
             # capture_time_origin_unix, so origin + capture_time is the observed wall time.

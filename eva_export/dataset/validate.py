@@ -29,6 +29,7 @@ from .video import mp4_truncation, stream_frames
 
 REQUIRED_COLUMNS = ("episode_index", "index")
 SMALL_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
+QUALITY_SIDECAR = "meta/eva_quality.jsonl"  # eva_export.quality.store.SIDECAR
 #: How far a stored timestamp may be from frame_index / fps (LeRobot's own tolerance).
 GRID_TOLERANCE_S = 1e-4
 
@@ -72,7 +73,8 @@ class SourceCheck:
 def source_hash(root: Path) -> str:
     """Hash of the meta files that define the source state (a changed review changes it)."""
     h = hashlib.sha256()
-    for name in (INFO, EPISODES, TASKS, EPISODES_STATS):
+    # the quality sidecar (quality/store.py) decides subsets too: a new check must not reuse units
+    for name in (INFO, EPISODES, TASKS, EPISODES_STATS, QUALITY_SIDECAR):
         p = Path(root) / name
         h.update(name.encode() + b"\0")
         if p.is_file():

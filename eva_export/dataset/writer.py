@@ -31,6 +31,7 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -451,6 +452,22 @@ class DatasetWriter:
             atomic_write_jsonl(self.root / EPISODES, [e.to_dict() for e in self.episodes])
             self._fix_meta_modes()
             return row
+
+    def set_quality(self, rows: Mapping[int, EpisodeRow]) -> None:
+        """Store offline verdicts (eva-export check --write, eva_export.quality.store): each
+        given row's quality fields replace the stored ones; tasks, length and review stay."""
+        with self.lock:
+            by_index = {e.episode_index: e for e in self.episodes}
+            unknown = sorted(set(rows) - set(by_index))
+            if unknown:
+                raise DatasetError(f"{self.root}: no episode(s) {unknown}")
+            for i, new in rows.items():
+                row = by_index[i]
+                row.quality, row.quality_issues, row.stream_stats = new.quality, new.quality_issues, new.stream_stats
+                row.extra.update({k: v for k, v in new.extra.items() if k == "quality_rules"})
+                row.present.update({"quality", "quality_issues", "stream_stats"})
+            atomic_write_jsonl(self.root / EPISODES, [e.to_dict() for e in self.episodes])
+            self._fix_meta_modes()
 
 
 def _fsync_file(path: Path) -> None:

@@ -27,6 +27,7 @@ from ..dataset.records import FORMAT_V21, DatasetInfo, EpisodeRow, Quality, Unit
 from ..dataset.validate import SourceCheck, SourceEpisode
 from ..errors import ExportError
 from ..fsutil import atomic_write_json, dumps_json, jsonl_dumps, read_json
+from ..quality.store import quality_for, read_sidecar
 from .records import ACCEPTED, QUALITY_SPLIT_FILE, REJECTED, QualitySplit
 from .units import (
     REENCODED_FIELD,
@@ -85,8 +86,9 @@ class SplitPlan:
 
     @property
     def unrated(self) -> list[int]:
-        """Source indices of the episodes with no quality field and no verdict."""
-        return [e.index for e in self.check.episodes if is_unrated(e.row)]
+        """Source indices of the episodes with no quality field, no verdict and no sidecar record."""
+        sidecar = read_sidecar(self.check.root)
+        return [e.index for e in self.check.episodes if is_unrated(quality_for(e.row, sidecar.get(e.index)))]
 
     @property
     def in_source_order(self) -> list[PlannedEpisode]:
@@ -100,8 +102,9 @@ def plan_split(check: SourceCheck) -> SplitPlan:
     tasks: dict[str, list[tuple[int, str]]] = {}
     task_text = check.meta.task_text
     by_subset: dict[str, list[SourceEpisode]] = {ACCEPTED: [], REJECTED: []}
+    sidecar = read_sidecar(check.root)  # offline verdicts of rows that carry none (quality/store.py)
     for ep in check.episodes:  # episodes.jsonl order
-        by_subset[classify(ep.row)].append(ep)
+        by_subset[classify(quality_for(ep.row, sidecar.get(ep.index)))].append(ep)
     for name, eps in by_subset.items():
         used = sorted({t for e in eps for t in e.task_indices})
         remap = {old: new for new, old in enumerate(used)}

@@ -19,12 +19,14 @@ from typing import Any
 
 from .. import confine
 from ..dataset.records import EpisodeRow, Verdict
+from ..dataset.validate import QUALITY_SIDECAR
 from ..errors import DatasetError
 from ..fsutil import iter_jsonl
 
-SIDECAR = "meta/eva_quality.jsonl"
+SIDECAR = QUALITY_SIDECAR  # defined beside the v2.1 source hash, which covers it
 #: The row fields a sidecar line may set (EpisodeRow's quality and review fields).
-FIELDS = ("quality", "quality_issues", "stream_stats", "qc_verdict", "note", "reviewed_at", "rule_version")
+FIELDS = ("quality", "quality_issues", "stream_stats", "qc_verdict", "note", "reviewed_at", "rule_version",
+          "checked_at")
 
 
 @dataclass(frozen=True)

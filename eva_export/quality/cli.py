@@ -1,0 +1,81 @@
+"""``eva-export check DIR [--json] [--write [--sidecar]]``: the quality rules on a dataset's files.
+
+Exit codes: 0 no episode red; 1 at least one episode red; 2 the dataset could not be read (or
+written). ``--write`` stores the verdicts: in the rows of a v2.1 dataset (merged with capture's
+own flags, through the single writer) or, with ``--sidecar``, in meta/eva_quality.jsonl only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import EvaError
+from .offline import DatasetCheck, EpisodeCheck, check_dataset
+from .rules import RULE_VERSION
+
+
+def _ranges(issue: dict[str, Any]) -> str:
+    r = issue.get("ranges") or []
+    return (" frames " + ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in r[:4])
+            + ("..." if len(r) > 4 else "")) if r else ""
+
+
+def episode_lines(ep: EpisodeCheck, stored: str = "") -> list[str]:
+    """``stored``: the quality the row already carries (capture's), shown when it differs."""
+    head = f"episode {ep.episode_index:>4}: {ep.quality}"
+    if stored and stored != ep.quality:
+        head += f" (the row says {stored}: its flags are kept by --write)"
+    lines = [head]
+    for i in ep.issues:
+        d = i.to_dict()
+        lines.append(f"    {i.severity:<7} {i.code:<26} {i.detail}{_ranges(d)}")
+    return lines
+
+
+def to_json(check: DatasetCheck) -> dict[str, Any]:
+    return {"root": str(check.root), "rule_version": RULE_VERSION,
+            "red": sum(e.quality == "red" for e in check.episodes),
+            "green": sum(e.quality == "green" for e in check.episodes),
+            "episodes": [{"episode_index": e.episode_index, "quality": e.quality,
+                          "quality_issues": [i.to_dict() for i in e.issues],
+                          "stream_stats": e.stream_stats} for e in check.episodes]}
+
+
+def _check(args: argparse.Namespace) -> int:
+    from .store import write_rows, write_sidecar
+
+    root = Path(args.dir)
+    try:
+        check = check_dataset(root)
+        written = ""
+        if args.write:
+            written = (f"sidecar {write_sidecar(check)}" if args.sidecar
+                       else f"{write_rows(check)} rows of {root / 'meta/episodes.jsonl'}")
+    except (EvaError, OSError, ValueError) as exc:
+        print(f"eva-export: check refused: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(to_json(check), indent=2))
+    else:
+        for ep in check.episodes:
+            row = check.rows.get(ep.episode_index)
+            print("\n".join(episode_lines(ep, row.quality.strip().lower() if row is not None else "")))
+        red = sum(e.quality == "red" for e in check.episodes)
+        print(f"{root}: {red} red, {len(check.episodes) - red} green (rules version {RULE_VERSION})"
+              + (f"; wrote {written}" if written else ""))
+    return 1 if any(e.quality == "red" for e in check.episodes) else 0
+
+
+def add_check_command(sub: Any) -> None:
+    p = sub.add_parser("check", help="run the quality rules on a dataset's files (live capture's rules)")
+    p.add_argument("dir", help="a LeRobot v2.1 dataset directory")
+    p.add_argument("--json", action="store_true", help="print the verdicts as JSON")
+    p.add_argument("--write", action="store_true",
+                   help="store the verdicts in the rows (merged with capture's flags, via the single writer)")
+    p.add_argument("--sidecar", action="store_true",
+                   help="with --write: store them in meta/eva_quality.jsonl instead, leaving the rows alone")
+    p.set_defaults(func=_check)
