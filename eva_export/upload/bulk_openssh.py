@@ -81,7 +81,9 @@ class OpensshBulk:
     def command(self, batch: str) -> list[str]:
         s = self.settings
         host = f"[{s.host}]" if ":" in s.host else s.host
-        cmd = [self.executable, "-b", batch, "-q", "-F", "/dev/null", "-P", str(s.port), "-i", s.identity_file,
+        # not -q: it hides ssh's own reasons ("Host key verification failed") from the error;
+        # the progress meter is off anyway (stdout is not a terminal)
+        cmd = [self.executable, "-b", batch, "-o", "LogLevel=ERROR", "-F", "/dev/null", "-P", str(s.port), "-i", s.identity_file,
                "-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none", "-o", "BatchMode=yes",
                "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={s.known_hosts}",
                "-o", "GlobalKnownHostsFile=/dev/null", "-o", "UpdateHostKeys=no", "-o", "CheckHostIP=no",
