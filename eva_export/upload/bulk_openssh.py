@@ -12,7 +12,8 @@ known_hosts only (never written: ``UpdateHostKeys=no``), the configured key only
 file whose remote prefix the plan proved intact is continued with ``reput``; any other is
 sent with ``put`` (which truncates a corrupt copy). The bandwidth cap becomes ``-l`` (Kbit/s).
 Progress is reported per file: the client echoes each batch command as it starts it, so
-the echo of one command means the one before it is complete.
+the echo of one command means the one before it is complete. The client is started right
+after paramiko's connect (batch on stdin), so its handshake overlaps the resume plan.
 
 Files whose path could be misread by the batch parser (quotes, spaces, glob characters) or
 that exist only in memory (a manifest built for an older export) go through paramiko.
@@ -32,7 +33,7 @@ import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import IO
+from pathlib import Path
 
 from ..config import SftpSettings
 from ..errors import UploadError
@@ -102,71 +103,91 @@ class OpensshBulk:
             text = text.replace(who, "<user>@<host>")
         return text
 
+
+class ClientRun:
+    """One ``sftp -b -`` process of an attempt, started right after paramiko's connect so that
+    its SSH handshake overlaps the resume plan; the batch is written once the plan is known."""
+
+    def __init__(self, bulk: OpensshBulk, cwd: Path) -> None:
+        self.bulk = bulk
+        self._err = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
+        env = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}
+        try:
+            self.proc = subprocess.Popen(bulk.command("-"), cwd=cwd, stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=self._err, env=env)
+        except BaseException:
+            self._err.close()
+            raise
+
+    def close(self) -> None:
+        """Stop the client if it still runs (nothing to send, or the attempt failed)."""
+        proc = self.proc
+        if proc.poll() is None:
+            proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5.0)
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+        self._err.close()
+
     def send(self, job: UploadJob, items: Plan, hasher: RemoteHasher) -> None:
         """Send ``items`` (resuming where the plan says); raise UploadError when the client fails."""
-        lines = [f'{"reput" if off else "put"} "./{f.rel}" "{posixpath.join(job.staging, f.rel)}"\n'
-                 for f, off in items]
+        lines = "".join(f'{"reput" if off else "put"} "./{f.rel}" "{posixpath.join(job.staging, f.rel)}"\n'
+                        for f, off in items)
         for f, _off in items:
             job.verified_remote.discard(f.rel)
-        with tempfile.TemporaryDirectory(prefix="eva-sftp-") as tmp, \
-                ThreadPoolExecutor(1, thread_name_prefix="upload-hash") as pool:
-            batch = os.path.join(tmp, "batch")
-            with open(batch, "w", encoding="utf-8") as fh:
-                fh.writelines(lines)
-            with open(os.path.join(tmp, "stderr"), "w+b") as err:
-                rc, done = self._run(job, batch, err, items, lambda f: self._hash_later(job, f, hasher, pool))
-                if rc != 0:
-                    err.seek(0)
-                    text = self.redact(err.read().decode(errors="replace").strip())[-STDERR_MAX:]
-                    at = items[done][0].rel if done < len(items) else "the end"
-                    raise UploadError(f"OpenSSH's sftp client failed (exit {rc}) at {at}: {text or 'no message'}")
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(lines.encode("utf-8"))
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass  # the client is gone already: its exit code and stderr say why
+        with ThreadPoolExecutor(1, thread_name_prefix="upload-hash") as pool:
+            rc, done = self._follow(job, items, lambda f: _hash_later(job, f, hasher, pool))
+        if rc != 0:
+            self._err.seek(0)
+            text = self.bulk.redact(self._err.read().decode(errors="replace").strip())[-STDERR_MAX:]
+            at = items[done][0].rel if done < len(items) else "the end"
+            raise UploadError(f"OpenSSH's sftp client failed (exit {rc}) at {at}: {text or 'no message'}")
 
-    @staticmethod
-    def _hash_later(job: UploadJob, f: UploadFile, hasher: RemoteHasher, pool: ThreadPoolExecutor) -> None:
-        if f.size >= SMALL_FILE:  # hashed on the server while the client sends the next files
-            job.hashes[f.rel] = pool.submit(hasher.hash_files, job.staging, [f.rel], f.size, False)
-
-    def _run(self, job: UploadJob, batch: str, err: IO[bytes], items: Plan,
-             on_file: Callable[[UploadFile], None]) -> tuple[int, int]:
-        """Run the client; return (exit code, number of files known complete)."""
-        env = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}
-        proc = subprocess.Popen(self.command(batch), cwd=job.local_dir, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=err, env=env)
-        assert proc.stdout is not None
+    def _follow(self, job: UploadJob, items: Plan, on_file: Callable[[UploadFile], None]) -> tuple[int, int]:
+        """Follow the client's echo until it exits; return (exit code, files known complete)."""
+        out = self.proc.stdout
+        assert out is not None
         done = started = 0
         buf = b""
-        try:
-            with selectors.DefaultSelector() as sel:
-                sel.register(proc.stdout, selectors.EVENT_READ)
-                while True:
-                    if sel.select(POLL_S):
-                        data = os.read(proc.stdout.fileno(), 65536)
-                        if not data:
-                            break
-                        buf += data
-                        started += buf.count(b"\n")
-                        buf = buf[buf.rfind(b"\n") + 1:]
-                    while done < started - 1:  # the echo of command k+1: command k is complete
-                        self._complete(job, items[done], on_file)
-                        done += 1
-                    job.report()  # raises UploadCancelled when the caller stops the upload
-            rc = proc.wait()
-            if rc == 0:
-                while done < len(items):
-                    self._complete(job, items[done], on_file)
+        with selectors.DefaultSelector() as sel:
+            sel.register(out, selectors.EVENT_READ)
+            while True:
+                if sel.select(POLL_S):
+                    data = os.read(out.fileno(), 65536)
+                    if not data:
+                        break
+                    buf += data
+                    started += buf.count(b"\n")
+                    buf = buf[buf.rfind(b"\n") + 1:]
+                while done < started - 1:  # the echo of command k+1: command k is complete
+                    _complete(job, items[done], on_file)
                     done += 1
-            return rc, done
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(5.0)
-            proc.stdout.close()
+                job.report()  # raises UploadCancelled when the caller stops the upload
+        rc = self.proc.wait()
+        if rc == 0:
+            while done < len(items):
+                _complete(job, items[done], on_file)
+                done += 1
+        return rc, done
 
-    @staticmethod
-    def _complete(job: UploadJob, item: tuple[UploadFile, int], on_file: Callable[[UploadFile], None]) -> None:
-        f, off = item
-        with job.lock:
-            job.sent_bytes += f.size - off
-        job.file_done(f, off)
-        on_file(f)
+
+def _hash_later(job: UploadJob, f: UploadFile, hasher: RemoteHasher, pool: ThreadPoolExecutor) -> None:
+    if f.size >= SMALL_FILE:  # hashed on the server while the client sends the next files
+        job.hashes[f.rel] = pool.submit(hasher.hash_files, job.staging, [f.rel], f.size, False)
+
+
+def _complete(job: UploadJob, item: tuple[UploadFile, int], on_file: Callable[[UploadFile], None]) -> None:
+    f, off = item
+    with job.lock:
+        job.sent_bytes += f.size - off
+    job.file_done(f, off)
+    on_file(f)

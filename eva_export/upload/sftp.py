@@ -44,7 +44,7 @@ from ..config import SftpSettings
 from ..errors import UploadError
 from ..export.manifest import MANIFEST_FILE, ManifestEntry, manifest_digest, sha256_file
 from . import connection, remotefs, transfer
-from .bulk_openssh import OpensshBulk, find_client
+from .bulk_openssh import ClientRun, OpensshBulk, find_client
 from .connection import PREFERRED_CIPHERS, describe_error
 from .job import (
     STAGING_MARK,
@@ -102,14 +102,13 @@ class SftpBackend:
         return connection.open_sftp(client, self.settings.transfer_timeout_s)
 
     def _send(self, job: UploadJob, client: paramiko.SSHClient, sftp: paramiko.SFTPClient, items: Plan,
-              hasher: RemoteHasher) -> None:
+              hasher: RemoteHasher, run: ClientRun | None) -> None:
         """The bulk bytes: OpenSSH's client where configured, paramiko for the rest."""
         rest = items
-        if job.bulk_exe is not None:
-            bulk = OpensshBulk(self.settings, job.bulk_exe)
-            mine, rest = bulk.split(job, items)
+        if run is not None:
+            mine, rest = run.bulk.split(job, items)
             if mine:
-                bulk.send(job, mine, hasher)
+                run.send(job, mine, hasher)
         if rest:
             transfer.send_all(job, client, sftp, rest, hasher, self.settings.parallel_files,
                               self.settings.transfer_timeout_s)
@@ -198,7 +197,12 @@ class SftpBackend:
         client = self.connect()
         phase = "opening the SFTP session"
         hasher: RemoteHasher | None = None
+        run: ClientRun | None = None
         try:
+            if job.bulk_exe is not None:  # after paramiko checked the host key; its handshake overlaps
+                phase = "starting OpenSSH's sftp client"
+                run = ClientRun(OpensshBulk(self.settings, job.bulk_exe), job.local_dir)
+                phase = "opening the SFTP session"
             sftp = self._open_sftp(client)
             # the server-side hash shell starts now: its start-up overlaps what follows
             hasher = RemoteHasher(client, sftp, self.settings.transfer_timeout_s, allow_exec=not self._no_exec)
@@ -218,7 +222,7 @@ class SftpBackend:
             phase = "checking what the server already has"
             plan = transfer.plan(job, sftp, hasher, remote_files)
             phase = "uploading" + (" with OpenSSH's sftp client" if job.bulk_exe else "")
-            self._send(job, client, sftp, plan, hasher)
+            self._send(job, client, sftp, plan, hasher, run)
             phase = "verifying the uploaded files"
             self._verify(job, sftp, hasher, {f.rel for f, _off in plan})
             phase = "publishing"
@@ -235,6 +239,8 @@ class SftpBackend:
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise UploadError(f"while {phase}: {describe_error(exc)}") from exc
         finally:
+            if run is not None:
+                run.close()
             if hasher is not None:
                 self._no_exec = self._no_exec or hasher.kind == "readback"
                 hasher.close()
