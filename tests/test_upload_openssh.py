@@ -20,7 +20,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sshd import SshServer  # noqa: E402
-from test_upload_core import remote_root, same_tree  # noqa: E402
+from test_upload_core import remote_root, same_tree, write_tree  # noqa: E402
 from test_upload_resume import make_subset, published, staged_bytes, subset_bytes  # noqa: E402
 
 from eva_export.config import SftpSettings  # noqa: E402
@@ -231,3 +231,13 @@ def test_batch_safe_paths() -> None:
     assert batch_safe("videos/chunk-000/observation.images.top/episode_000000.mp4")
     for bad in ("a b", 'a"b', "a\\b", "a*b", "a?b", "a[1]", "a\nb", "a'b"):
         assert not batch_safe(bad), bad
+
+
+def test_nothing_for_the_client_stops_it(tmp_path: Path, server: SshServer) -> None:
+    """Only an unsafe name and an in-memory manifest: paramiko sends all, the early client is stopped."""
+    src = tmp_path / "src"
+    write_tree(src, {"a b.bin": 3000})  # no manifest on disk: it is built and sent from memory
+    res = SftpBackend(openssh_settings(server, tmp_path)).upload(src, "ds")
+    assert _sftp_children() == []
+    assert res.sent_bytes == res.bytes and res.verified == "sha256"
+    assert (Path(res.remote_path) / "a b.bin").read_bytes() == (src / "a b.bin").read_bytes()
