@@ -29,7 +29,8 @@ from test_upload_core import HookBackend, make_config, remote_root, same_tree, w
 from eva_export.config import SftpSettings  # noqa: E402
 from eva_export.errors import UploadError  # noqa: E402
 from eva_export.export.manifest import verify_manifest, write_manifest  # noqa: E402
-from eva_export.upload import sftp as sftp_mod  # noqa: E402
+from eva_export.upload import remotefs as remotefs_mod  # noqa: E402
+from eva_export.upload import transfer as transfer_mod  # noqa: E402
 from eva_export.upload.limiter import RateLimiter  # noqa: E402
 from eva_export.upload.sftp import SftpBackend, UploadResult  # noqa: E402
 
@@ -55,7 +56,7 @@ LARGEST = max(TRIAL_TREE.values())
 @pytest.fixture
 def fine_progress(monkeypatch: pytest.MonkeyPatch) -> None:
     """Progress (and so the kill hooks) every 32 KiB instead of every 4 MiB."""
-    monkeypatch.setattr(sftp_mod, "PROGRESS_EVERY", 32 * KB)
+    monkeypatch.setattr(transfer_mod, "PROGRESS_EVERY", 32 * KB)
 
 
 def make_subset(root: Path, files: dict[str, int] = TRIAL_TREE) -> Path:
@@ -90,8 +91,8 @@ def check_never_partial(src: Path, remote: Path) -> None:
 UPLOAD_SCRIPT = """
 import json, sys
 from eva_export.config import SftpSettings
-from eva_export.upload import sftp as m
-m.PROGRESS_EVERY = 32 * 1024
+from eva_export.upload import sftp as m, transfer
+transfer.PROGRESS_EVERY = 32 * 1024
 settings = SftpSettings(**json.loads(sys.argv[1]))
 def progress(fd, ft, bd, bt):
     print(bd, flush=True)
@@ -294,7 +295,7 @@ def test_rename_reached_server_before_the_break(tmp_path: Path, server: SshServe
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """The connection dies right after the rename: the retry finds the publication, no second copy."""
     src = make_subset(tmp_path / "src", {"a.bin": 5000})
-    real = sftp_mod._publish
+    real = remotefs_mod.publish
     calls: list[int] = []
 
     def publish_then_break(sftp, staging, remote_dir, name):  # type: ignore[no-untyped-def]
@@ -304,7 +305,7 @@ def test_rename_reached_server_before_the_break(tmp_path: Path, server: SshServe
             raise EOFError("connection lost after the rename")
         return out
 
-    monkeypatch.setattr(sftp_mod, "_publish", publish_then_break)
+    monkeypatch.setattr(remotefs_mod, "publish", publish_then_break)
     res = SftpBackend(server.sftp_settings(str(remote_root(tmp_path)))).upload(src, "ds")
     assert res.attempts == 2 and res.remote_path == str(remote_root(tmp_path) / "ds")
     assert "had reached the server" in " ".join(res.notes)
