@@ -23,7 +23,7 @@ from typing import Any
 
 from .confine import check_job_id
 from .errors import EvaError, UnsafeNameError
-from .fsutil import atomic_write_json, read_json
+from .fsutil import atomic_write_json, read_json, storage_error
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +207,10 @@ class JobStore:
             if not job.finished:
                 job = dataclasses.replace(job, state=FAILED, finished_at=time.time(),
                                           error="interrupted: the node stopped before the job finished; start it again")
-                self.save(job)
+                try:
+                    self.save(job)
+                except OSError as exc:  # a full disk must not keep the node from starting
+                    log.error("cannot record job %s as interrupted: %s", job.job_id, exc)
                 out.append(job)
         return out
 
@@ -295,10 +298,15 @@ class JobEngine:
 
     # ---- registration and execution -----------------------------------------------------------
     def add(self, job: Job) -> Job:
-        """Hold and record a new job."""
+        """Hold and record a new job. When the record cannot be written (a full disk) the job is
+        not held either: a refused request leaves no phantom "queued" job behind."""
         with self.lock:
             self._jobs[job.job_id] = job
-            self._save_now(job)
+            try:
+                self._save_now(job)
+            except OSError as exc:
+                del self._jobs[job.job_id]
+                raise storage_error(self.store.path(job.job_id), exc, f"recording {self.name} job") from exc
         return job
 
     def start_worker(self) -> None:
@@ -333,9 +341,9 @@ class JobEngine:
         with self.lock:
             self._active.add(job_id)
         self.update(job_id, state=RUNNING, **self._claim_fields())
-        self.save(job_id, force=True)
         changes: dict[str, Any]
         try:
+            self._save_or_fail(job_id)
             changes = {"state": COMPLETED, **(body(job_id) or {})}
         except EvaError as exc:
             changes = {"state": FAILED, "error": str(exc)}
@@ -349,11 +357,23 @@ class JobEngine:
     def _claim_fields(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "host": socket.gethostname()} if self.claim else {}
 
+    def _save_or_fail(self, job_id: str) -> None:
+        try:
+            self.save(job_id, force=True)
+        except OSError as exc:
+            raise storage_error(self.store.path(job_id), exc, f"recording {self.name} job") from exc
+
     def finish(self, job_id: str, **changes: Any) -> Job:
-        """Set the final fields and record them before the job stops counting as active."""
+        """Set the final fields and record them before the job stops counting as active. A record
+        that cannot be written (a full disk) is said in the held job's error; it never raises."""
         with self.lock:
             job = self.update(job_id, finished_at=time.time(), **changes)
-            self._save_now(job)
+            try:
+                self._save_now(job)
+            except OSError as exc:
+                note = str(storage_error(self.store.path(job_id), exc, "recording the finished job"))
+                log.error("%s job %s: %s", self.name, job_id, note)
+                job = self.update(job_id, error=f"{job.error}; {note}" if job.error else note)
             self._active.discard(job_id)
             self._last = job_id
             self.lock.notify_all()
