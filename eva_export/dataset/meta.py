@@ -83,9 +83,9 @@ def _rows(path: Path, required: bool, parse: Callable[[dict[str, Any]], T]) -> l
     except ValueError as exc:
         if str(exc).startswith(str(path)):  # the reader named the line already
             raise DatasetError(str(exc)) from None
-        raise DatasetError(f"{path}:{lineno + 1}: malformed row ({exc})") from None
+        raise DatasetError(f"{path}:{lineno}: malformed row ({exc})") from None
     except (KeyError, TypeError) as exc:
-        raise DatasetError(f"{path}:{lineno + 1}: malformed row (lacks or mistypes {exc})") from None
+        raise DatasetError(f"{path}:{lineno}: malformed row (lacks or mistypes {exc})") from None
     return out
 
 
