@@ -214,6 +214,10 @@ class EpisodeWriter:
             self.finished = FinishedEpisode(self.rows, counts, stats)
         return self.finished
 
+    def failure(self) -> str:
+        """Why an encoder already failed (a full disk while recording), or ""."""
+        return "; ".join(f"{k}: {cam.error}" for k, cam in self._cams.items() if cam.error is not None)
+
     def encode_seconds(self) -> dict[str, float]:
         """Seconds each camera's encoder has been busy so far (feature key -> seconds)."""
         return {k: cam.encode_s for k, cam in self._cams.items()}
