@@ -349,7 +349,7 @@ class Recorder:
         try:
             job = Job.new("ingest", str(path), "lerobot_v21")
             job_id = job.job_id
-            ing = BagIngest(self.col, path, dataset_name, task, episodes,
+            ing = BagIngest(self.col, path, dataset_name, task, episodes, roots=roots,
                             writer_for=lambda name: self._writer_for(name, create=True),
                             progress=lambda p: self._ingest_progress(job_id, p))
             job = self.jobs.add(dataclasses.replace(job, accepted_dir=str(self.col.dataset_dir(ing.dataset_name)),
