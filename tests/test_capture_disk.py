@@ -36,24 +36,32 @@ def test_start_is_refused_below_the_free_space_floor(fs: Path) -> None:
         rec.close()
 
 
+def _wait_frames(rec: Recorder, n: int = 5, timeout: float = 60.0) -> None:
+    """Until the episode holds ``n`` rows (a loaded machine takes longer to start the grid)."""
+    end = time.monotonic() + timeout
+    while rec.status().frames < n:
+        assert time.monotonic() < end, "no frames recorded"
+        time.sleep(0.02)
+
+
 def test_stop_reports_a_save_that_cannot_be_kept(fs: Path) -> None:
     col = make_config(fs, min_free_mb=1)
     rec = Recorder(col)
     try:
         with Feed(rec):
             assert rec.start().ok
-            time.sleep(0.5)
+            _wait_frames(rec)
             fill(fs, leave=0)
             stop = rec.stop()
             assert not stop.ok and "saving failed" in stop.message and "free" in stop.message, stop.message
             assert rec.wait_saved(30)
             st = rec.status()
             assert st.last_episode_quality == "failed" and st.last_message == stop.message
-            root, rows = rec.list_episodes()
+            _root, rows = rec.list_episodes()
             assert rows == [] and st.last_episode_index == -1  # the status and the dataset agree
             unfill(fs)
             assert rec.start().ok
-            time.sleep(0.5)
+            _wait_frames(rec)
             again = rec.stop()
             assert again.ok and again.episode_index == 0, again.message
             assert rec.wait_saved(30)

@@ -77,7 +77,7 @@ def test_hdf5_writer_never_lets_hdf5_see_a_failed_write(fs: Path) -> None:
         import sys
         from pathlib import Path
         import eva_export.formats.hdf5 as h
-        from eva_export.errors import EvaError
+        from eva_export.errors import StorageError
         h.projected_bytes = lambda meta, table: 0  # reach the write path on a disk that cannot hold it
         try:
             h.Hdf5Exporter().export(Path({str(src)!r}), Path({str(fs / 'out')!r}))

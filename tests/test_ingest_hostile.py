@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from bag_helpers import build, frame, jpeg, make_config, offline, write_bag
+from bag_helpers import frame, jpeg, make_config, offline, write_bag
 
 from eva_export.capture.ingest import BagIngest, IngestError
 from eva_export.capture.intake import ImageDecoder, RawImage, compressed_size

@@ -172,7 +172,7 @@ def compressed_size(data: np.ndarray[Any, Any]) -> tuple[int, int]:
         return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
     if not head.startswith(b"\xff\xd8"):
         raise ValueError("compressed image is neither JPEG nor PNG")
-    buf = memoryview(data.reshape(-1)).cast("B")
+    buf = np.ascontiguousarray(data, np.uint8).reshape(-1).tobytes()  # a frame header is near the start
     i, n = 2, len(buf)
     while i + 9 <= n:  # each step moves forward by at least 2 bytes: bounded by the size
         if buf[i] != 0xFF:

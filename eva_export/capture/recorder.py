@@ -50,8 +50,8 @@ from .align import GridAligner
 from .checks import EpisodeChecker, QualityResult
 from .episode import EpisodeRun
 from .features import capture_features, video_settings
-from .room import start_refusal, stop_refusal
 from .intake import ImageDecoder, RawImage, RawVector, StreamSpec, fingerprint, streams_from_config
+from .room import start_refusal, stop_refusal
 from .stream import states_for
 
 __all__ = ["ImageDecoder", "RawImage", "RawVector", "Recorder", "StreamSpec", "fingerprint",

@@ -41,6 +41,7 @@ from numpy.typing import NDArray
 from ..errors import DatasetError, VideoError
 from ..fsutil import atomic_write_json, atomic_write_jsonl, fsync_dir, read_json
 from . import stats as stats_mod
+from .commits import StagingJournal
 from .meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS, read_meta
 from .records import (
     CODEBASE_V21,
@@ -50,7 +51,6 @@ from .records import (
     EpisodeRow,
     EpisodeStats,
     Feature,
-    StagingJournal,
     TaskRow,
 )
 from .table import build_table, schema, write_table

@@ -33,8 +33,8 @@ from ..config import FORMATS, Config, inside
 from ..dataset.validate import validate_source
 from ..errors import ConfigError, EvaError, ExportError, UnsafeNameError
 from ..formats.base import Exporter, Progress
-from ..fsutil import storage_guard
 from ..formats.registry import get_spec
+from ..fsutil import storage_guard
 from ..jobs import Job, JobEngine, JobKind, JobStore, QueuePolicy, ServiceStatus
 from .paths import SUBSETS, ExportPaths
 from .publish import export_lock, publish_pair, recover_pair

@@ -28,8 +28,9 @@ import pyarrow.parquet as pq
 
 from .. import confine
 from ..dataset import stats as stats_mod
+from ..dataset.commits import UnitRecord
 from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS
-from ..dataset.records import FORMAT_V21, DatasetInfo, EpisodeRow, Quality, UnitRecord, Verdict
+from ..dataset.records import FORMAT_V21, DatasetInfo, EpisodeRow, Quality, Verdict
 from ..dataset.table import to_numpy
 from ..dataset.validate import SourceCheck, SourceEpisode
 from ..errors import DatasetError, ExportError

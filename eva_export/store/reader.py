@@ -191,7 +191,7 @@ class Store:
         self._shard = np.fromiter((pos[s] for s in shard_ids), np.int32, len(shard_ids))
         self._row = np.asarray(table.column("row").to_numpy(), np.int64)
         rows = np.asarray([s.num_rows for s in self.manifest.shards], np.int64)
-        bad = np.flatnonzero((self._row < 0) | (self._row >= rows[self._shard])) if len(self._row) else []
+        bad: NDArray[Any] = np.flatnonzero((self._row < 0) | (self._row >= rows[self._shard]))
         if len(bad):
             raise StoreError(f"{self.root / SAMPLE_INDEX_FILE}: sample {int(bad[0])} names row {int(self._row[bad[0]])} "
                              f"outside its shard")
