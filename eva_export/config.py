@@ -87,6 +87,9 @@ class CaptureSettings:
     # and the topic whose std_msgs/String or Bool (or CaptureStatus) messages cut episodes
     ingest_roots: tuple[str, ...] = ()
     ingest_marker_topic: str = ""
+    # START is refused below this much free space under log_dir: room for one expected episode
+    # (about 60 s of three 640x480 cameras at crf 18, plus its table and metadata)
+    min_free_mb: int = 256
 
 
 BULK_MODES = ("paramiko", "openssh", "auto")
@@ -300,6 +303,8 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> Config:
     if "ingest_roots" in cap_raw:
         cap_raw["ingest_roots"] = tuple(str(r) for r in (cap_raw["ingest_roots"] or ()))
     capture = CaptureSettings(**cap_raw)
+    if not isinstance(capture.min_free_mb, int) or capture.min_free_mb < 0:
+        raise ConfigError(f"collection.capture.min_free_mb {capture.min_free_mb!r} must be a whole number >= 0")
     storage = _take(col.get("storage") or {}, "collection.storage", {"sftp"})
     sftp = None
     if storage.get("sftp"):

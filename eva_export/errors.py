@@ -44,3 +44,8 @@ class UploadError(EvaError):
 
 class UploadRefused(UploadError):
     """The upload gate refused to start a job; the message says which check failed."""
+
+
+class StorageError(EvaError, OSError):
+    """A write failed for lack of space (ENOSPC, EDQUOT) or an I/O error (EIO): the message
+    names the path and the free space. Also an OSError, so code that handled the raw error still does."""

@@ -1,13 +1,73 @@
-"""Durable file operations: atomic replace, fsync of directories, JSON Lines."""
+"""Durable file operations: atomic replace, fsync of directories, bounded JSON (Lines), and the
+disk-full / I/O-error mapping every writer shares."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+from . import jsonbound
+from .errors import StorageError
+
+#: errnos that mean "the storage failed", not "the program is wrong": reported as StorageError.
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG})
+
+
+def free_bytes(path: Path | str) -> int:
+    """Bytes available to this user on the filesystem holding ``path`` (its nearest existing
+    ancestor); -1 when even that cannot be asked."""
+    p = Path(os.path.abspath(path))
+    for anc in (p, *p.parents):
+        try:
+            st = os.statvfs(anc)
+        except OSError:
+            continue
+        return st.f_bavail * st.f_frsize
+    return -1
+
+
+def _mib(n: int) -> str:
+    return "unknown" if n < 0 else f"{n / (1 << 20):.1f} MiB"
+
+
+def storage_error(path: Path | str, exc: OSError, what: str = "writing") -> StorageError:
+    """``exc`` (ENOSPC, EIO ...) as a StorageError naming the path and the free space."""
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    where = exc.filename if isinstance(exc.filename, str) and exc.filename else path  # the exact file, if known
+    err = StorageError(f"{what} {where} failed: {reason} ({_mib(free_bytes(where))} free there)")
+    err.errno = exc.errno
+    return err
+
+
+def is_storage_error(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and not isinstance(exc, StorageError) and exc.errno in STORAGE_ERRNOS
+
+
+@contextlib.contextmanager
+def storage_guard(path: Path | str, what: str = "writing") -> Iterator[None]:
+    """Turn a disk-full or I/O error inside the block into a StorageError naming ``path``."""
+    try:
+        yield
+    except OSError as exc:
+        if is_storage_error(exc):
+            raise storage_error(path, exc, what) from exc
+        raise
+
+
+def require_free(path: Path | str, need: int, what: str) -> None:
+    """Refuse (StorageError) before writing ``need`` bytes under ``path`` when they do not fit."""
+    free = free_bytes(path)
+    if 0 <= free < need:
+        err = StorageError(f"{what}: needs about {_mib(need)} under {path}, only {_mib(free)} free there; "
+                           f"free some space and start again")
+        err.errno = errno.ENOSPC
+        raise err
 
 
 def fsync_dir(path: Path) -> None:
@@ -34,19 +94,20 @@ def set_file_mode(fd_or_path: int | Path) -> None:
 
 def atomic_write_bytes(path: Path, data: bytes, mode: int = FILE_MODE) -> None:
     """Replace ``path`` with ``data``: readers see the old or the new file, never a mix."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    with storage_guard(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            os.fchmod(fd, mode)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        fsync_dir(path.parent)
 
 
 def atomic_write_text(path: Path, text: str, mode: int = FILE_MODE) -> None:
@@ -62,8 +123,11 @@ def atomic_write_json(path: Path, obj: Any, mode: int = FILE_MODE) -> None:
 
 
 def read_json(path: Path) -> Any:
-    with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
+    """One JSON document, bounded (jsonbound): ValueError("line N: ...") for any fault of the
+    content, OSError when the file cannot be read. Callers add the path."""
+    with open(path, "rb") as fh:
+        data = fh.read(jsonbound.MAX_BYTES + 1)
+    return jsonbound.loads(jsonbound.decode(data))
 
 
 def jsonl_dumps(rows: Iterable[dict[str, Any]]) -> str:
@@ -75,19 +139,30 @@ def atomic_write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
 
 
 def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """Yield the JSON objects of a JSON Lines file, naming the line on a parse error."""
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            line = line.strip()
-            if not line:
-                continue
+    """Yield the JSON objects of a JSON Lines file; ValueError("path:line: ...") on any fault
+    (not UTF-8, too long, too deep, a number out of range, not an object)."""
+    for _lineno, obj in iter_jsonl_lines(path):
+        yield obj
+
+
+def iter_jsonl_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``iter_jsonl`` with each object's line number."""
+    with open(path, "rb") as fh:
+        lineno = 0
+        while raw := fh.readline(jsonbound.MAX_BYTES + 1):  # bounded: a 1 GB line is not read whole
+            lineno += 1
             try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from exc
+                if len(raw) > jsonbound.MAX_BYTES:
+                    raise ValueError(f"line {lineno}: longer than {jsonbound.MAX_BYTES} bytes")
+                line = jsonbound.decode(raw, lineno).strip()
+                if not line:
+                    continue
+                obj = jsonbound.loads(line, lineno)
+            except ValueError as exc:
+                raise ValueError(f"{path}:{str(exc).removeprefix('line ')}") from None
             if not isinstance(obj, dict):
                 raise ValueError(f"{path}:{lineno}: expected a JSON object")
-            yield obj
+            yield lineno, obj
 
 
 def tree_size(root: Path) -> tuple[int, int]:

@@ -1,4 +1,5 @@
-"""Job records, their on-disk store and the job engine shared by the export and upload services.
+"""The job engine shared by the export, upload and ingest services, and (re-exported from
+jobstore.py) the job records and their on-disk store.
 
 Each job is one JSON file ``<jobs_dir>/<job_id>.json``, replaced atomically on every
 state change, so after a restart the latest completed export of a source and format is
@@ -14,222 +15,47 @@ import os
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
-from pathlib import Path
 from typing import Any
 
-from .confine import check_job_id
-from .errors import EvaError, UnsafeNameError
-from .fsutil import atomic_write_json, read_json
+from .errors import EvaError
+from .fsutil import storage_error
+from .jobstore import (
+    COMPLETED,
+    FAILED,
+    FINISHED,
+    INTERRUPTED,
+    JOB_STATES,
+    QUEUED,
+    RUNNING,
+    Job,
+    JobKind,
+    JobState,
+    JobStore,
+)
 
 log = logging.getLogger(__name__)
 
-class JobState(StrEnum):
-    """A job's state; the value is what the JSON record and the Job message carry."""
-
-    QUEUED = "queued"
-    RUNNING = "running"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    INTERRUPTED = "interrupted"  # the process running it died (pid/host recorded); never resumed by itself
-
-
-class JobKind(StrEnum):
-    EXPORT = "export"
-    UPLOAD = "upload"
-    INGEST = "ingest"
-
-
-QUEUED, RUNNING, COMPLETED, FAILED, INTERRUPTED = (JobState.QUEUED, JobState.RUNNING, JobState.COMPLETED,
-                                                   JobState.FAILED, JobState.INTERRUPTED)
-JOB_STATES = tuple(JobState)
-FINISHED = frozenset({COMPLETED, FAILED, INTERRUPTED})
-
-
-@dataclass(frozen=True)
-class Job:
-    """One export, upload or ingest job; field names match ``eva_export_interfaces/msg/Job``.
-
-    Frozen: a change is ``dataclasses.replace(job, ...)``, so a job handed to another thread (a
-    status message, a saved record) never changes under it.
-    """
-
-    job_id: str
-    kind: str  # a JobKind value
-    source_dir: str
-    format: str
-    state: JobState = QUEUED
-    episodes_done: int = 0
-    episodes_total: int = 0
-    files_done: int = 0
-    files_total: int = 0
-    bytes_done: int = 0
-    bytes_total: int = 0
-    accepted_dir: str = ""
-    rejected_dir: str = ""
-    accepted_episodes: int = 0
-    accepted_frames: int = 0
-    rejected_episodes: int = 0
-    rejected_frames: int = 0
-    reused_episodes: int = 0
-    remote_path: str = ""
-    error: str = ""
-    created_at: float = field(default_factory=time.time)
-    finished_at: float = 0.0
-    unrated_episodes: int = 0  # export: no quality field and no verdict (rejected by the rule)
-    reencoded_episodes: int = 0  # export: v3.0 source episodes re-encoded (no exact stream-copy cut)
-    attempts: int = 0  # upload: connection attempts so far
-    last_error: str = ""  # upload: error of the last failed attempt, kept while retrying
-    messages_done: int = 0  # ingest: bag messages read so far
-    pid: int = 0  # the process running the job (0: not recorded), to detect a dead runner
-    host: str = ""
-    staging_dir: str = ""  # export: staging left by a failed job (reused or removed by the next run)
-    staging_bytes: int = 0
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "state", JobState(self.state))  # a record's string -> the enum
-
-    @classmethod
-    def new(cls, kind: str, source_dir: str, fmt: str, **kw: Any) -> Job:
-        job_id = f"{kind}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        return cls(job_id=job_id, kind=kind, source_dir=source_dir, format=fmt, **kw)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["state"] = str(self.state)  # plain JSON strings on disk, as before
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Job:
-        names = {f.name for f in dataclasses.fields(cls)}
-        if not isinstance(d, dict):
-            raise TypeError("a job record is a JSON object")
-        return cls(**{k: v for k, v in d.items() if k in names})
-
-    @property
-    def finished(self) -> bool:
-        return self.state in FINISHED
-
-    def claimed(self) -> Job:
-        """This job with this process recorded as its runner (see JobStore.mark_dead_runners)."""
-        return dataclasses.replace(self, pid=os.getpid(), host=socket.gethostname())
-
-
-JOB_FILE_MODE = 0o600
-
-
-class JobStore:
-    """Thread-safe store of job records in one directory."""
-
-    def __init__(self, jobs_dir: Path) -> None:
-        self.dir = Path(jobs_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        self.mark_dead_runners()
-
-    def path(self, job_id: str) -> Path:
-        return self.dir / f"{job_id}.json"
-
-    def save(self, job: Job) -> None:
-        with self._lock:
-            # 0600: an upload job names the remote (user@host:port, key path, remote_dir), which
-            # the service replies redact; the record on disk is for this account only
-            atomic_write_json(self.path(job.job_id), job.to_dict(), JOB_FILE_MODE)
-
-    def get(self, job_id: str) -> Job | None:
-        """The job record named ``job_id``; None for an invalid id, a missing file or a file
-        that is not this job's record (ids are checked, so nothing outside ``dir`` is read)."""
-        try:
-            check_job_id(job_id)
-        except UnsafeNameError:
-            return None
-        p = self.path(job_id)
-        if not p.is_file() or p.is_symlink():
-            return None
-        try:
-            job = Job.from_dict(read_json(p))
-        except (OSError, ValueError, TypeError, AttributeError):
-            return None  # a foreign or damaged JSON file is not a job
-        return job if job.job_id == job_id else None
-
-    def all(self) -> list[Job]:
-        """Every recorded job, oldest first."""
-        jobs = []
-        for p in self.dir.glob("*.json"):
-            try:
-                jobs.append(Job.from_dict(read_json(p)))
-            except (OSError, ValueError, TypeError):
-                continue  # a foreign or damaged file is not a job
-        jobs.sort(key=lambda j: (j.created_at, j.job_id))
-        return jobs
-
-    def latest(self) -> Job | None:
-        jobs = self.all()
-        return jobs[-1] if jobs else None
-
-    def latest_completed(self, kind: str, source_dir: str, fmt: str) -> Job | None:
-        """The newest completed job of ``kind`` for this source (resolved) and format."""
-        want = str(Path(source_dir).resolve())
-        best = None
-        for job in self.all():
-            if job.kind != kind or job.format != fmt or job.state != COMPLETED:
-                continue
-            if str(Path(job.source_dir).resolve()) != want:
-                continue
-            if best is None or job.finished_at >= best.finished_at:
-                best = job
-        return best
-
-    def mark_dead_runners(self) -> list[Job]:
-        """Mark ``interrupted`` the unfinished jobs whose recorded process is gone.
-
-        Runs whenever a process opens the store (CLI or node), so a killed ``eva-export
-        export`` does not leave its job ``running`` forever. Only jobs of this host with a
-        recorded pid are judged; a pid that is alive (possibly reused) is left alone.
-        """
-        out = []
-        host = socket.gethostname()
-        for job in self.all():
-            if job.finished or not job.pid or job.host != host or _alive(job.pid):
-                continue
-            job = dataclasses.replace(
-                job, state=INTERRUPTED, finished_at=time.time(),
-                error=(f"interrupted: process {job.pid} on {job.host} died before the job finished; "
-                       "start the export again (its staging is reused)"))
-            try:
-                self.save(job)
-            except OSError:
-                continue  # a read-only store: report it as it is
-            out.append(job)
-        return out
-
-    def mark_interrupted(self) -> list[Job]:
-        """Fail the jobs a previous process left queued or running (called at start-up)."""
-        out = []
-        host = socket.gethostname()
-        for job in self.all():
-            if job.pid and job.pid != os.getpid() and job.host == host and _alive(job.pid):
-                continue  # run by another living process (the CLI beside the node): not ours to fail
-            if not job.finished:
-                job = dataclasses.replace(job, state=FAILED, finished_at=time.time(),
-                                          error="interrupted: the node stopped before the job finished; start it again")
-                self.save(job)
-                out.append(job)
-        return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True
-
+__all__ = [
+    "BUSY",
+    "COMPLETED",
+    "FAILED",
+    "FINISHED",
+    "IDLE",
+    "INTERRUPTED",
+    "JOB_STATES",
+    "QUEUED",
+    "RUNNING",
+    "Job",
+    "JobEngine",
+    "JobKind",
+    "JobState",
+    "JobStore",
+    "QueuePolicy",
+    "ServiceStatus",
+]
 
 # ---- the job engine ---------------------------------------------------------------------------
 
@@ -304,10 +130,15 @@ class JobEngine:
 
     # ---- registration and execution -----------------------------------------------------------
     def add(self, job: Job) -> Job:
-        """Hold and record a new job."""
+        """Hold and record a new job. When the record cannot be written (a full disk) the job is
+        not held either: a refused request leaves no phantom "queued" job behind."""
         with self.lock:
             self._jobs[job.job_id] = job
-            self._save_now(job)
+            try:
+                self._save_now(job)
+            except OSError as exc:
+                del self._jobs[job.job_id]
+                raise storage_error(self.store.path(job.job_id), exc, f"recording {self.name} job") from exc
         return job
 
     def start_worker(self) -> None:
@@ -342,9 +173,9 @@ class JobEngine:
         with self.lock:
             self._active.add(job_id)
         self.update(job_id, state=RUNNING, **self._claim_fields())
-        self.save(job_id, force=True)
         changes: dict[str, Any]
         try:
+            self._save_or_fail(job_id)
             changes = {"state": COMPLETED, **(body(job_id) or {})}
         except EvaError as exc:
             changes = {"state": FAILED, "error": str(exc)}
@@ -358,11 +189,23 @@ class JobEngine:
     def _claim_fields(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "host": socket.gethostname()} if self.claim else {}
 
+    def _save_or_fail(self, job_id: str) -> None:
+        try:
+            self.save(job_id, force=True)
+        except OSError as exc:
+            raise storage_error(self.store.path(job_id), exc, f"recording {self.name} job") from exc
+
     def finish(self, job_id: str, **changes: Any) -> Job:
-        """Set the final fields and record them before the job stops counting as active."""
+        """Set the final fields and record them before the job stops counting as active. A record
+        that cannot be written (a full disk) is said in the held job's error; it never raises."""
         with self.lock:
             job = self.update(job_id, finished_at=time.time(), **changes)
-            self._save_now(job)
+            try:
+                self._save_now(job)
+            except OSError as exc:
+                note = str(storage_error(self.store.path(job_id), exc, "recording the finished job"))
+                log.error("%s job %s: %s", self.name, job_id, note)
+                job = self.update(job_id, error=f"{job.error}; {note}" if job.error else note)
             self._active.discard(job_id)
             self._last = job_id
             self.lock.notify_all()

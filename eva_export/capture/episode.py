@@ -142,7 +142,7 @@ class EpisodeRun:
                 if s is not None and s.payload is not None and s.seq != st.held_seq:
                     if spec.is_camera:
                         try:
-                            img = st.decoder.rgb(s.payload)
+                            img = st.decoder.rgb(s.payload, (spec.width, spec.height))
                             if img.shape != (spec.height, spec.width, 3):
                                 self.checker.on_shape(i, f"decoded {img.shape[1]}x{img.shape[0]}, "
                                                          f"{spec.width}x{spec.height} configured")

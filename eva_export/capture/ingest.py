@@ -26,10 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from mcap.exceptions import McapError
-from mcap.reader import make_reader
-from mcap.records import Channel, Header, Message, Schema
+from mcap.records import Channel, Message, Schema
 from mcap.stream_reader import StreamReader
 from mcap_ros2.decoder import DecoderFactory
 
@@ -37,6 +35,7 @@ from ..config import CollectionConfig, check_name
 from ..dataset.writer import DatasetWriter
 from ..errors import EvaError
 from .align import STOP_BUDGET_S
+from .bagfiles import BagFiles, IngestError, bag_channels, open_bag
 from .episode import EpisodeRun
 from .features import capture_features, video_settings
 from .intake import converter, streams_from_config
@@ -44,18 +43,12 @@ from .stream import states_for
 
 log = logging.getLogger(__name__)
 
-MCAP_MAGIC = b"\x89MCAP0\r\n"
-ROS2_PROFILE = "ros2"
 CAPTURE_STATUS_TYPE = "eva_export_interfaces/msg/CaptureStatus"
 MARKER_TYPES = ("std_msgs/msg/String", "std_msgs/msg/Bool", CAPTURE_STATUS_TYPE)
 #: Row key naming where an ingested episode came from (also what makes a re-run resume).
 SOURCE_KEY = "ingest_source"
 _START_WORDS = {"start", "begin", "record", "recording"}
 _STOP_WORDS = {"stop", "end", "idle", "cancel", "saving", "done"}
-
-
-class IngestError(EvaError):
-    """A bag that cannot be ingested (wrong storage, not a ROS 2 bag, missing topic ...)."""
 
 
 # ---- what to cut -------------------------------------------------------------------------------
@@ -89,100 +82,6 @@ class EpisodePlan:
         raise IngestError(f"episodes {spec!r}: use '' (one per bag), 'ranges:T0-T1,...' or 'marker'")
 
 
-# ---- the bag -----------------------------------------------------------------------------------
-@dataclass
-class BagFiles:
-    path: Path
-    files: list[Path]
-    metadata: dict[str, Any] | None = None
-
-    @property
-    def size(self) -> int:
-        return sum(f.stat().st_size for f in self.files)
-
-
-_DB3_HELP = ("convert it to MCAP first: `ros2 bag convert -i {p} -o out.yaml` with out.yaml holding "
-             "`output_bags: [{{uri: {p}_mcap, storage_id: mcap}}]` (or record with `ros2 bag record -s mcap`, "
-             "the default since ROS 2 Iron)")
-
-
-def open_bag(path: Path | str) -> BagFiles:
-    """The MCAP files of a rosbag2 directory (metadata.yaml order) or one .mcap file, checked."""
-    p = Path(path)
-    if not p.exists():
-        raise IngestError(f"bag {p} does not exist")
-    meta: dict[str, Any] | None = None
-    if p.is_dir():
-        mfile = p / "metadata.yaml"
-        if mfile.is_file():
-            try:
-                raw = yaml.safe_load(mfile.read_text()) or {}
-                meta = raw.get("rosbag2_bagfile_information") or {}
-            except (yaml.YAMLError, OSError, AttributeError) as exc:
-                raise IngestError(f"{mfile}: unreadable metadata.yaml ({exc})") from exc
-            if str(meta.get("storage_identifier", "mcap")) == "sqlite3":
-                raise IngestError(f"{p} is a sqlite3 (.db3) rosbag2 bag; " + _DB3_HELP.format(p=p))
-            rel = [str(x) for x in meta.get("relative_file_paths") or []]
-            files = [p / r for r in rel if (p / r).is_file()]
-            if not files:
-                files = sorted(p.glob("*.mcap"))
-        else:
-            files = sorted(p.glob("*.mcap"))
-        if not files:
-            if any(p.glob("*.db3")):
-                raise IngestError(f"{p} holds a sqlite3 (.db3) rosbag2 bag; " + _DB3_HELP.format(p=p))
-            raise IngestError(f"{p} holds no .mcap file (not a rosbag2 MCAP bag)")
-    else:
-        if p.suffix == ".db3":
-            raise IngestError(f"{p} is a sqlite3 (.db3) rosbag2 file; " + _DB3_HELP.format(p=p.parent))
-        files = [p]
-    for f in files:
-        _check_ros2_mcap(f)
-    return BagFiles(p, files, meta)
-
-
-def _check_ros2_mcap(f: Path) -> None:
-    with open(f, "rb") as fh:
-        head = fh.read(len(MCAP_MAGIC))
-        if head.startswith(b"SQLite f"):  # "SQLite format 3": a .db3 file under another name
-            raise IngestError(f"{f} is a sqlite3 (.db3) bag; " + _DB3_HELP.format(p=f.parent))
-        if head != MCAP_MAGIC:
-            raise IngestError(f"{f} is not an MCAP file (not a rosbag2 MCAP bag)")
-        fh.seek(0)
-        try:
-            header = next(StreamReader(fh).records)
-        except (McapError, StopIteration, ValueError, EOFError) as exc:
-            raise IngestError(f"{f}: unreadable MCAP header ({exc})") from exc
-    if not isinstance(header, Header) or header.profile != ROS2_PROFILE:
-        prof = header.profile if isinstance(header, Header) else "?"
-        raise IngestError(f"{f} is not a ROS 2 bag (MCAP profile {prof!r}, expected {ROS2_PROFILE!r}); "
-                          f"an eva-client MCAP export cannot be ingested, only `ros2 bag record` output")
-
-
-def bag_channels(bag: BagFiles) -> dict[str, str] | None:
-    """topic -> type name from the MCAP summaries (or metadata.yaml); None when unknown (damaged)."""
-    out: dict[str, str] = {}
-    try:
-        for f in bag.files:
-            with open(f, "rb") as fh:
-                summary = make_reader(fh).get_summary()
-            if summary is None:
-                raise McapError("no summary")
-            for ch in summary.channels.values():
-                sch = summary.schemas.get(ch.schema_id)
-                out[ch.topic] = sch.name if sch is not None else ""
-        return out
-    except (McapError, ValueError, EOFError, OSError, KeyError):
-        pass
-    if bag.metadata:
-        for t in bag.metadata.get("topics_with_message_count") or []:
-            md = (t or {}).get("topic_metadata") or {}
-            if "name" in md:
-                out[str(md["name"])] = str(md.get("type", ""))
-        return out or None
-    return None
-
-
 @dataclass
 class BagMessage:
     log_time: float  # seconds (the recorder's receive clock)
@@ -201,7 +100,18 @@ class BagReader:
     check_type: Callable[[str, str], None]
     damage: str = ""
     bytes_read: int = 0
+    backwards: int = 0  # wanted messages logged earlier than the one before them
+    first_backwards: str = ""
+    _last_ns: int = -1
     _decoders: dict[tuple[str, int], Any] = field(default_factory=dict)
+
+    def _note_time(self, f: Path, topic: str, log_ns: int) -> None:
+        if log_ns < self._last_ns:
+            self.backwards += 1
+            if not self.first_backwards:
+                self.first_backwards = (f"{f.name}: {topic} logged at {log_ns * 1e-9:.6f} s after a message at "
+                                        f"{self._last_ns * 1e-9:.6f} s")
+        self._last_ns = max(self._last_ns, log_ns)
 
     def __iter__(self) -> Iterator[BagMessage]:
         factory = DecoderFactory()
@@ -231,6 +141,7 @@ class BagReader:
                                 if dec is None:
                                     raise IngestError(f"topic {ch.topic}: cannot decode encoding "
                                                       f"{ch.message_encoding!r}")
+                            self._note_time(f, ch.topic, rec.log_time)
                             yield BagMessage(rec.log_time * 1e-9, ch.topic, sch.name if sch else "",
                                              len(rec.data), dec(rec.data))
                 except IngestError:
@@ -271,7 +182,7 @@ class BagIngest:
 
     def __init__(self, col: CollectionConfig, bag_path: Path | str, dataset_name: str = "", task: str = "",
                  episodes: str = "", *, writer_for: Callable[[str], DatasetWriter | None] | None = None,
-                 progress: Callable[[IngestProgress], None] | None = None) -> None:
+                 progress: Callable[[IngestProgress], None] | None = None, roots: list[Path] | None = None) -> None:
         self.col = col
         spec = col.task_for(check_name(dataset_name) if dataset_name else "", "")
         self.dataset_name = dataset_name or spec.dataset_name
@@ -280,7 +191,7 @@ class BagIngest:
         self.specs = streams_from_config(col)
         if not self.specs:
             raise IngestError("collection.streams configures no stream to ingest")
-        self.bag = open_bag(bag_path)
+        self.bag = open_bag(bag_path, roots)  # every file inside the ingest roots (default: the bag's directory)
         self.source = os.path.realpath(self.bag.path)
         self.writer_for = writer_for or self._open_writer
         self.on_progress = progress
@@ -443,12 +354,17 @@ class BagIngest:
                     ep.abort()  # never a partly written episode
             raise
         p.bytes_done = reader.bytes_read
+        if reader.backwards and not p.episodes_done and not p.episodes_skipped:
+            raise IngestError(f"bag {self.bag.path}: log times run backwards ({reader.backwards} messages earlier than "
+                              f"the one before; first: {reader.first_backwards}): its messages are not in receive "
+                              f"order, so no episode could be cut; nothing ingested")
         if first_t is None:
             p.message = "the bag holds no message on the configured topics; nothing written"
         else:
             p.message = (f"{p.episodes_done} episodes ingested from {self.bag.path} into {self.dataset_name!r}"
                          + (f", {p.episodes_skipped} already ingested before" if p.episodes_skipped else "")
-                         + (f"; {reader.damage}" if reader.damage else ""))
+                         + (f"; {reader.damage}" if reader.damage else "")
+                         + (f"; warning: {reader.backwards} messages logged out of order" if reader.backwards else ""))
         if self.on_progress is not None:
             self.on_progress(p)
         return p

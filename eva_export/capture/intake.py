@@ -160,14 +160,50 @@ def converter(spec: StreamSpec) -> Convert:
 _CHANNELS = {"rgb8": 3, "bgr8": 3, "rgba8": 4, "bgra8": 4, "mono8": 1, "8uc1": 1, "8uc3": 3}
 
 
+#: Largest compressed frame decoded at all (pixels), whatever the configuration says.
+MAX_PIXELS = 8192 * 8192
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # JPEG start-of-frame markers (not DHT/JPG/DAC)
+
+
+def compressed_size(data: np.ndarray[Any, Any]) -> tuple[int, int]:
+    """(width, height) from a JPEG's start-of-frame or a PNG's IHDR header, without decoding."""
+    head = bytes(data[:24])
+    if head.startswith(b"\x89PNG\r\n\x1a\n") and head[12:16] == b"IHDR":
+        return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+    if not head.startswith(b"\xff\xd8"):
+        raise ValueError("compressed image is neither JPEG nor PNG")
+    buf = np.ascontiguousarray(data, np.uint8).reshape(-1).tobytes()  # a frame header is near the start
+    i, n = 2, len(buf)
+    while i + 9 <= n:  # each step moves forward by at least 2 bytes: bounded by the size
+        if buf[i] != 0xFF:
+            raise ValueError(f"JPEG marker expected at byte {i}")
+        marker = buf[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in _SOF:
+            return (buf[i + 7] << 8) | buf[i + 8], (buf[i + 5] << 8) | buf[i + 6]
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
+            i += 2
+            continue
+        i += 2 + ((buf[i + 2] << 8) | buf[i + 3])
+    raise ValueError("JPEG has no frame header")
+
+
 class ImageDecoder:
     """RGB frames from raw or compressed (JPEG/PNG, decoded with PyAV) messages."""
 
     def __init__(self) -> None:
         self._ctx: dict[str, Any] = {}
 
-    def rgb(self, raw: RawImage) -> np.ndarray[Any, Any]:
+    def rgb(self, raw: RawImage, expect: tuple[int, int] | None = None) -> np.ndarray[Any, Any]:
+        """The frame as HxWx3 RGB. ``expect`` (width, height): a compressed frame whose header
+        declares another size is refused before decoding (a 12000x12000 JPEG would take 432 MB)."""
         if raw.compressed:
+            w, h = compressed_size(raw.data)
+            if (expect is not None and (w, h) != expect) or w * h > MAX_PIXELS:
+                want = f"{expect[0]}x{expect[1]} configured" if expect else f"at most {MAX_PIXELS} pixels"
+                raise ValueError(f"compressed image is {w}x{h} ({want}); not decoded")
             return self._decode(raw.data)
         enc = raw.encoding.lower()
         n = _CHANNELS.get(enc)

@@ -44,12 +44,14 @@ from ..dataset.meta import INFO, read_info, read_meta
 from ..dataset.records import EpisodeRow
 from ..dataset.writer import DatasetWriter
 from ..errors import ConfigError, DatasetError, EvaError, UnsafeNameError
+from ..fsutil import storage_guard
 from ..jobs import Job, JobEngine, JobStore
 from .align import GridAligner
 from .checks import EpisodeChecker, QualityResult
 from .episode import EpisodeRun
 from .features import capture_features, video_settings
 from .intake import ImageDecoder, RawImage, RawVector, StreamSpec, fingerprint, streams_from_config
+from .room import start_refusal, stop_refusal
 from .stream import states_for
 
 __all__ = ["ImageDecoder", "RawImage", "RawVector", "Recorder", "StreamSpec", "fingerprint",
@@ -260,6 +262,8 @@ class Recorder:
                 return StartResult(False, f"refused: the save queue is full ({self._save_depth}/"
                                           f"{self.col.capture.save_queue_size} episodes waiting); "
                                           f"wait for saving to catch up", spec.dataset_name, str(root), spec.task)
+        if why := start_refusal(self.col, root):
+            return StartResult(False, why, spec.dataset_name, str(root), spec.task)
         try:
             dw = self._writer_for(spec.dataset_name, create=True)
             assert dw is not None
@@ -345,7 +349,7 @@ class Recorder:
         try:
             job = Job.new("ingest", str(path), "lerobot_v21")
             job_id = job.job_id
-            ing = BagIngest(self.col, path, dataset_name, task, episodes,
+            ing = BagIngest(self.col, path, dataset_name, task, episodes, roots=roots,
                             writer_for=lambda name: self._writer_for(name, create=True),
                             progress=lambda p: self._ingest_progress(job_id, p))
             job = self.jobs.add(dataclasses.replace(job, accepted_dir=str(self.col.dataset_dir(ing.dataset_name)),
@@ -516,6 +520,11 @@ class Recorder:
             why = f"; never received: {silent}" if silent else ""
             ep.result = StopResult(True, f"zero-frame episode: nothing written{why}", -1, 0, self._save_depth)
             self.last_quality, self.last_message = "empty", ep.result.message
+        elif lost := stop_refusal(ep.dw.root, ep.dw.info, ep.writer):  # never "queued" for a save that cannot fit
+            ep.writer.abort()
+            ep.result = StopResult(False, f"{lost}; the episode ({rows} frames) was discarded", -1, rows,
+                                   self._save_depth)
+            self.last_quality, self.last_message = "failed", ep.result.message
         else:
             with self._lock:
                 pending = self._pending.get(ep.dataset_name, 0)
@@ -562,7 +571,8 @@ class Recorder:
                 t_begin = self.clock()
                 if self.save_delay_s > 0:
                     time.sleep(self.save_delay_s)
-                row, result = ep.save()
+                with storage_guard(ep.dw.root, f"saving episode {job.expected_index} into"):
+                    row, result = ep.save()
                 committed = self.clock()
                 if row is None:
                     self.last_quality, self.last_message = "empty", "zero-frame episode: nothing written"
@@ -576,7 +586,8 @@ class Recorder:
                     self._write_stats(job, row, result, t_begin, committed)
             except Exception as exc:
                 log.exception("saving an episode failed")
-                self.last_quality, self.last_message = "failed", f"saving failed: {exc}"
+                self.last_quality, self.last_message = "failed", (f"saving episode {job.expected_index} failed, it is "
+                                                                  f"not in the dataset: {exc}")
                 try:
                     ep.writer.abort()
                 except Exception:  # noqa: BLE001

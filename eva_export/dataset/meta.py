@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import numpy as np
 
 from .. import confine
 from ..errors import DatasetError
-from ..fsutil import iter_jsonl, read_json
+from ..fsutil import iter_jsonl_lines, read_json
 from .records import DatasetInfo, EpisodeRow, EpisodeStats, TaskRow
 
 INFO = "meta/info.json"
@@ -16,6 +19,8 @@ EPISODES = "meta/episodes.jsonl"
 EPISODES_STATS = "meta/episodes_stats.jsonl"
 TASKS = "meta/tasks.jsonl"
 STATS = "meta/stats.json"
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -25,6 +30,7 @@ class DatasetMeta:
     episodes: list[EpisodeRow]
     tasks: list[TaskRow]
     episodes_stats: dict[int, EpisodeStats]
+    stats_lines: dict[int, int] = field(default_factory=dict)  # episode -> its episodes_stats.jsonl line
 
     @property
     def task_index(self) -> dict[str, int]:
@@ -54,30 +60,66 @@ def read_info(root: Path) -> DatasetInfo:
     try:
         return DatasetInfo.from_dict(read_json(path))
     except (ValueError, KeyError, TypeError) as exc:
-        raise DatasetError(f"{path}: {exc}") from exc
+        raise DatasetError(f"{path}: {exc if not isinstance(exc, KeyError) else f'lacks {exc}'}") from None
+    except OSError as exc:
+        raise DatasetError(f"{path}: unreadable ({exc.strerror or exc})") from None
 
 
-def _rows(path: Path, required: bool) -> list[dict[str, Any]]:
+def _rows(path: Path, required: bool, parse: Callable[[dict[str, Any]], T]) -> list[tuple[int, T]]:
+    """The typed rows of a JSON Lines meta file with their line numbers; every fault (decode,
+    bounds, a malformed row) is a DatasetError naming ``path:line``."""
     if not path.is_file():
         if required:
             raise DatasetError(f"{path} is missing")
         return []
     confine.confined(path.parent.parent, f"meta/{path.name}", "meta file")
+    out: list[tuple[int, T]] = []
+    lineno = 0
     try:
-        return list(iter_jsonl(path))
-    except (OSError, ValueError) as exc:
-        raise DatasetError(str(exc)) from exc
+        for lineno, d in iter_jsonl_lines(path):
+            out.append((lineno, parse(d)))
+    except OSError as exc:
+        raise DatasetError(f"{path}: unreadable ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        if str(exc).startswith(str(path)):  # the reader named the line already
+            raise DatasetError(str(exc)) from None
+        raise DatasetError(f"{path}:{lineno}: malformed row ({exc})") from None
+    except (KeyError, TypeError) as exc:
+        raise DatasetError(f"{path}:{lineno}: malformed row (lacks or mistypes {exc})") from None
+    return out
+
+
+def check_stats_shapes(meta: DatasetMeta) -> None:
+    """Each numeric feature's min/max/mean/std vector has the feature's element count (a
+    3-element vector for a 7-element feature would fail deep inside the statistics merge)."""
+    root, info = meta.root, meta.info
+    for episode, st in meta.episodes_stats.items():
+        lineno = meta.stats_lines.get(episode, 0)
+        for key, feat in info.features.items():
+            entry = st.stats.get(key)
+            if feat.is_visual or not isinstance(entry, dict):
+                continue
+            want = int(np.prod(feat.shape))
+            for stat in ("min", "max", "mean", "std"):
+                if stat in entry and (got := _size(entry[stat])) != want:
+                    raise DatasetError(f"{root / EPISODES_STATS}:{lineno}: episode {st.episode_index}: {key} {stat} "
+                                       f"has {got} values, but {root / INFO} declares shape {list(feat.shape)}")
+
+
+def _size(value: Any) -> int:
+    try:
+        return int(np.asarray(value, dtype=np.float64).size)
+    except (ValueError, TypeError):
+        return -1  # ragged or not numeric: never the declared size
 
 
 def read_meta(root: Path) -> DatasetMeta:
     """Load info, episodes, tasks and per-episode stats; each failure names its file."""
     root = Path(root)
     info = read_info(root)
-    try:
-        episodes = [EpisodeRow.from_dict(d) for d in _rows(root / EPISODES, required=True)]
-        tasks = [TaskRow.from_dict(d) for d in _rows(root / TASKS, required=False)]
-        ep_stats = {s.episode_index: s for s in
-                    (EpisodeStats.from_dict(d) for d in _rows(root / EPISODES_STATS, required=False))}
-    except (KeyError, ValueError, TypeError) as exc:
-        raise DatasetError(f"{root / 'meta'}: malformed row ({exc})") from exc
-    return DatasetMeta(root=root, info=info, episodes=episodes, tasks=tasks, episodes_stats=ep_stats)
+    episodes = [r for _, r in _rows(root / EPISODES, True, EpisodeRow.from_dict)]
+    tasks = [r for _, r in _rows(root / TASKS, False, TaskRow.from_dict)]
+    stats_rows = _rows(root / EPISODES_STATS, False, EpisodeStats.from_dict)
+    ep_stats = {s.episode_index: s for _, s in stats_rows}
+    return DatasetMeta(root=root, info=info, episodes=episodes, tasks=tasks, episodes_stats=ep_stats,
+                       stats_lines={s.episode_index: n for n, s in stats_rows})

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..fsutil import atomic_write_json, read_json
+from ..jsonbound import as_dict, as_int, as_list
 
 CODEBASE_V21 = "v2.1"
 FORMAT_V21 = "lerobot_v21"
@@ -51,7 +52,8 @@ class Feature:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Feature:
-        return cls(dtype=str(d["dtype"]), shape=tuple(int(s) for s in d["shape"]),
+        d = as_dict(d, "a feature")
+        return cls(dtype=str(d["dtype"]), shape=tuple(as_int(s, "a shape entry") for s in as_list(d["shape"], "shape")),
                    names=d.get("names"), info=d.get("info"))
 
     @classmethod
@@ -60,6 +62,13 @@ class Feature:
                    info={"video.height": height, "video.width": width, "video.codec": codec,
                          "video.pix_fmt": "yuv420p", "video.is_depth_map": False,
                          "video.fps": fps, "video.channels": 3, "has_audio": False})
+
+
+def _feature(key: str, d: Any) -> Feature:
+    try:
+        return Feature.from_dict(d)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ValueError(f"feature {key!r}: {exc}") from None
 
 
 @dataclass
@@ -140,6 +149,7 @@ class DatasetInfo:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DatasetInfo:
+        d = as_dict(d, "info.json")
         known = {"codebase_version", "robot_type", "fps", "features", "total_episodes", "total_frames",
                  "total_tasks", "total_videos", "total_chunks", "chunks_size", "data_path", "video_path",
                  "splits"}
@@ -149,14 +159,14 @@ class DatasetInfo:
         return cls(
             codebase_version=str(d["codebase_version"]),
             robot_type=str(d.get("robot_type") or ""),
-            fps=int(d["fps"]),
-            features={k: Feature.from_dict(v) for k, v in d["features"].items()},
-            total_episodes=int(d.get("total_episodes", 0)),
-            total_frames=int(d.get("total_frames", 0)),
-            total_tasks=int(d.get("total_tasks", 0)),
-            total_videos=int(d.get("total_videos", 0)),
-            total_chunks=int(d.get("total_chunks", 0)),
-            chunks_size=int(d.get("chunks_size", DEFAULT_CHUNKS_SIZE)),
+            fps=as_int(d["fps"], "fps"),
+            features={k: _feature(k, v) for k, v in as_dict(d["features"], "features").items()},
+            total_episodes=as_int(d.get("total_episodes", 0), "total_episodes"),
+            total_frames=as_int(d.get("total_frames", 0), "total_frames"),
+            total_tasks=as_int(d.get("total_tasks", 0), "total_tasks"),
+            total_videos=as_int(d.get("total_videos", 0), "total_videos"),
+            total_chunks=as_int(d.get("total_chunks", 0), "total_chunks"),
+            chunks_size=as_int(d.get("chunks_size", DEFAULT_CHUNKS_SIZE), "chunks_size"),
             data_path=str(d["data_path"]),
             video_path=d.get("video_path"),
             extra={k: copy.deepcopy(v) for k, v in d.items() if k not in known},
@@ -291,13 +301,15 @@ class EpisodeRow:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EpisodeRow:
+        d = as_dict(d, "an episode row")
         for key in ("episode_index", "length"):
             if key not in d:
                 raise ValueError(f"episode row lacks {key!r}")
         tasks = d.get("tasks") or []
         if isinstance(tasks, str):
             tasks = [tasks]
-        row = cls(episode_index=int(d["episode_index"]), tasks=[str(t) for t in tasks], length=int(d["length"]))
+        row = cls(episode_index=as_int(d["episode_index"], "episode_index"),
+                  tasks=[str(t) for t in as_list(tasks, "tasks")], length=as_int(d["length"], "length"))
         for key, value in d.items():
             if key in ("episode_index", "tasks", "length"):
                 continue
@@ -315,48 +327,6 @@ class EpisodeRow:
 
 
 @dataclass(frozen=True)
-class StagingJournal:
-    """journal.json of one staged episode (dataset/writer.py): written last, it is the commit
-    point; replaying it moves the staged files into place and appends the rows."""
-
-    episode: EpisodeRow
-    stats: EpisodeStats
-    task: str
-    moves: tuple[tuple[str, str], ...]  # (staged file name, final path relative to the dataset)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"episode": self.episode.to_dict(), "stats": self.stats.to_dict(), "task": self.task,
-                "moves": [list(m) for m in self.moves]}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> StagingJournal:
-        return cls(EpisodeRow.from_dict(d["episode"]), EpisodeStats.from_dict(d["stats"]), str(d["task"]),
-                   tuple((str(a), str(b)) for a, b in d["moves"]))
-
-
-@dataclass(frozen=True)
-class UnitRecord:
-    """The commit record of one exported episode (a "unit", export/split.py): written after its
-    files, so a rerun trusts the unit only when this exists and matches the plan."""
-
-    source_episode_index: int
-    episode_index: int
-    rows: int
-    offset: int  # global index of the unit's first frame in its subset
-    row: dict[str, Any]  # the subset's episodes.jsonl line (renumbered, with source_episode_index)
-    stats: dict[str, Any]
-    video_sizes: dict[str, int]
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> UnitRecord:
-        return cls(int(d["source_episode_index"]), int(d["episode_index"]), int(d["rows"]), int(d["offset"]),
-                   dict(d["row"]), dict(d["stats"]), {str(k): int(v) for k, v in d["video_sizes"].items()})
-
-
-@dataclass(frozen=True)
 class TaskRow:
     task_index: int
     task: str
@@ -366,7 +336,7 @@ class TaskRow:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TaskRow:
-        return cls(int(d["task_index"]), str(d["task"]))
+        return cls(as_int(as_dict(d, "a task row")["task_index"], "task_index"), str(d["task"]))
 
 
 @dataclass
@@ -381,7 +351,8 @@ class EpisodeStats:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EpisodeStats:
-        return cls(int(d["episode_index"]), dict(d["stats"]))
+        d = as_dict(d, "an episode stats row")
+        return cls(as_int(d["episode_index"], "episode_index"), as_dict(d["stats"], "stats"))
 
 
 # ---- meta/quality_split.json: the marker written into every exported subset ---------------------

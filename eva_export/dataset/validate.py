@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from .. import confine
 from ..errors import DatasetError, UnsafeNameError
 from ..fsutil import read_json
-from .meta import EPISODES, EPISODES_STATS, INFO, TASKS, DatasetMeta, read_meta
+from .meta import EPISODES, EPISODES_STATS, INFO, TASKS, DatasetMeta, check_stats_shapes, read_meta
 from .records import CODEBASE_V21, FORMAT_V21, DatasetInfo, EpisodeRow, Feature
 from .table import arrow_type
 from .stats import STAT_KEYS
@@ -134,6 +134,7 @@ def validate_source(root: Path, *, allow_empty_dataset: bool = True, as_source: 
             _check_video(meta, ep, key, vp)
         offset += ep.rows
         check.episodes.append(ep)
+    check_stats_shapes(meta)  # after the tables: a declared-vs-stored mismatch names the Parquet file first
     return check
 
 

@@ -42,6 +42,7 @@ from numpy.typing import NDArray
 from ..errors import DatasetError, VideoError
 from ..fsutil import atomic_write_json, atomic_write_jsonl, fsync_dir, read_json
 from . import stats as stats_mod
+from .commits import StagingJournal
 from .meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS, read_meta
 from .records import (
     CODEBASE_V21,
@@ -51,7 +52,6 @@ from .records import (
     EpisodeRow,
     EpisodeStats,
     Feature,
-    StagingJournal,
     TaskRow,
 )
 from .table import build_table, schema, write_table
@@ -214,6 +214,10 @@ class EpisodeWriter:
                 raise VideoError("; ".join(errors))
             self.finished = FinishedEpisode(self.rows, counts, stats)
         return self.finished
+
+    def failure(self) -> str:
+        """Why an encoder already failed (a full disk while recording), or ""."""
+        return "; ".join(f"{k}: {cam.error}" for k, cam in self._cams.items() if cam.error is not None)
 
     def encode_seconds(self) -> dict[str, float]:
         """Seconds each camera's encoder has been busy so far (feature key -> seconds)."""

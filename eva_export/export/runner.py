@@ -33,6 +33,7 @@ from ..config import FORMATS, Config, inside
 from ..errors import ConfigError, EvaError, ExportError, UnsafeNameError
 from ..formats.base import Exporter, Progress
 from ..formats.registry import get_spec
+from ..fsutil import storage_guard
 from ..jobs import Job, JobEngine, JobKind, JobStore, QueuePolicy, ServiceStatus
 from ..sources.base import validate_any
 from .paths import SUBSETS, ExportPaths
@@ -184,7 +185,7 @@ class ExportService:
             self.jobs.count(job_id, episodes_done=1, files_done=files, bytes_done=nbytes, reused_episodes=int(reused))
             self.jobs.save(job_id)
 
-        with export_lock(paths):
+        with export_lock(paths), storage_guard(paths.staging, f"{fmt} export: writing"):
             recover_pair(paths)
             prepare_staging(paths.staging, check.root, fmt, check.source_hash)
             split = NativeSplit(check, paths.staging, job_id, progress=SplitProgress(on_unit),
@@ -218,7 +219,8 @@ class ExportService:
         out = staging / "out"
         out.mkdir(exist_ok=True)
         for name in SUBSETS:
-            exporter.export(staging / "native" / name, out / name, Progress(on_episode=on_episode))
+            with storage_guard(out / name, f"{exporter.name} export: writing"):
+                exporter.export(staging / "native" / name, out / name, Progress(on_episode=on_episode))
             faults.check(f"convert_{name}")
         for p in out.iterdir():
             if p.name not in SUBSETS:

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from ..dataset import stats as stats_mod
+from ..dataset.commits import UnitRecord
 from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS
-from ..dataset.records import FORMAT_V21, DatasetInfo, EpisodeRow, Quality, UnitRecord, Verdict
+from ..dataset.records import FORMAT_V21, DatasetInfo, EpisodeRow, Quality, Verdict
 from ..dataset.validate import SourceCheck, SourceEpisode
 from ..errors import ExportError
 from ..fsutil import atomic_write_json, dumps_json, jsonl_dumps, read_json

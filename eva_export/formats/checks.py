@@ -11,6 +11,7 @@ import numpy as np
 from ..dataset.meta import EPISODES, INFO
 from ..dataset.records import FORMAT_V21, QUALITY_SPLIT_FILE, EpisodeRow, QualitySplit
 from ..fsutil import iter_jsonl, read_json
+from ..jsonbound import as_int
 from .base import VerifyReport
 from .registry import get_spec
 
@@ -22,8 +23,13 @@ def start_report(out_dir: Path, dataset_format: str) -> tuple[VerifyReport, dict
     info: dict[str, Any] | None = None
     try:
         info = read_json(out_dir / INFO)
+        if not isinstance(info, dict) or not isinstance(info.get("features", {}), dict):
+            raise ValueError("not a JSON object with a features object")
+        as_int(info.get("total_episodes", 0), "total_episodes")
+        as_int(info.get("total_frames", 0), "total_frames")
     except (OSError, ValueError) as exc:
         report.errors.append(f"{INFO}: unreadable ({exc})")
+        info = None
     try:
         qs = QualitySplit.read(out_dir)
         if qs.dataset_format != dataset_format:
@@ -35,7 +41,7 @@ def start_report(out_dir: Path, dataset_format: str) -> tuple[VerifyReport, dict
         if info is not None and qs.episode_count and qs.episode_count != info.get("total_episodes"):
             report.errors.append(f"{QUALITY_SPLIT_FILE}: episode_count {qs.episode_count} but info.json "
                                  f"total_episodes {info.get('total_episodes')}")
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         report.errors.append(f"{QUALITY_SPLIT_FILE}: missing or unreadable ({exc})")
     if info is not None:
         fmt = str(info.get("dataset_format", FORMAT_V21))
@@ -51,7 +57,7 @@ def start_report(out_dir: Path, dataset_format: str) -> tuple[VerifyReport, dict
 def read_episode_rows(out_dir: Path, report: VerifyReport) -> list[EpisodeRow]:
     try:
         return [EpisodeRow.from_dict(d) for d in iter_jsonl(Path(out_dir) / EPISODES)]
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         report.errors.append(f"{EPISODES}: unreadable ({exc})")
         return []
 

@@ -14,7 +14,7 @@ import pyarrow as pa
 from ..dataset.meta import EPISODES, INFO, DatasetMeta
 from ..dataset.records import DatasetInfo, EpisodeRow
 from ..errors import ExportError
-from ..fsutil import atomic_write_json, fsync_dir
+from ..fsutil import atomic_write_json, fsync_dir, storage_guard
 from .base import Progress
 from .source import copy_common_meta, load_source, read_episode_table, write_quality_split
 
@@ -80,9 +80,10 @@ def episode_file_unit(src: Path, path: Path, episode_index: int, first_index: in
     tmp = path.with_name(f".{path.name}.partial")
     tmp.unlink(missing_ok=True)
     try:
-        write_episode(tmp, meta, ep, table)
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
+        with storage_guard(tmp, f"episode {episode_index}: writing"):  # ENOSPC/EIO: a failed job naming the file
+            write_episode(tmp, meta, ep, table)
+            os.replace(tmp, path)
+            fsync_dir(path.parent)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

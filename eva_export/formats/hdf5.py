@@ -22,6 +22,7 @@ episode files whose frame counts check out (resumable).
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from numpy.typing import NDArray
 from ..dataset.meta import INFO, DatasetMeta
 from ..dataset.records import DatasetInfo
 from ..errors import ExportError, VideoError
-from ..fsutil import read_json
+from ..fsutil import read_json, require_free, storage_error
 from .base import Progress, VerifyReport
 from .checks import check_sample, check_totals, read_episode_rows, start_report
 from .episode_files import episode_file, export_episode_files, to_plain
@@ -126,7 +127,17 @@ class Hdf5Exporter:
 
     def _write_episode(self, tmp: Path, meta: DatasetMeta, episode_index: int, row: dict[str, Any],
                        table: Any) -> None:
-        with h5py.File(tmp, "w") as f:
+        require_free(tmp.parent, projected_bytes(meta, table), f"hdf5 episode {episode_index}")
+        with open(tmp, "w+b") as fh:
+            sink = _Sink(fh)
+            self._write_file(sink, meta, episode_index, row, table)
+            sink.flush()
+        if sink.error is not None:
+            raise storage_error(tmp, sink.error, f"hdf5 episode {episode_index}: writing")
+
+    def _write_file(self, sink: _Sink, meta: DatasetMeta, episode_index: int, row: dict[str, Any],
+                    table: Any) -> None:
+        with h5py.File(sink, "w") as f:
             f.attrs["dataset_format"] = FORMAT
             f.attrs["episode_index"] = episode_index
             cols, imgs, md = (f.create_group(g) for g in GROUPS)
@@ -173,6 +184,67 @@ class Hdf5Exporter:
 
     def verify(self, out_dir: Path) -> VerifyReport:
         return verify_hdf5(Path(out_dir))
+
+
+def projected_bytes(meta: DatasetMeta, table: Any) -> int:
+    """Upper bound of one episode file: the table, every frame uncompressed, and HDF5's object
+    and per-frame chunk-index overhead (generous: refusing early is cheap, a full disk is not)."""
+    visual = meta.info.visual_keys
+    frames = sum(int(np.prod(meta.info.features[k].shape)) for k in visual) * int(table.num_rows)
+    objects = int(table.num_columns) + len(visual) + 64
+    return int(table.nbytes) + frames + objects * 16384 + int(table.num_rows) * len(visual) * 512 + (1 << 20)
+
+
+class _Sink(io.RawIOBase):
+    """The file h5py writes through (its "fileobj" driver). A failed write (ENOSPC, EIO) is
+    recorded and reported as written: HDF5 2.0 crashes (SIGSEGV at exit, after a failed
+    ``close``) once a write of its own failed, so it must never see one. The caller raises the
+    recorded error after the file is closed, and the partial file is removed."""
+
+    def __init__(self, fh: Any) -> None:
+        super().__init__()
+        self.fh = fh
+        self.error: OSError | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        return int(self.fh.readinto(buf) or 0)
+
+    def write(self, buf: Any) -> int:
+        n = memoryview(buf).nbytes
+        if self.error is None:
+            try:
+                self.fh.write(buf)
+            except OSError as exc:
+                self.error = exc
+        return n
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return int(self.fh.seek(offset, whence))
+
+    def tell(self) -> int:
+        return int(self.fh.tell())
+
+    def truncate(self, size: int | None = None) -> int:
+        try:
+            return int(self.fh.truncate(size))
+        except OSError as exc:
+            self.error = self.error or exc
+            return size or 0
+
+    def flush(self) -> None:
+        try:
+            self.fh.flush()
+        except OSError as exc:
+            self.error = self.error or exc
 
 
 def _complete(path: Path, rows: int, cameras: int) -> bool:

@@ -158,17 +158,12 @@ class Store:
             table = IndexRecord.read_table(self.root / SAMPLE_INDEX_FILE)
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds; name the file
             raise StoreError(f"{self.root / SAMPLE_INDEX_FILE}: unreadable ({exc})") from exc
-        pos = {s.shard_id: i for i, s in enumerate(self.manifest.shards)}
-        shard_ids = table.column("shard_id").to_pylist()
-        unknown = sorted(set(shard_ids) - set(pos))
-        if unknown:
-            raise StoreError(f"{self.root / SAMPLE_INDEX_FILE}: names shards {unknown[:3]} absent from manifest.json")
-        self._shard = np.fromiter((pos[s] for s in shard_ids), np.int32, len(shard_ids))
-        self._row = table.column("row").to_numpy()
-        self._episode = table.column("episode_index").to_numpy()
-        self._split = np.asarray(table.column("split").to_pylist(), dtype=object)
-        self._task = np.asarray(table.column("task").to_pylist(), dtype=object)
-        self._key = np.asarray(table.column("sample_key").to_pylist(), dtype=object)
+        try:
+            self._read_index(table)
+        except StoreError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - columns of another type, nulls: name the file
+            raise StoreError(f"{self.root / SAMPLE_INDEX_FILE}: malformed ({type(exc).__name__}: {exc})") from None
         if len(self._row) != self.manifest.total_rows:
             raise StoreError(f"{self.root / SAMPLE_INDEX_FILE}: {len(self._row)} samples, manifest.json shards hold "
                              f"{self.manifest.total_rows} rows")
@@ -185,6 +180,25 @@ class Store:
         self._pid = -1
         self._open: collections.OrderedDict[int, _Shard] = collections.OrderedDict()
         self._numeric_cache: dict[int, dict[str, NDArray[Any]]] = {}  # per process, like the descriptors
+
+    def _read_index(self, table: Any) -> None:
+        """The sample index columns; every (shard, row) must lie inside its shard."""
+        pos = {s.shard_id: i for i, s in enumerate(self.manifest.shards)}
+        shard_ids = table.column("shard_id").to_pylist()
+        unknown = sorted(set(shard_ids) - set(pos), key=str)
+        if unknown:
+            raise StoreError(f"{self.root / SAMPLE_INDEX_FILE}: names shards {unknown[:3]} absent from manifest.json")
+        self._shard = np.fromiter((pos[s] for s in shard_ids), np.int32, len(shard_ids))
+        self._row = np.asarray(table.column("row").to_numpy(), np.int64)
+        rows = np.asarray([s.num_rows for s in self.manifest.shards], np.int64)
+        bad: NDArray[Any] = np.flatnonzero((self._row < 0) | (self._row >= rows[self._shard]))
+        if len(bad):
+            raise StoreError(f"{self.root / SAMPLE_INDEX_FILE}: sample {int(bad[0])} names row {int(self._row[bad[0]])} "
+                             f"outside its shard")
+        self._episode = table.column("episode_index").to_numpy()
+        self._split = np.asarray(table.column("split").to_pylist(), dtype=object)
+        self._task = np.asarray(table.column("task").to_pylist(), dtype=object)
+        self._key = np.asarray(table.column("sample_key").to_pylist(), dtype=object)
 
     # ---- per-process handles ---------------------------------------------------------------
     def _shard_handle(self, pos: int) -> _Shard:
@@ -233,6 +247,14 @@ class Store:
         if not 0 <= i < n:
             raise IndexError(f"sample {i} out of range for a store of {n} samples")
         h = self._shard_handle(int(self._shard[i]))
+        try:
+            return self._sample(h, i)
+        except StoreError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - data that disagrees with its manifest: a store error
+            raise StoreError(f"{h.dir}: sample {i} unreadable ({type(exc).__name__}: {exc})") from None
+
+    def _sample(self, h: _Shard, i: int) -> dict[str, Any]:
         row = int(self._row[i])
         out: dict[str, Any] = {}
         for key in self.numeric_keys:

@@ -25,7 +25,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .. import confine
+from ..errors import UnsafeNameError
 from ..fsutil import atomic_write_json, read_json
+from ..jsonbound import as_dict, as_int, as_list
 
 STORE_FORMAT = "eva_store"
 STORE_VERSION = 1
@@ -96,13 +99,21 @@ class BlockSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BlockSpec:
+        d = as_dict(d, "a block")
         kind = str(d["kind"])
         if kind not in BLOCK_KINDS:
             raise ValueError(f"block {d.get('name')!r}: unknown kind {kind!r} (expected one of {BLOCK_KINDS})")
         shape = d.get("shape")
-        return cls(name=str(d["name"]), kind=kind, paths=tuple(str(p) for p in d["paths"]),
+        paths = tuple(str(p) for p in as_list(d["paths"], "block paths"))
+        want = 1 if kind == KIND_ZARR else 2
+        if len(paths) != want or (kind == KIND_ZARR and not paths[0].startswith(f"{ZARR_GROUP}/")):
+            raise ValueError(f"block {d.get('name')!r}: paths {list(paths)[:3]} do not fit kind {kind}")
+        dims = None if shape is None else tuple(as_int(s, "a block shape entry") for s in as_list(shape, "shape"))
+        if dims is not None and (not dims or min(dims) < 0):
+            raise ValueError(f"block {d.get('name')!r}: shape {list(dims)} is not a shape")
+        return cls(name=str(d["name"]), kind=kind, paths=paths,
                    dtype=None if d.get("dtype") is None else str(d["dtype"]),
-                   shape=None if shape is None else tuple(int(s) for s in shape),
+                   shape=dims,
                    optional=bool(d.get("optional", False)),
                    codec=None if d.get("codec") is None else str(d["codec"]))
 
@@ -125,10 +136,24 @@ class ShardSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ShardSpec:
-        return cls(shard_id=str(d["shard_id"]), relative_dir=str(d["relative_dir"]),
-                   episode_index=int(d["episode_index"]), row_start=int(d["row_start"]),
-                   num_rows=int(d["num_rows"]),
-                   blocks={str(k): BlockSpec.from_dict(v) for k, v in dict(d.get("blocks") or {}).items()})
+        d = as_dict(d, "a shard")
+        spec = cls(shard_id=str(d["shard_id"]), relative_dir=str(d["relative_dir"]),
+                   episode_index=as_int(d["episode_index"], "episode_index"),
+                   row_start=as_int(d["row_start"], "row_start"), num_rows=as_int(d["num_rows"], "num_rows"),
+                   blocks={str(k): BlockSpec.from_dict(v) for k, v in as_dict(d.get("blocks") or {}, "blocks").items()})
+        if spec.row_start < 0 or spec.num_rows < 0:
+            raise ValueError(f"shard {spec.shard_id}: negative row_start or num_rows")
+        return spec
+
+    def check_paths(self, root: Path) -> None:
+        """Every directory and block file this spec names lies inside the store ``root``, after
+        resolving symlinks; relative, without '..' (UnsafeNameError otherwise)."""
+        rels = [self.relative_dir] + [f"{self.relative_dir}/{p}" for b in self.blocks.values() for p in b.paths]
+        for rel in rels:
+            if rel.startswith("/") or "\\" in rel or ".." in rel.split("/") or "\x00" in rel:
+                raise UnsafeNameError(f"shard {self.shard_id}: path {confine.short_repr(rel, 80)} is absolute or "
+                                      f"has '..'; refused")
+            confine.confined(root, rel, f"shard {self.shard_id} path")
 
 
 @dataclass(frozen=True)
@@ -147,10 +172,14 @@ class MaterializedBlocks:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MaterializedBlocks:
+        d = as_dict(d, "materialized_blocks")
         q = d.get("jpeg_quality")
-        return cls(numeric=tuple(d.get("numeric") or ()), cameras=tuple(d.get("cameras") or ()),
-                   images=tuple(d.get("images") or ()), image_codec=str(d.get("image_codec", "jpeg")),
-                   jpeg_quality=None if q is None else int(q))
+
+        def names(key: str) -> tuple[str, ...]:
+            return tuple(str(n) for n in as_list(d.get(key) or (), key))
+        return cls(numeric=names("numeric"), cameras=names("cameras"), images=names("images"),
+                   image_codec=str(d.get("image_codec", "jpeg")),
+                   jpeg_quality=None if q is None else as_int(q, "jpeg_quality"))
 
 
 @dataclass(frozen=True)
@@ -181,17 +210,22 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Manifest:
+        d = as_dict(d, "manifest.json")
         if d.get("format") != STORE_FORMAT:
-            raise ValueError(f"format {d.get('format')!r}, expected {STORE_FORMAT!r}")
-        version = int(d["version"])
+            raise ValueError(f"format {str(d.get('format'))[:40]!r}, expected {STORE_FORMAT!r}")
+        version = as_int(d["version"], "version")
         if version > STORE_VERSION:
             raise ValueError(f"store format version {version} is newer than this reader ({STORE_VERSION})")
-        return cls(version=version, created_at=str(d["created_at"]), fps=int(d["fps"]),
-                   source=dict(d.get("source") or {}),
+        fps = as_int(d["fps"], "fps")
+        if fps <= 0:
+            raise ValueError(f"fps {fps} is not positive")
+        return cls(version=version, created_at=str(d["created_at"]), fps=fps,
+                   source=as_dict(d.get("source") or {}, "source"),
                    materialized_blocks=MaterializedBlocks.from_dict(d.get("materialized_blocks") or {}),
-                   features=dict(d.get("features") or {}), split=dict(d.get("split") or {}),
-                   stats=dict(d.get("stats") or {}), provenance=dict(d.get("provenance") or {}),
-                   shards=tuple(ShardSpec.from_dict(s) for s in d.get("shards") or ()))
+                   features=as_dict(d.get("features") or {}, "features"), split=as_dict(d.get("split") or {}, "split"),
+                   stats=as_dict(d.get("stats") or {}, "stats"),
+                   provenance=as_dict(d.get("provenance") or {}, "provenance"),
+                   shards=tuple(ShardSpec.from_dict(s) for s in as_list(d.get("shards") or (), "shards")))
 
     def write(self, root: Path) -> None:
         atomic_write_json(Path(root) / MANIFEST_FILE, self.to_dict())
@@ -201,9 +235,14 @@ class Manifest:
         """Load ``root/manifest.json``; ValueError/OSError name the file."""
         path = Path(root) / MANIFEST_FILE
         try:
-            return cls.from_dict(read_json(path))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{path}: {exc}") from exc
+            confine.confined(Path(root), MANIFEST_FILE, "manifest")
+            manifest = cls.from_dict(read_json(path))
+            for spec in manifest.shards:
+                spec.check_paths(Path(root))
+            return manifest
+        except (KeyError, TypeError, ValueError, UnsafeNameError) as exc:
+            what = f"lacks {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise ValueError(f"{path}: {what}") from None
 
 
 INDEX_SCHEMA = pa.schema([

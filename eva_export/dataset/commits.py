@@ -1,0 +1,52 @@
+"""Commit records: the journal of one staged capture episode (dataset/writer.py) and the record
+of one exported unit (export/split.py). Each is written last, as the commit point of its files."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from .records import EpisodeRow, EpisodeStats
+
+
+@dataclass(frozen=True)
+class StagingJournal:
+    """journal.json of one staged episode (dataset/writer.py): written last, it is the commit
+    point; replaying it moves the staged files into place and appends the rows."""
+
+    episode: EpisodeRow
+    stats: EpisodeStats
+    task: str
+    moves: tuple[tuple[str, str], ...]  # (staged file name, final path relative to the dataset)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"episode": self.episode.to_dict(), "stats": self.stats.to_dict(), "task": self.task,
+                "moves": [list(m) for m in self.moves]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StagingJournal:
+        return cls(EpisodeRow.from_dict(d["episode"]), EpisodeStats.from_dict(d["stats"]), str(d["task"]),
+                   tuple((str(a), str(b)) for a, b in d["moves"]))
+
+
+@dataclass(frozen=True)
+class UnitRecord:
+    """The commit record of one exported episode (a "unit", export/split.py): written after its
+    files, so a rerun trusts the unit only when this exists and matches the plan."""
+
+    source_episode_index: int
+    episode_index: int
+    rows: int
+    offset: int  # global index of the unit's first frame in its subset
+    row: dict[str, Any]  # the subset's episodes.jsonl line (renumbered, with source_episode_index)
+    stats: dict[str, Any]
+    video_sizes: dict[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> UnitRecord:
+        return cls(int(d["source_episode_index"]), int(d["episode_index"]), int(d["rows"]), int(d["offset"]),
+                   dict(d["row"]), dict(d["stats"]), {str(k): int(v) for k, v in d["video_sizes"].items()})

@@ -1,0 +1,120 @@
+"""Bounded JSON parsing for metadata that comes from other machines.
+
+Python's ``json`` turns ``1e400`` into ``inf`` (then ``int()`` raises OverflowError), recurses
+once per nesting level (100,000 ``[`` raise RecursionError) and reads any line length. Here
+every number literal must be finite and every integer at most ``INT_DIGITS_MAX`` digits, the
+nesting depth is capped before parsing, and every failure is a ``ValueError`` whose message
+names the line. The constants ``NaN``/``Infinity`` stay accepted: statistics of a column holding
+NaN are written that way by our own writer and by LeRobot's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+import numpy as np
+
+#: Deepest nesting of arrays/objects accepted (our deepest record nests about 6 levels).
+MAX_DEPTH = 64
+#: Longest integer literal (int64 has 19 digits; anything longer is not a count or an index).
+INT_DIGITS_MAX = 20
+#: Largest JSON document (a whole file, or one line of a JSON Lines file), in bytes.
+MAX_BYTES = 64 << 20
+
+_STRING_RE = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_OPEN = np.frombuffer(b"[{", np.uint8)
+_CLOSE = np.frombuffer(b"]}", np.uint8)
+
+
+class _OutOfRange(ValueError):
+    """A number literal past the bounds; carries the literal so the line can be found."""
+
+    def __init__(self, literal: str, why: str) -> None:
+        super().__init__(why)
+        self.literal = literal
+
+
+def _finite_float(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):
+        raise _OutOfRange(literal, f"number {literal[:24]} is out of range (not a finite float)")
+    return value
+
+
+def _bounded_int(literal: str) -> int:
+    if len(literal.lstrip("-")) > INT_DIGITS_MAX:
+        raise _OutOfRange(literal, f"integer {literal[:24]}... ({len(literal)} digits) is out of range")
+    return int(literal)
+
+
+def depth(text: str) -> int:
+    """Deepest bracket nesting of a JSON text (brackets inside strings do not count)."""
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return 0  # cannot be deeper than the number of opening brackets
+    codes = np.frombuffer(_STRING_RE.sub("", text).encode("utf-8", "surrogatepass"), np.uint8)
+    steps = np.isin(codes, _OPEN).astype(np.int64) - np.isin(codes, _CLOSE).astype(np.int64)
+    return int(np.cumsum(steps).max(initial=0))
+
+
+def _line_of(text: str, needle: str) -> int:
+    pos = text.find(needle)
+    return text.count("\n", 0, pos) + 1 if pos >= 0 else 1
+
+
+def loads(text: str, first_line: int = 1) -> Any:
+    """Parse one JSON document under the bounds; ValueError("line N: ...") on any fault."""
+    if len(text) > MAX_BYTES:
+        raise ValueError(f"line {first_line}: {len(text)} characters, more than the {MAX_BYTES} accepted")
+    if depth(text) > MAX_DEPTH:
+        raise ValueError(f"line {first_line}: JSON nested deeper than {MAX_DEPTH} levels")
+    try:
+        return json.loads(text, parse_float=_finite_float, parse_int=_bounded_int)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"line {first_line + exc.lineno - 1}: invalid JSON ({exc.msg})") from None
+    except _OutOfRange as exc:  # raised in a parse hook, which knows no position: search the literal
+        raise ValueError(f"line {first_line + _line_of(text, exc.literal) - 1}: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # e.g. int() digit limits; depth was capped above
+        raise ValueError(f"line {first_line}: {exc}") from None
+
+
+def decode(data: bytes, first_line: int = 1) -> str:
+    """UTF-8 text of a document or line; ValueError naming the line when it is not UTF-8."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = first_line + data.count(b"\n", 0, exc.start)
+        raise ValueError(f"line {line}: not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start})") from None
+
+
+#: Range of every count, index and size read from metadata (int64).
+INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def as_int(value: Any, what: str) -> int:
+    """``int(value)`` for a metadata field, refusing (ValueError naming the field) what is not
+    a number, infinite, NaN or outside int64 instead of raising OverflowError or TypeError."""
+    if isinstance(value, (dict, list)) or value is None:
+        raise ValueError(f"{what} is {type(value).__name__}, expected an integer")
+    try:
+        out = int(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{what} is {str(value)[:40]!r}, expected an integer") from None
+    if not INT_MIN <= out <= INT_MAX:
+        raise ValueError(f"{what} is {str(value)[:40]}, outside the int64 range")
+    return out
+
+
+def as_dict(value: Any, what: str) -> dict[str, Any]:
+    """A metadata field that must be a JSON object (``"features": []`` is refused by name)."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} is {type(value).__name__}, expected a JSON object")
+    return value
+
+
+def as_list(value: Any, what: str) -> list[Any]:
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{what} is {type(value).__name__}, expected a JSON array")
+    return list(value)

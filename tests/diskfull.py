@@ -1,0 +1,44 @@
+"""A small real filesystem (tmpfs) for disk-full tests, filled to a known free amount."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+PAGE = 4096
+
+
+def free_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size_mib: int) -> Iterator[Path]:
+    """Mount a tmpfs of ``size_mib`` at ``path`` (the tests run as root), unmounted afterwards."""
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill(fs: Path, leave: int = 0) -> Path:
+    """Take all but ``leave`` bytes (rounded down to pages) with one filler file; returns it."""
+    filler = fs / f".filler-{len(list(fs.glob('.filler-*')))}"
+    take = free_bytes(fs) - leave
+    with open(filler, "wb") as fh:
+        if take > 0:
+            os.posix_fallocate(fh.fileno(), 0, take - take % PAGE)
+    left = free_bytes(fs)
+    assert abs(left - leave) <= PAGE, f"could not fill {fs} to {leave} bytes free ({left} left)"
+    return filler
+
+
+def unfill(fs: Path) -> None:
+    for p in fs.glob(".filler-*"):
+        p.unlink()
