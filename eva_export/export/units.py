@@ -21,7 +21,8 @@ import pyarrow.parquet as pq
 
 from .. import confine
 from ..dataset import stats as stats_mod
-from ..dataset.records import DatasetInfo, UnitRecord
+from ..dataset.commits import UnitRecord
+from ..dataset.records import DatasetInfo
 from ..dataset.table import to_numpy
 from ..dataset.validate import SourceEpisode
 from ..dataset.video import iter_frames
