@@ -25,7 +25,7 @@ from .meta import EPISODES, EPISODES_STATS, INFO, TASKS, DatasetMeta, read_meta
 from .records import CODEBASE_V21, FORMAT_V21, DatasetInfo, EpisodeRow, Feature
 from .table import arrow_type
 from .stats import STAT_KEYS
-from .video import mp4_truncation, stream_frames
+from .video import mp4_truncation, stream_frames, stream_timing, timing_problems
 
 REQUIRED_COLUMNS = ("episode_index", "index")
 SMALL_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
@@ -119,6 +119,7 @@ def validate_source(root: Path, *, allow_empty_dataset: bool = True, as_source: 
         raise DatasetError(f"{root / EPISODES}: episode indices must be 0..{len(indices) - 1} in order; found "
                            f"{_cut(indices)}" + (f" (missing {_cut(missing)})" if missing else ""))
     _check_stray_files(root, meta)
+    _check_tasks(root, meta)
     task_text = meta.task_text
     task_ids = meta.task_index
     check = SourceCheck(root=root, meta=meta, source_hash=source_hash(root))
@@ -130,6 +131,21 @@ def validate_source(root: Path, *, allow_empty_dataset: bool = True, as_source: 
         offset += ep.rows
         check.episodes.append(ep)
     return check
+
+
+def _check_tasks(root: Path, meta: DatasetMeta) -> None:
+    """Each task_index names one task and each task one index: a reader building the map
+    either way would otherwise give an episode another episode's task."""
+    by_index: dict[int, str] = {}
+    by_text: dict[str, int] = {}
+    for t in meta.tasks:
+        if t.task_index in by_index:
+            raise DatasetError(f"{root / TASKS}: task_index {t.task_index} appears twice ({by_index[t.task_index]!r} "
+                               f"and {t.task!r}); give each task its own index")
+        if t.task in by_text:
+            raise DatasetError(f"{root / TASKS}: task {t.task!r} appears twice (task_index {by_text[t.task]} "
+                               f"and {t.task_index}); list each task once")
+        by_index[t.task_index], by_text[t.task] = t.task, t.task_index
 
 
 def _cut(values: list[int], n: int = 10) -> str:
@@ -281,6 +297,14 @@ def _check_video(meta: DatasetMeta, ep: SourceEpisode, key: str, path: Path) -> 
     if (height, width) != tuple(feat.shape[:2]):
         raise DatasetError(f"episode {e}: {path} ({key}) is {width}x{height}, but {meta.root / INFO} "
                            f"declares {feat.shape[1]}x{feat.shape[0]}")
+    # The table says frame i is shown at i / fps (checked above); a reader seeks the MP4 there.
+    try:
+        problems = timing_problems(stream_timing(path), meta.info.fps, ep.rows, check_duration=False)
+    except Exception as exc:  # noqa: BLE001 - any demuxer error means an unreadable file
+        raise DatasetError(f"episode {e}: {path} ({key}) is not a readable MP4: {exc}") from exc
+    if problems:
+        raise DatasetError(f"episode {e}: {path} ({key}): its frame timing disagrees with {ep.data_path} "
+                           f"(frame i at i / {meta.info.fps} s from 0): {'; '.join(problems)}")
 
 
 def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: dict[int, str],

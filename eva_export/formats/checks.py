@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from ..dataset.meta import EPISODES, INFO
 from ..dataset.records import FORMAT_V21, QUALITY_SPLIT_FILE, EpisodeRow, QualitySplit
+from ..dataset.video import image_row_problem
 from ..fsutil import iter_jsonl, read_json
 from .base import VerifyReport
 from .registry import get_spec
@@ -97,3 +99,19 @@ def check_sample(report: VerifyReport, state: Any, action: Any, frame: Any, wher
             parts.append(f"frame {arr.shape[1]}x{arr.shape[0]} rgb mean={float(arr.mean()):.1f}")
     if len(report.errors) == errors_before:
         report.checks.append(f"real read from {where}: " + ", ".join(parts))
+
+
+def check_image_rows(report: VerifyReport, table: pa.Table, shapes: dict[str, tuple[int, ...]], where: str,
+                     episode: int | None = None) -> None:
+    """Every embedded image of ``table`` decodes to its feature's shape; one error per camera."""
+    epi = table.column("episode_index").to_pylist() if "episode_index" in table.column_names else None
+    for key, shape in shapes.items():
+        if key not in table.column_names:
+            report.errors.append(f"{where}: no {key!r} column")
+            continue
+        for i, value in enumerate(table.column(key).to_pylist()):
+            why = image_row_problem(value, shape)
+            if why:
+                ep = episode if episode is not None else (epi[i] if epi else "?")
+                report.errors.append(f"{where}: episode {ep} row {i}: {key} {why}")
+                break
