@@ -25,7 +25,7 @@ from .meta import EPISODES, EPISODES_STATS, INFO, TASKS, DatasetMeta, read_meta
 from .records import CODEBASE_V21, FORMAT_V21, DatasetInfo, EpisodeRow, Feature
 from .table import arrow_type
 from .stats import STAT_KEYS
-from .video import mp4_truncation, stream_frames, stream_timing, timing_problems
+from .video import image_row_problem, mp4_truncation, stream_frames, stream_timing, timing_problems
 
 REQUIRED_COLUMNS = ("episode_index", "index")
 SMALL_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
@@ -307,6 +307,25 @@ def _check_video(meta: DatasetMeta, ep: SourceEpisode, key: str, path: Path) -> 
                            f"(frame i at i / {meta.info.fps} s from 0): {'; '.join(problems)}")
 
 
+def _check_images(meta: DatasetMeta, ep: int, data: Path) -> None:
+    """Every embedded image decodes to its declared shape: a reader decodes each one it serves,
+    and a null, garbage or wrong-size row fails there, long after the export was published."""
+    keys = [k for k, f in meta.info.features.items() if f.dtype == "image"]
+    if not keys:
+        return
+    try:
+        with pq.ParquetFile(data) as pf:
+            t = pf.read(columns=keys)
+    except Exception as exc:  # noqa: BLE001 - any Arrow error means an unreadable table
+        raise DatasetError(f"episode {ep}: cannot read {data}: {exc}") from exc
+    for key in keys:
+        shape = meta.info.features[key].shape
+        for i, value in enumerate(t.column(key).to_pylist()):
+            why = image_row_problem(value, shape)
+            if why:
+                raise DatasetError(f"episode {ep}: {data}: {key} at frame {i} {why}")
+
+
 def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: dict[int, str],
                    task_ids: dict[str, int], offset: int = 0) -> SourceEpisode:
     info = meta.info
@@ -368,6 +387,7 @@ def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: di
         raise DatasetError(f"episode {ep}: no statistics for {key!r}: absent from {root / EPISODES_STATS} "
                            f"and not a table column")
     _check_columns(root, meta, SourceEpisode(row, data, videos, nrows, tasks, columns, 0, schema), offset, small)
+    _check_images(meta, ep, data)
     size = data.stat().st_size + sum(v.stat().st_size for v in videos.values())
     return SourceEpisode(row=row, data_path=data, video_paths=videos, rows=nrows, task_indices=tasks,
                          columns=columns, bytes=size, schema=schema)

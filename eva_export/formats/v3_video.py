@@ -60,6 +60,12 @@ class Numbering:
             self.chunk, self.file = self.chunk + 1, 0
         return Locator(self.chunk, self.file)
 
+    def undo(self) -> None:
+        """Give the last number back (its file was never used)."""
+        self.file -= 1
+        if self.file < 0 and self.chunk > 0:
+            self.chunk, self.file = self.chunk - 1, self.chunks_size - 1
+
 
 @dataclass(frozen=True)
 class CodecParams:
@@ -138,6 +144,7 @@ class VideoShards:
         self.container: Any = None
         self.stream: Any = None
         self.params: CodecParams | None = None
+        self.only_reencoded = False
         self.loc = Locator(0, 0)
         self.frames = 0
         self.size = 0
@@ -161,6 +168,7 @@ class VideoShards:
         self.stream = self.container.add_stream_from_template(template, opaque=True)
         self.stream.time_base = Fraction(1, self.timescale)
         self.params, self.frames, self.size = params, 0, 0
+        self.only_reencoded = False  # set when a re-encoded episode had to open this shard
         self.files.append(path)
 
     def close(self) -> None:
@@ -170,6 +178,9 @@ class VideoShards:
             except av.FFmpegError as exc:
                 raise ExportError(f"{self.key}: cannot finish a video shard ({exc})") from exc
             self.container = self.stream = None
+            if self.frames == 0:  # opened for an episode that went elsewhere: no empty shard
+                self.files.pop().unlink(missing_ok=True)
+                self.numbering.undo()
 
     def add(self, episode_index: int, path: Path, rows: int) -> tuple[Locator, int]:
         """Append one episode MP4; returns the shard locator and the frames before it in the shard."""
@@ -185,7 +196,10 @@ class VideoShards:
                 if (params.width, params.height) != (self.width, self.height):
                     raise ExportError(f"{self._name(episode_index, path)}: {self.key} video is "
                                       f"{params.width}x{params.height}, the feature is {self.width}x{self.height}")
-                if self.container is None:
+                if self.container is None or (params != self.params and self.only_reencoded):
+                    # A shard opened for a re-encoded episode does not make the next original
+                    # one foreign: it starts its own shard rather than being re-encoded too.
+                    self.close()
                     self._open(s, params)
                 if params == self.params:
                     try:
@@ -269,6 +283,7 @@ class VideoShards:
                                 self.key, self._name(episode_index, path))
                     self.close()
                     self._open(s, params)
+                    self.only_reencoded = True
                 try:
                     return self._mux(self._place(src, s, rows, episode_index, path))
                 except NotPlaceable as exc:  # our own encoder's output: a bug, not the source's fault
