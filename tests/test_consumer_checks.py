@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 from dsfactory import Ep, make_dataset, replace_video
 from short_videos import encode_bframes, short_subset, textured
-from test_hostile_sources import CAM, P2, V2, Case, edit_rows, rewrite_table, set_column, snapshot
+from test_hostile_sources import CAM, V2, Case, edit_rows, rewrite_table, set_column, snapshot
 
 from eva_export.config import parse_config
 from eva_export.errors import EvaError, ExportError
@@ -139,24 +139,23 @@ def test_source_a_consumer_cannot_read_is_refused(case: Case, fmt: str, baseline
 def _naive_join(parts: list[Path], out: Path, fps: int) -> None:
     """Episode MP4s joined as the old writer joined them: each shifted by its frames, decode
     times as the file had them (a 1-frame episode first leaves decode times 0 -> 0)."""
-    with av.open(str(parts[0])) as first:
-        with av.open(str(out), "w", format="mp4") as dst:
-            ost = dst.add_stream_from_template(first.streams.video[0], opaque=True)
-            frames = 0
-            for p in parts:
-                with av.open(str(p)) as src:
-                    s = src.streams.video[0]
-                    shift = round(Fraction(frames, fps) / s.time_base)
-                    n = 0
-                    for pkt in src.demux(s):
-                        if pkt.size == 0:
-                            continue
-                        pkt.pts += shift
-                        pkt.dts += shift
-                        pkt.stream = ost
-                        dst.mux(pkt)
-                        n += 1
-                    frames += n
+    with av.open(str(parts[0])) as first, av.open(str(out), "w", format="mp4") as dst:
+        ost = dst.add_stream_from_template(first.streams.video[0], opaque=True)
+        frames = 0
+        for p in parts:
+            with av.open(str(p)) as src:
+                s = src.streams.video[0]
+                shift = round(Fraction(frames, fps) / s.time_base)
+                n = 0
+                for pkt in src.demux(s):
+                    if pkt.size == 0:
+                        continue
+                    pkt.pts += shift
+                    pkt.dts += shift
+                    pkt.stream = ost
+                    dst.mux(pkt)
+                    n += 1
+                frames += n
 
 
 def test_v3_verify_refuses_a_shard_whose_decode_times_repeat(tmp_path: Path) -> None:

@@ -173,6 +173,7 @@ def test_corpus_exports_verifies_and_reads_back(tmp_path: Path, name: str, fmt: 
         d = Path(job.accepted_dir).parent / subset
         rep = verify_export(d)
         assert rep.ok, (subset, rep.errors)
+        assert not any(".staging-" in m for m in rep.checks + rep.errors)  # the published names only
         assert rep.episodes == len(rows)
         if not rows:
             assert any("empty subset" in c for c in rep.checks)

@@ -60,6 +60,7 @@ MODULES = [
     "eva_export.formats.images",
     "eva_export.formats.source",
     "eva_export.dataset.validate",
+    "eva_export.dataset.validate_media",
     "eva_export.config",
     "eva_export.errors",
     "eva_export.cli",

@@ -88,28 +88,7 @@ def verify_v3(root: Path) -> VerifyReport:
         for key in video_keys:
             video_files.setdefault((key, e[f"videos/{key}/chunk_index"], e[f"videos/{key}/file_index"]), []).append(e)
     check_totals(report, info, len(eps), expect_from, "the episode metadata")
-    # data shards: row counts, global index, episode_index
-    data_rows = 0
-    for (chunk, file), members in sorted(data_files.items()):
-        path = root / str(info["data_path"]).format(chunk_index=chunk, file_index=file)
-        try:
-            t = pq.read_table(path, columns=["index", "episode_index"])
-        except (OSError, pa.ArrowException) as exc:
-            report.errors.append(f"{path}: unreadable ({exc})")
-            continue
-        data_rows += t.num_rows
-        lo, hi = members[0]["dataset_from_index"], members[-1]["dataset_to_index"]
-        idx = t.column("index").to_numpy()
-        if t.num_rows != hi - lo or not np.array_equal(idx, np.arange(lo, hi)):
-            report.errors.append(f"{path.name} (chunk {chunk}): {t.num_rows} rows, index does not run {lo}..{hi - 1}")
-            continue
-        epi = t.column("episode_index").to_numpy()
-        for e in members:
-            part = epi[e["dataset_from_index"] - lo:e["dataset_to_index"] - lo]
-            if not np.all(part == e["episode_index"]):
-                report.errors.append(f"{path.name}: rows of episode {e['episode_index']} carry other episode_index")
-    if data_rows != info.get("total_frames"):
-        report.errors.append(f"data shards hold {data_rows} rows, info.json total_frames {info.get('total_frames')}")
+    _check_data_shards(report, root, info, data_files)
     for (key, chunk, file), members in sorted(video_files.items()):
         path = root / str(info["video_path"]).format(video_key=key, chunk_index=chunk, file_index=file)
         _check_video_shard(report, root, path, key, members, fps)
@@ -130,33 +109,7 @@ def verify_v3(root: Path) -> VerifyReport:
             report.checks.append("stats.json covers every feature (cameras included)")
     except (OSError, ValueError) as exc:
         report.errors.append(f"stats.json unreadable ({exc})")
-    # real read through the locator
-    if eps:
-        e = eps[0]
-        feats = DatasetInfo.from_dict(info)
-        state_key, action_key = state_action_keys(feats)
-        path = root / str(info["data_path"]).format(chunk_index=e["data/chunk_index"], file_index=e["data/file_index"])
-        state = action = frame = None
-        try:
-            t = pq.read_table(path, columns=[k for k in (state_key, action_key) if k])
-            first = data_files[(e["data/chunk_index"], e["data/file_index"])][0]["dataset_from_index"]
-            r = e["dataset_from_index"] - first
-            state = column_numpy(t, state_key)[r] if state_key else None
-            action = column_numpy(t, action_key)[r] if action_key else None
-            image_keys = [k for k, f in info["features"].items() if f["dtype"] == "image"]
-            if not video_keys and image_keys:
-                col = pq.read_table(path, columns=[image_keys[0]]).column(image_keys[0])[r].as_py()
-                frame = decode_png(col["bytes"], f"{path.name} row {r}")
-            elif video_keys:
-                k = video_keys[0]
-                vpath = root / str(info["video_path"]).format(video_key=k, chunk_index=e[f"videos/{k}/chunk_index"],
-                                                              file_index=e[f"videos/{k}/file_index"])
-                frame = decode_frame_at(vpath, round(e[f"videos/{k}/from_timestamp"] * fps), fps)
-        except (OSError, pa.ArrowException, VideoError, KeyError, TypeError, ExportError) as exc:
-            report.errors.append(f"real read failed: {exc}")
-        check_sample(report, state, action, frame, "episode 0 via the locator (pyarrow + PyAV)")
-    else:
-        check_sample(report, None, None, None, "the episode metadata", empty=True)
+    _real_read(report, root, info, eps, data_files)
     return report
 
 
@@ -222,3 +175,62 @@ def _check_tasks(report: VerifyReport, root: Path, info: dict[str, Any], eps: li
         report.errors.append(f"{TASKS_PARQUET}: episodes name tasks it does not hold: {unknown[:5]}")
         return
     report.checks.append(f"{TASKS_PARQUET}: {tt.num_rows} task(s), indices and strings one to one")
+
+
+def _check_data_shards(report: VerifyReport, root: Path, info: dict[str, Any],
+                       data_files: dict[tuple[int, int], list[dict[str, Any]]]) -> None:
+    """Row counts, the global index and episode_index of every data shard."""
+    data_rows = 0
+    for (chunk, file), members in sorted(data_files.items()):
+        path = root / str(info["data_path"]).format(chunk_index=chunk, file_index=file)
+        try:
+            t = pq.read_table(path, columns=["index", "episode_index"])
+        except (OSError, pa.ArrowException) as exc:
+            report.errors.append(f"{path}: unreadable ({exc})")
+            continue
+        data_rows += t.num_rows
+        lo, hi = members[0]["dataset_from_index"], members[-1]["dataset_to_index"]
+        idx = t.column("index").to_numpy()
+        if t.num_rows != hi - lo or not np.array_equal(idx, np.arange(lo, hi)):
+            report.errors.append(f"{path.name} (chunk {chunk}): {t.num_rows} rows, index does not run {lo}..{hi - 1}")
+            continue
+        epi = t.column("episode_index").to_numpy()
+        for e in members:
+            part = epi[e["dataset_from_index"] - lo:e["dataset_to_index"] - lo]
+            if not np.all(part == e["episode_index"]):
+                report.errors.append(f"{path.name}: rows of episode {e['episode_index']} carry other episode_index")
+    if data_rows != info.get("total_frames"):
+        report.errors.append(f"data shards hold {data_rows} rows, info.json total_frames {info.get('total_frames')}")
+
+
+def _real_read(report: VerifyReport, root: Path, info: dict[str, Any], eps: list[dict[str, Any]],
+               data_files: dict[tuple[int, int], list[dict[str, Any]]]) -> None:
+    """One state, action and frame of episode 0, found through its locator as LeRobot finds it."""
+    fps = int(info["fps"])
+    video_keys = [k for k, f in info["features"].items() if f["dtype"] == "video"]
+    if eps:
+        e = eps[0]
+        feats = DatasetInfo.from_dict(info)
+        state_key, action_key = state_action_keys(feats)
+        path = root / str(info["data_path"]).format(chunk_index=e["data/chunk_index"], file_index=e["data/file_index"])
+        state = action = frame = None
+        try:
+            t = pq.read_table(path, columns=[k for k in (state_key, action_key) if k])
+            first = data_files[(e["data/chunk_index"], e["data/file_index"])][0]["dataset_from_index"]
+            r = e["dataset_from_index"] - first
+            state = column_numpy(t, state_key)[r] if state_key else None
+            action = column_numpy(t, action_key)[r] if action_key else None
+            image_keys = [k for k, f in info["features"].items() if f["dtype"] == "image"]
+            if not video_keys and image_keys:
+                col = pq.read_table(path, columns=[image_keys[0]]).column(image_keys[0])[r].as_py()
+                frame = decode_png(col["bytes"], f"{path.name} row {r}")
+            elif video_keys:
+                k = video_keys[0]
+                vpath = root / str(info["video_path"]).format(video_key=k, chunk_index=e[f"videos/{k}/chunk_index"],
+                                                              file_index=e[f"videos/{k}/file_index"])
+                frame = decode_frame_at(vpath, round(e[f"videos/{k}/from_timestamp"] * fps), fps)
+        except (OSError, pa.ArrowException, VideoError, KeyError, TypeError, ExportError) as exc:
+            report.errors.append(f"real read failed: {exc}")
+        check_sample(report, state, action, frame, "episode 0 via the locator (pyarrow + PyAV)")
+    else:
+        check_sample(report, None, None, None, "the episode metadata", empty=True)
