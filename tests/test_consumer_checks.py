@@ -254,3 +254,16 @@ def test_reencoded_episodes_are_recorded_by_raw_index(tmp_path: Path) -> None:
     assert json.loads((out / "meta/quality_split.json").read_text())["reencoded_source_episodes"] == {CAM: [9]}
     rep = verify_export(out)
     assert rep.ok, rep.errors
+
+
+@pytest.mark.parametrize("fmt", ["lerobot_v21", "hdf5", "mcap", "eva_store"])
+def test_verify_refuses_a_task_index_listed_twice(tmp_path: Path, fmt: str) -> None:
+    """Every format carries tasks.jsonl; with one index for two tasks a reader gives an
+    episode the other episode's task (LeRobot returned 'other' for 'pick the cube')."""
+    src = short_subset(tmp_path / "src", [3, 4])
+    out = tmp_path / fmt
+    get_exporter(fmt).export(src, out, progress=None)  # type: ignore[arg-type]
+    assert verify_export(out).ok
+    two_tasks_one_index(out)
+    errors = verify_export(out).errors
+    assert any("tasks.jsonl" in e and ("not one to one" in e or "twice" in e) for e in errors), errors

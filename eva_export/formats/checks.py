@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..dataset.meta import EPISODES, INFO
-from ..dataset.records import FORMAT_V21, QUALITY_SPLIT_FILE, EpisodeRow, QualitySplit
+from ..dataset.meta import EPISODES, INFO, TASKS
+from ..dataset.records import FORMAT_V21, QUALITY_SPLIT_FILE, EpisodeRow, QualitySplit, TaskRow
 from ..dataset.video import image_row_problem
 from ..fsutil import iter_jsonl, read_json
 from .base import VerifyReport
@@ -51,11 +51,35 @@ def start_report(out_dir: Path, dataset_format: str) -> tuple[VerifyReport, dict
     return report, info
 
 def read_episode_rows(out_dir: Path, report: VerifyReport) -> list[EpisodeRow]:
+    """episodes.jsonl, with its tasks checked against tasks.jsonl."""
     try:
-        return [EpisodeRow.from_dict(d) for d in iter_jsonl(Path(out_dir) / EPISODES)]
+        rows = [EpisodeRow.from_dict(d) for d in iter_jsonl(Path(out_dir) / EPISODES)]
     except (OSError, ValueError, KeyError) as exc:
         report.errors.append(f"{EPISODES}: unreadable ({exc})")
         return []
+    check_tasks(report, Path(out_dir), rows)
+    return rows
+
+
+def check_tasks(report: VerifyReport, out_dir: Path, rows: list[EpisodeRow]) -> None:
+    """tasks.jsonl maps indices and strings one to one and holds every episode's task: with an
+    index listed twice a reader gives an episode the other task."""
+    if not (out_dir / TASKS).is_file():
+        return
+    try:
+        tasks = [TaskRow.from_dict(d) for d in iter_jsonl(out_dir / TASKS)]
+    except (OSError, ValueError, KeyError) as exc:
+        report.errors.append(f"{TASKS}: unreadable ({exc})")
+        return
+    idx, texts = [t.task_index for t in tasks], [t.task for t in tasks]
+    if len(set(idx)) != len(idx) or len(set(texts)) != len(texts):
+        report.errors.append(f"{TASKS}: task_index values {idx[:10]} and tasks {texts[:10]} are not one to one")
+        return
+    unknown = sorted({t for r in rows for t in r.tasks if t not in texts})
+    if unknown:
+        report.errors.append(f"{TASKS}: episodes name tasks it does not hold: {unknown[:5]}")
+    else:
+        report.checks.append(f"{TASKS}: {len(tasks)} task(s), indices and strings one to one")
 
 def check_totals(report: VerifyReport, info: dict[str, Any], episodes: int, frames: int, what: str) -> None:
     if info.get("total_episodes") != episodes or info.get("total_frames") != frames:
