@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 VIDEO_PATH_V30 = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
 TOLERANCE_S = Fraction(1, 10000)  # LeRobotDataset's default tolerance_s
 MIN_TIMESCALE = 10000  # what FFmpeg's MP4 muxer raises a coarse video time base to
+DELAY_PROBE_PACKETS = 64
 
 
 @dataclass(frozen=True)
@@ -99,12 +100,19 @@ def reorder_delay(path: Path, fps: int, timescale: int) -> int:
 
     Measured from the presentation times in decode order (the k-th packet decoded must not be
     shown before frame k), not from the file's own decode times, which an encoder may have
-    placed anywhere below its presentation times.
+    placed anywhere below its presentation times. Only the first ``DELAY_PROBE_PACKETS`` are
+    read (the reorder depth shows in the first GOPs); an episode needing more later is caught
+    when it is placed, and re-encoded.
     """
+    pts: list[Fraction] = []
     try:
         with av.open(str(path)) as src:
             s = src.streams.video[0]
-            pts = [p.pts * Fraction(p.time_base) for p in src.demux(s) if p.size and p.pts is not None]
+            for p in src.demux(s):
+                if p.size and p.pts is not None:
+                    pts.append(p.pts * Fraction(p.time_base))
+                    if len(pts) >= DELAY_PROBE_PACKETS:
+                        break
     except av.FFmpegError:
         return 0  # the episode's own add() names the unreadable file
     if not pts:
