@@ -111,7 +111,7 @@ def baselines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-@pytest.mark.parametrize("fmt", ["lerobot_v21", "lerobot_v3", "eva_store"])
+@pytest.mark.parametrize("fmt", ["lerobot_v21", "lerobot_v3", "hdf5", "mcap", "eva_store"])
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_source_a_consumer_cannot_read_is_refused(case: Case, fmt: str, baselines: dict[str, Path],
                                                   tmp_path: Path) -> None:
