@@ -14,9 +14,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from dsfactory import Ep, image, make_dataset, make_subset, replace_video, state_value
+from short_videos import short_subset
 
 from eva_export.dataset.table import to_numpy
-from eva_export.dataset.video import VideoSettings
+from eva_export.dataset.video import VideoSettings, iter_frames, stream_timing
 from eva_export.errors import ExportError
 from eva_export.export.records import QualitySplit
 from eva_export.formats.lerobot_v3 import LeRobotV3Exporter, tasks_table
@@ -228,14 +229,14 @@ def test_v3_every_episode_field_survives(tmp_path: Path) -> None:
 def test_v3_frame_count_mismatch_aborts_naming_the_episode(tmp_path: Path) -> None:
     src = subset(tmp_path / "src", [Ep(frames=8), Ep(frames=9), Ep(frames=7)])
     replace_video(src, "observation.images.cam1", 1, 7)
-    with pytest.raises(ExportError, match=r"episode 1: observation.images.cam1 video has 7 frames.*9 rows"):
+    with pytest.raises(ExportError, match=r"episode 1 \(.*episode_000001.mp4\): observation.images.cam1 video has 7 frames.*9 rows"):
         LeRobotV3Exporter().export(src, tmp_path / "out")
 
 
 def test_v3_resolution_mismatch_aborts(tmp_path: Path) -> None:
     src = subset(tmp_path / "src", [Ep(frames=5), Ep(frames=5)])
     replace_video(src, "observation.images.cam0", 1, 5, width=32, height=32)
-    with pytest.raises(ExportError, match="episode 1: observation.images.cam0 video is 32x32"):
+    with pytest.raises(ExportError, match=r"episode 1 \(.*episode_000001.mp4\): observation.images.cam0 video is 32x32"):
         LeRobotV3Exporter().export(src, tmp_path / "out")
 
 
@@ -267,3 +268,40 @@ def test_v3_starts_a_new_shard_when_reencoding_cannot_match(tmp_path: Path) -> N
     assert eps[1]["videos/observation.images.cam0/from_timestamp"] == 0.0
     check_through_locator(out, [8, 6], cams=1)
     assert ex.verify(out).ok
+
+
+# ---- issue 23: very short B-frame episodes anywhere in a shard --------------------------------
+SHORT_CASES = [[1, 25], [1, 30, 30], [30, 1, 30], [30, 30, 1], [2, 30], [30, 2, 30], [30, 30, 2], [1, 2, 1]]
+
+
+@pytest.mark.parametrize("codec", ["libx264", "libx265"])
+@pytest.mark.parametrize("lengths", SHORT_CASES, ids=lambda v: "-".join(map(str, v)))
+def test_v3_short_bframe_episodes_join_pixel_exact(tmp_path: Path, codec: str, lengths: list[int]) -> None:
+    """LeRobot's H.264/HEVC episodes decode from below zero, 1- and 2-frame ones do not: joined
+    as they were, decode times went 0 -> 0, the shard lasted a frame short of to_timestamp, or
+    the muxer refused it. Every frame must come back as the source episode's decoded frame."""
+    assert codec in av.codecs_available
+    src = short_subset(tmp_path / "src", lengths, codec)
+    out = tmp_path / "out"
+    ex = LeRobotV3Exporter()
+    ex.export(src, out)
+    assert ex.last_reencoded == {}  # every episode placed by stream copy
+    rep = ex.verify(out)
+    assert rep.ok, rep.errors
+    key = "observation.images.cam0"
+    (shard,) = sorted((out / "videos" / key).rglob("*.mp4"))
+    t = stream_timing(shard)
+    assert all(b > a for a, b in zip(t.dts, t.dts[1:], strict=False)), t.dts[:6]
+    assert sorted(t.pts) == [Fraction(i, FPS) for i in range(sum(lengths))]
+    eps = read_locator(out)
+    assert t.duration is not None and abs(t.duration - Fraction(sum(lengths), FPS)) < Fraction(1, 10000)
+    assert abs(float(t.duration) - eps[-1][f"videos/{key}/to_timestamp"]) < 1e-4
+    with av.open(str(shard)) as c:
+        assert c.streams.video[0].average_rate == FPS  # what torchcodec turns timestamps into indices with
+    frames = decode_all(shard)
+    for e, n in zip(eps, lengths, strict=True):
+        start = round(e[f"videos/{key}/from_timestamp"] * FPS)
+        want = list(iter_frames(src / f"videos/chunk-000/{key}/episode_{e['episode_index']:06d}.mp4"))
+        assert len(want) == n
+        for i in range(n):
+            np.testing.assert_array_equal(frames[start + i], want[i])

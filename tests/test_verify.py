@@ -127,7 +127,7 @@ def test_v3_missing_shard_frames_is_an_error(source: Path, tmp_path: Path) -> No
         for i in range(18):
             enc.add(image(0, i, 0, 64, 48))
     report = verify_export(out)
-    assert any("18 frames, its episodes need 19" in e for e in report.errors)
+    assert any("18 frames, 19 expected" in e for e in report.errors), report.errors
 
 
 def test_hdf5_truncated_images_are_an_error(source: Path, tmp_path: Path) -> None:

@@ -1,8 +1,9 @@
 """Source validation: a raw v2.1 dataset checked before anything is written.
 
-``validate_source`` reads only metadata, Parquet footers and the ``task_index`` column, so it
-is cheap enough to run before every export. Each failure is a ``DatasetError`` naming the file
-or episode at fault.
+``validate_source`` reads metadata, Parquet footers and the small index columns, demuxes every
+MP4 (its timing against the table) and decodes embedded images (validate_media), so what a
+consumer's reader would fail on is refused before an export starts. Each failure is a
+``DatasetError`` naming the raw file and the raw episode index at fault.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from pathlib import Path
 
 from typing import Any
 
-import av
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -25,7 +25,7 @@ from .meta import EPISODES, EPISODES_STATS, INFO, TASKS, DatasetMeta, check_stat
 from .records import CODEBASE_V21, FORMAT_V21, DatasetInfo, EpisodeRow, Feature
 from .table import arrow_type
 from .stats import STAT_KEYS
-from .video import mp4_truncation, stream_frames
+from .validate_media import check_images, check_video
 
 REQUIRED_COLUMNS = ("episode_index", "index")
 SMALL_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
@@ -124,18 +124,35 @@ def validate_source(root: Path, *, allow_empty_dataset: bool = True, as_source: 
         raise DatasetError(f"{root / EPISODES}: episode indices must be 0..{len(indices) - 1} in order; found "
                            f"{_cut(indices)}" + (f" (missing {_cut(missing)})" if missing else ""))
     _check_stray_files(root, meta)
+    _check_tasks(root, meta)
     task_text = meta.task_text
     task_ids = meta.task_index
     check = SourceCheck(root=root, meta=meta, source_hash=source_hash(root))
     offset = 0
     for row in meta.episodes:
         ep = _check_episode(root, meta, row, task_text, task_ids, offset, camera_stats_computed)
+        check_images(meta, ep.index, ep.data_path)
         for key, vp in ep.video_paths.items():
-            _check_video(meta, ep, key, vp)
+            check_video(meta, ep.index, ep.rows, ep.data_path, key, vp)
         offset += ep.rows
         check.episodes.append(ep)
     check_stats_shapes(meta)  # after the tables: a declared-vs-stored mismatch names the Parquet file first
     return check
+
+
+def _check_tasks(root: Path, meta: DatasetMeta) -> None:
+    """Each task_index names one task and each task one index: a reader building the map
+    either way would otherwise give an episode another episode's task."""
+    by_index: dict[int, str] = {}
+    by_text: dict[str, int] = {}
+    for t in meta.tasks:
+        if t.task_index in by_index:
+            raise DatasetError(f"{root / TASKS}: task_index {t.task_index} appears twice ({by_index[t.task_index]!r} "
+                               f"and {t.task!r}); give each task its own index")
+        if t.task in by_text:
+            raise DatasetError(f"{root / TASKS}: task {t.task!r} appears twice (task_index {by_text[t.task]} "
+                               f"and {t.task_index}); list each task once")
+        by_index[t.task_index], by_text[t.task] = t.task, t.task_index
 
 
 def _cut(values: list[int], n: int = 10) -> str:
@@ -257,36 +274,20 @@ def _check_columns(root: Path, meta: DatasetMeta, ep: SourceEpisode, offset: int
                                f"{info.fps} fps grid (expected {grid[k]:.6f})")
 
 
-def _check_video(meta: DatasetMeta, ep: SourceEpisode, key: str, path: Path) -> None:
-    """Frame count against the rows, and frame size against info.json, without decoding.
-
-    The count comes from the container index (the MP4 sample table, exact) when present, else
-    from demuxing the packets; a truncated or garbage file is refused from its box structure.
-    """
-    e = ep.index
-    feat = meta.info.features[key]
-    why = mp4_truncation(path)
-    if why:
-        raise DatasetError(f"episode {e}: {path} ({key}) is not a complete MP4 (truncated, empty or "
-                           f"garbage: {why})")
-    try:
-        with av.open(str(path)) as container:
-            if not container.streams.video:
-                raise DatasetError(f"episode {e}: {path} ({key}) has no video stream")
-            stream = container.streams.video[0]
-            width, height = stream.codec_context.width, stream.codec_context.height
-            frames = stream_frames(container, stream)
-    except DatasetError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any demuxer error means an unreadable file
-        raise DatasetError(f"episode {e}: {path} ({key}) is not a readable MP4 (truncated, empty or "
-                           f"garbage): {exc}") from exc
-    if frames != ep.rows:
-        raise DatasetError(f"episode {e}: {path} ({key}) has {frames} frames but {ep.data_path} has "
-                           f"{ep.rows} rows")
-    if (height, width) != tuple(feat.shape[:2]):
-        raise DatasetError(f"episode {e}: {path} ({key}) is {width}x{height}, but {meta.root / INFO} "
-                           f"declares {feat.shape[1]}x{feat.shape[0]}")
+def _episode_tasks(root: Path, row: EpisodeRow, data: Path, task_values: Any, task_text: dict[int, str],
+                   task_ids: dict[str, int]) -> list[int]:
+    """The episode's task indices, each resolving through tasks.jsonl."""
+    ep = row.episode_index
+    for task in row.tasks:
+        if task not in task_ids:
+            raise DatasetError(f"episode {ep}: task {task!r} is not in {root / TASKS}")
+    if task_values is None:
+        return sorted({task_ids[t] for t in row.tasks})
+    tasks = sorted(int(t) for t in np.unique(task_values))
+    for t in tasks:
+        if t not in task_text:
+            raise DatasetError(f"episode {ep}: task_index {t} in {data} does not resolve through {root / TASKS}")
+    return tasks
 
 
 def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: dict[int, str],
@@ -328,17 +329,7 @@ def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: di
         raise DatasetError(f"episode {ep}: {data} has zero rows (empty episode)")
     if nrows != row.length:
         raise DatasetError(f"episode {ep}: {data} has {nrows} rows but episodes.jsonl says length {row.length}")
-    for task in row.tasks:
-        if task not in task_ids:
-            raise DatasetError(f"episode {ep}: task {task!r} is not in {root / TASKS}")
-    if task_values is not None:
-        tasks = sorted(int(t) for t in np.unique(task_values))
-        for t in tasks:
-            if t not in task_text:
-                raise DatasetError(f"episode {ep}: task_index {t} in {data} does not resolve through "
-                                   f"{root / TASKS}")
-    else:
-        tasks = sorted({task_ids[t] for t in row.tasks})
+    tasks = _episode_tasks(root, row, data, task_values, task_text, task_ids)
     ep_stats = meta.episodes_stats.get(ep)
     have = ep_stats.stats if ep_stats is not None else {}
     for key, feat in info.features.items():

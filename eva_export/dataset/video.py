@@ -196,3 +196,94 @@ def probe(path: Path) -> VideoProbe:
                               extradata=bytes(cc.extradata or b""))
     except av.FFmpegError as exc:
         raise VideoError(f"cannot probe {path}: {exc}") from exc
+
+
+TOLERANCE_S = Fraction(1, 10000)  # LeRobotDataset's tolerance_s default: frame lookups allow this much
+
+
+@dataclass(frozen=True)
+class StreamTiming:
+    """What a consumer's frame lookup relies on, read from the packets (nothing decoded)."""
+
+    pts: tuple[Fraction, ...]  # presentation times in seconds, in decode order
+    dts: tuple[Fraction, ...]  # decode times in seconds, in decode order
+    duration: Fraction | None  # the stream's duration as the container states it
+
+
+def stream_timing(path: Path) -> StreamTiming:
+    try:
+        with av.open(str(path)) as container:
+            s = container.streams.video[0]
+            tb = Fraction(s.time_base or 1)
+            pts: list[Fraction] = []
+            dts: list[Fraction] = []
+            for p in container.demux(s):
+                if p.size == 0:
+                    continue
+                if p.pts is None or p.dts is None:
+                    raise VideoError(f"{path}: packet {len(pts)} has no timestamp")
+                pts.append(p.pts * tb)
+                dts.append(p.dts * tb)
+            if s.duration:
+                duration: Fraction | None = s.duration * tb
+            else:
+                duration = Fraction(container.duration, av.time_base) if container.duration else None
+            return StreamTiming(tuple(pts), tuple(dts), duration)
+    except av.FFmpegError as exc:
+        raise VideoError(f"cannot read {path}: {exc}") from exc
+
+
+def timing_problems(t: StreamTiming, fps: int, frames: int, start: Fraction = Fraction(0),
+                    check_duration: bool = True) -> list[str]:
+    """Why a consumer reading ``frames`` frames at ``start + i / fps`` would fail ([] if it would not).
+
+    Decode times strictly increasing (a muxer's and a decoder's rule), presentation times on the
+    fps grid within LeRobot's tolerance, one frame per slot, and (``check_duration``) a stated
+    duration that covers the last frame without reaching a frame past it: decoders that derive
+    the rate from the duration look frames up by ``round(t * frames / duration)``.
+    """
+    out: list[str] = []
+    if len(t.pts) != frames:
+        out.append(f"{len(t.pts)} frames, {frames} expected")
+    for k in range(1, len(t.dts)):
+        if t.dts[k] <= t.dts[k - 1]:
+            out.append(f"decode timestamps do not increase at packet {k} "
+                       f"({float(t.dts[k - 1]):.4f} s -> {float(t.dts[k]):.4f} s)")
+            break
+    for i, p in enumerate(sorted(t.pts)):
+        want = start + Fraction(i, fps)
+        if abs(p - want) > TOLERANCE_S:
+            out.append(f"frame {i} is shown at {float(p):.4f} s, not {float(want):.4f} s "
+                       f"({fps} fps from {float(start):.4f} s)")
+            break
+    if check_duration and frames:
+        end = Fraction(len(t.pts), fps)
+        if t.duration is None:
+            out.append("the stream states no duration")
+        elif not end - TOLERANCE_S <= t.duration < end + Fraction(1, fps) - TOLERANCE_S:
+            out.append(f"the stream lasts {float(t.duration):.4f} s, its {len(t.pts)} frames need "
+                       f"{float(end):.4f} s")
+    return out
+
+
+def image_row_problem(value: Any, shape: tuple[int, ...]) -> str:
+    """Why one embedded-image cell (``{"bytes", "path"}`` holding a PNG or JPEG) would not give a
+    reader an image of ``shape`` ("" when it would)."""
+    data = value.get("bytes") if isinstance(value, dict) else value
+    if not isinstance(data, (bytes, bytearray)) or not data:
+        return "holds no image bytes"
+    data = bytes(data)
+    name = "png" if data.startswith(b"\x89PNG") else "mjpeg" if data.startswith(b"\xff\xd8") else ""
+    if not name:
+        return f"is not a PNG or JPEG image ({len(data)} bytes)"
+    try:
+        cc: Any = av.CodecContext.create(name, "r")  # a decoding context; the stubs type only the base
+        frames = cc.decode(av.Packet(data))
+        if not frames:
+            return "does not decode"
+        arr = frames[0].to_ndarray(format="rgb24")
+    except (av.FFmpegError, ValueError) as exc:
+        return f"does not decode ({exc})"
+    if tuple(arr.shape) != tuple(shape):
+        return f"decodes to shape {list(arr.shape)}, the feature declares {list(shape)}"
+    return ""

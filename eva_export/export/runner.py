@@ -177,12 +177,14 @@ class ExportService:
             raise
         faults.check("validate")
         n = len(check.episodes)
-        self.jobs.update(job_id, episodes_total=n if spec.native else 2 * n, files_total=check.files_total,
-                         bytes_total=check.bytes_total)
+        # Each source episode counts once: in the split for the native format, else when the
+        # format's exporter writes it (counting both phases showed 8/8 for 4 episodes).
+        self.jobs.update(job_id, episodes_total=n, files_total=check.files_total, bytes_total=check.bytes_total)
         self.jobs.save(job_id, force=True)
 
         def on_unit(_p: Any, files: int, nbytes: int, reused: bool) -> None:
-            self.jobs.count(job_id, episodes_done=1, files_done=files, bytes_done=nbytes, reused_episodes=int(reused))
+            self.jobs.count(job_id, episodes_done=int(spec.native), files_done=files, bytes_done=nbytes,
+                            reused_episodes=int(reused))
             self.jobs.save(job_id)
 
         with export_lock(paths), storage_guard(paths.staging, f"{fmt} export: writing"):

@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
-from ..dataset.meta import EPISODES, INFO
-from ..dataset.records import FORMAT_V21, QUALITY_SPLIT_FILE, EpisodeRow, QualitySplit
+from ..dataset.meta import EPISODES, INFO, TASKS
+from ..dataset.records import FORMAT_V21, QUALITY_SPLIT_FILE, EpisodeRow, QualitySplit, TaskRow
+from ..dataset.video import image_row_problem
 from ..fsutil import iter_jsonl, read_json
 from ..jsonbound import as_int
 from .base import VerifyReport
@@ -55,11 +57,35 @@ def start_report(out_dir: Path, dataset_format: str) -> tuple[VerifyReport, dict
     return report, info
 
 def read_episode_rows(out_dir: Path, report: VerifyReport) -> list[EpisodeRow]:
+    """episodes.jsonl, with its tasks checked against tasks.jsonl."""
     try:
-        return [EpisodeRow.from_dict(d) for d in iter_jsonl(Path(out_dir) / EPISODES)]
+        rows = [EpisodeRow.from_dict(d) for d in iter_jsonl(Path(out_dir) / EPISODES)]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         report.errors.append(f"{EPISODES}: unreadable ({exc})")
         return []
+    check_tasks(report, Path(out_dir), rows)
+    return rows
+
+
+def check_tasks(report: VerifyReport, out_dir: Path, rows: list[EpisodeRow]) -> None:
+    """tasks.jsonl maps indices and strings one to one and holds every episode's task: with an
+    index listed twice a reader gives an episode the other task."""
+    if not (out_dir / TASKS).is_file():
+        return
+    try:
+        tasks = [TaskRow.from_dict(d) for d in iter_jsonl(out_dir / TASKS)]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        report.errors.append(f"{TASKS}: unreadable ({exc})")
+        return
+    idx, texts = [t.task_index for t in tasks], [t.task for t in tasks]
+    if len(set(idx)) != len(idx) or len(set(texts)) != len(texts):
+        report.errors.append(f"{TASKS}: task_index values {idx[:10]} and tasks {texts[:10]} are not one to one")
+        return
+    unknown = sorted({t for r in rows for t in r.tasks if t not in texts})
+    if unknown:
+        report.errors.append(f"{TASKS}: episodes name tasks it does not hold: {unknown[:5]}")
+    else:
+        report.checks.append(f"{TASKS}: {len(tasks)} task(s), indices and strings one to one")
 
 def check_totals(report: VerifyReport, info: dict[str, Any], episodes: int, frames: int, what: str) -> None:
     if info.get("total_episodes") != episodes or info.get("total_frames") != frames:
@@ -103,3 +129,19 @@ def check_sample(report: VerifyReport, state: Any, action: Any, frame: Any, wher
             parts.append(f"frame {arr.shape[1]}x{arr.shape[0]} rgb mean={float(arr.mean()):.1f}")
     if len(report.errors) == errors_before:
         report.checks.append(f"real read from {where}: " + ", ".join(parts))
+
+
+def check_image_rows(report: VerifyReport, table: pa.Table, shapes: dict[str, tuple[int, ...]], where: str,
+                     episode: int | None = None) -> None:
+    """Every embedded image of ``table`` decodes to its feature's shape; one error per camera."""
+    epi = table.column("episode_index").to_pylist() if "episode_index" in table.column_names else None
+    for key, shape in shapes.items():
+        if key not in table.column_names:
+            report.errors.append(f"{where}: no {key!r} column")
+            continue
+        for i, value in enumerate(table.column(key).to_pylist()):
+            why = image_row_problem(value, shape)
+            if why:
+                ep = episode if episode is not None else (epi[i] if epi else "?")
+                report.errors.append(f"{where}: episode {ep} row {i}: {key} {why}")
+                break

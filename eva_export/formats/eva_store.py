@@ -450,7 +450,7 @@ def verify_store(root: Path) -> VerifyReport:
         report.checks.append(f"read the middle sample of each of {len(manifest.shards)} shards "
                              f"({len(store.frame_keys)} frames each decoded)")
         check_sample(report, *first, where=f"{manifest.shards[0].shard_id} (eva_export.store reader)"
-                     if manifest.shards else "an empty store")
+                     if manifest.shards else "an empty store", empty=not manifest.shards)
     except StoreError as exc:
         report.errors.append(f"real read: {exc}")
     return report

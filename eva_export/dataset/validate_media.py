@@ -1,0 +1,73 @@
+"""Source validation of the media a reader decodes: camera MP4s (frame count, size, and frame
+timing against the table) and images embedded in Parquet (each decodes to its declared shape).
+Every message names the raw file and the raw episode index."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import av
+import pyarrow.parquet as pq
+
+from ..errors import DatasetError
+from .meta import INFO, DatasetMeta
+from .video import image_row_problem, mp4_truncation, stream_frames, stream_timing, timing_problems
+
+
+def check_video(meta: DatasetMeta, e: int, rows: int, data_path: Path, key: str, path: Path) -> None:
+    """Frame count against the rows, frame size against info.json, and every frame's decode and
+    presentation time (demuxed, not decoded) against the table's frame i at i / fps.
+
+    The count comes from the container index (the MP4 sample table, exact) when present, else
+    from demuxing the packets; a truncated or garbage file is refused from its box structure.
+    """
+    feat = meta.info.features[key]
+    why = mp4_truncation(path)
+    if why:
+        raise DatasetError(f"episode {e}: {path} ({key}) is not a complete MP4 (truncated, empty or "
+                           f"garbage: {why})")
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.video:
+                raise DatasetError(f"episode {e}: {path} ({key}) has no video stream")
+            stream = container.streams.video[0]
+            width, height = stream.codec_context.width, stream.codec_context.height
+            frames = stream_frames(container, stream)
+    except DatasetError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any demuxer error means an unreadable file
+        raise DatasetError(f"episode {e}: {path} ({key}) is not a readable MP4 (truncated, empty or "
+                           f"garbage): {exc}") from exc
+    if frames != rows:
+        raise DatasetError(f"episode {e}: {path} ({key}) has {frames} frames but {data_path} has "
+                           f"{rows} rows")
+    if (height, width) != tuple(feat.shape[:2]):
+        raise DatasetError(f"episode {e}: {path} ({key}) is {width}x{height}, but {meta.root / INFO} "
+                           f"declares {feat.shape[1]}x{feat.shape[0]}")
+    # The table says frame i is shown at i / fps (checked above); a reader seeks the MP4 there.
+    try:
+        problems = timing_problems(stream_timing(path), meta.info.fps, rows, check_duration=False)
+    except Exception as exc:  # noqa: BLE001 - any demuxer error means an unreadable file
+        raise DatasetError(f"episode {e}: {path} ({key}) is not a readable MP4: {exc}") from exc
+    if problems:
+        raise DatasetError(f"episode {e}: {path} ({key}): its frame timing disagrees with {data_path} "
+                           f"(frame i at i / {meta.info.fps} s from 0): {'; '.join(problems)}")
+
+
+def check_images(meta: DatasetMeta, ep: int, data: Path) -> None:
+    """Every embedded image decodes to its declared shape: a reader decodes each one it serves,
+    and a null, garbage or wrong-size row fails there, long after the export was published."""
+    keys = [k for k, f in meta.info.features.items() if f.dtype == "image"]
+    if not keys:
+        return
+    try:
+        with pq.ParquetFile(data) as pf:
+            t = pf.read(columns=keys)
+    except Exception as exc:  # noqa: BLE001 - any Arrow error means an unreadable table
+        raise DatasetError(f"episode {ep}: cannot read {data}: {exc}") from exc
+    for key in keys:
+        shape = meta.info.features[key].shape
+        for i, value in enumerate(t.column(key).to_pylist()):
+            why = image_row_problem(value, shape)
+            if why:
+                raise DatasetError(f"episode {ep}: {data}: {key} at frame {i} {why}")
