@@ -346,6 +346,34 @@ class RosClient:
                 )
             self.spin_for(0.1)
 
+    def service_endpoints(self, name: str) -> tuple[set[bytes], set[bytes]]:
+        """GIDs of the request readers and the reply writers of service ``name`` in the graph.
+
+        After a server is killed its endpoints stay in the graph until their lease runs out,
+        so "the service is available" may mean only the dead incarnation is; these GIDs tell a
+        new incarnation from the old one."""
+        ns_name = name if name.startswith("/") else f"/{name}"
+        req = self.node.get_subscriptions_info_by_topic(f"rq{ns_name}Request", no_mangle=True)
+        rep = self.node.get_publishers_info_by_topic(f"rr{ns_name}Reply", no_mangle=True)
+        return {bytes(i.endpoint_gid) for i in req}, {bytes(i.endpoint_gid) for i in rep}
+
+    def wait_for_new_server(self, name: str, old: tuple[set[bytes], set[bytes]],
+                            timeout: float = DEFAULT_SERVICE_TIMEOUT, procs: Iterable[NodeProcess] = ()) -> float:
+        """Wait until a server of ``name`` other than the ``old`` endpoints is in the graph (both
+        its request reader and its reply writer); return the seconds it took."""
+        start = time.monotonic()
+        procs = list(procs)
+        while True:
+            req, rep = self.service_endpoints(name)
+            if req - old[0] and rep - old[1]:
+                return time.monotonic() - start
+            dead = describe_dead(procs)
+            if dead:
+                raise AssertionError(f"node died while waiting for a new server of {name}:\n{dead}")
+            if time.monotonic() - start > timeout:
+                raise TimeoutError(f"no new server of {name} after {timeout:.0f} s")
+            self.spin_for(0.1)
+
     def client(self, srv_type: Any, name: str) -> Any:
         key = (srv_type, name)
         if key not in self._clients:

@@ -44,16 +44,21 @@ def test_capture_node_killed_near_stop_receives_again_after_every_restart(tmp_pa
 
     waits: list[float] = []
     shm_errors: list[int] = []  # Fast DDS "Failed init_port" lines per incarnation
+    old: tuple[set[bytes], set[bytes]] = (set(), set())
     for k in range(KILLS + 1):
         if k:
             cap = node_factory("capture_node", namespace=cap.namespace, env=DDS_ENV,
                                params={"config_file": str(cfg)})
             ros_client.wait_for_services([cap.service("start")], procs=[cap, sim])
+            # the killed incarnation's endpoints linger until their lease ends: a request sent
+            # while only they are matched goes nowhere, so wait for this incarnation's own
+            ros_client.wait_for_new_server(cap.service("start"), old, timeout=60, procs=[cap, sim])
         waits.append(wait_data(k))
         shm_errors.append(cap.log_text().count("Failed init_port"))
         assert waits[-1] <= DATA_WITHIN_S, f"restart {k}: data on every stream only after {waits[-1]:.1f} s"
         if k == KILLS:
             break
+        old = ros_client.service_endpoints(cap.service("start"))
         try:
             r = ros_client.call(StartCapture, cap.service("start"), StartCapture.Request(), timeout=60)
         except TimeoutError as exc:
