@@ -41,6 +41,21 @@ def server(tmp_path: Path, request: pytest.FixtureRequest) -> object:
     return srv
 
 
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    """Debian's headless chromium through Playwright, one per test module."""
+    import os
+
+    from browser import CHROMIUM, CHROMIUM_ARGS
+    from playwright.sync_api import sync_playwright
+
+    assert os.path.isfile(CHROMIUM), f"{CHROMIUM} is missing: apt-get install -y chromium (tools/setup.sh)"
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
 @pytest.fixture(scope="session")
 def rclpy_context() -> Iterator[None]:
     """rclpy initialised once in the test process."""

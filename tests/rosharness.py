@@ -374,6 +374,12 @@ class RosClient:
                 raise TimeoutError(f"no new server of {name} after {timeout:.0f} s")
             self.spin_for(0.1)
 
+    def forget_client(self, srv_type: Any, name: str) -> None:
+        """Destroy the cached client of ``name``: the next call matches new endpoints afresh."""
+        client = self._clients.pop((srv_type, name), None)
+        if client is not None:
+            self.node.destroy_client(client)
+
     def client(self, srv_type: Any, name: str) -> Any:
         key = (srv_type, name)
         if key not in self._clients:

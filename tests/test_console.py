@@ -31,9 +31,6 @@ from eva_export.export.records import QualitySplit
 
 pytestmark = pytest.mark.timeout(300)
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 HOSTILE = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
 WAIT_MS = 60_000  # generous: the machine may be busy; nothing here is a speed assertion
 SCREENSHOT_ENV = "EVA_CONSOLE_SCREENSHOT"  # also copy the screenshot there (docs/console.png)
@@ -110,17 +107,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory, rclpy_context: None) -> Iter
         client.close()
         codes = {exe: p.stop() for exe, p in procs.items()}
         assert codes["console_node"] == 0, procs["console_node"].log_tail()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    assert os.path.isfile(CHROMIUM), f"{CHROMIUM} is missing: apt-get install -y chromium (tools/setup.sh)"
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture

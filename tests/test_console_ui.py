@@ -23,7 +23,12 @@ from typing import Any
 import numpy as np
 import pytest
 import rosharness
-from test_console import CHROMIUM, CHROMIUM_ARGS, WAIT_MS, _http, _wait_log, _wait_url
+from test_console import (
+    WAIT_MS,
+    _http,
+    _wait_log,
+    _wait_url,
+)
 
 from eva_export.dataset.meta import read_meta
 from eva_export.dataset.records import Feature
@@ -106,16 +111,6 @@ def ui(tmp_path_factory: pytest.TempPathFactory, rclpy_context: None) -> Iterato
         client.close()
         codes = {exe: p.stop() for exe, p in procs.items()}
         assert codes["console_node"] == 0, procs["console_node"].log_tail()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 def _page(browser: Any, width: int = 1366, height: int = 768) -> Any:

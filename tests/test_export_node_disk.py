@@ -4,7 +4,6 @@ path and the free space, and the node survives both (issue 24, item 1)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +11,8 @@ import pytest
 from diskfull import fill, tmpfs, unfill
 from dsfactory import Ep, make_dataset
 from eva_export_interfaces.msg import JobQueueStatus
-from eva_export_interfaces.srv import GetJob, StartExport
+from eva_export_interfaces.srv import StartExport
+from test_export_node import _wait_job
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -21,17 +21,6 @@ pytestmark = pytest.mark.timeout(240)
 def fs(tmp_path: Path) -> Iterator[Path]:
     with tmpfs(tmp_path / "fs", 16) as root:
         yield root
-
-
-def _wait_job(ros_client, node, job_id: str, timeout: float = 120.0):  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        reply = ros_client.call(GetJob, node.service("get_job"), GetJob.Request(job_id=job_id))
-        assert reply.success, reply.message
-        if reply.job.state in ("completed", "failed"):
-            return reply.job
-        time.sleep(0.1)
-    raise TimeoutError(f"job {job_id} did not finish in {timeout} s")
 
 
 def test_export_node_on_a_full_disk(node_factory, ros_client, fs: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -54,13 +43,13 @@ def test_export_node_on_a_full_disk(node_factory, ros_client, fs: Path, tmp_path
     fill(fs, leave=400 * 1024)  # the job record and the native split fit, the embedded frames do not
     r = ros_client.call(StartExport, node.service("start"), start)  # not "already has export ... queued"
     assert r.success, r.message
-    job = _wait_job(ros_client, node, r.job_id)
+    job = _wait_job(ros_client, node, r.job_id, timeout=120.0)
     assert job.state == "failed" and "free there" in job.error and str(fs) in job.error, job.error
     assert not (log_dir / "demo" / "export" / "hdf5" / "accepted").exists()
     unfill(fs)
 
     r = ros_client.call(StartExport, node.service("start"), start)
     assert r.success, r.message
-    job = _wait_job(ros_client, node, r.job_id)
+    job = _wait_job(ros_client, node, r.job_id, timeout=120.0)
     assert job.state == "completed", job.error
     assert node.stop() == 0, node.log_tail()

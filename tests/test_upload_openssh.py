@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sshd import SshServer  # noqa: E402
 from test_upload_core import remote_root, same_tree, write_tree  # noqa: E402
-from test_upload_resume import make_subset, published, staged_bytes, subset_bytes  # noqa: E402
+from test_upload_resume import _flip_byte, make_subset, published, staged_bytes, subset_bytes  # noqa: E402
 
 from eva_export.config import SftpSettings  # noqa: E402
 from eva_export.errors import ConfigError, UploadError  # noqa: E402
@@ -96,14 +96,6 @@ def test_break_at_the_server_then_reput_resumes(tmp_path: Path, server: SshServe
     assert any("resumed into" in n for n in res.notes)
     same_tree(src, Path(res.remote_path))
     assert [p.name for p in remote_root(tmp_path).iterdir()] == ["ds"]
-
-
-def _flip_byte(path: Path, offset: int) -> None:
-    with open(path, "r+b") as fh:
-        fh.seek(offset)
-        b = fh.read(1)
-        fh.seek(offset)
-        fh.write(bytes([b[0] ^ 0xFF]))
 
 
 def test_corrupt_prefix_is_overwritten(tmp_path: Path, server: SshServer) -> None:
