@@ -103,6 +103,7 @@ MODULES = [
     "eva_export.upload.transfer",
     "eva_export.upload.bulk_openssh",
     "eva_export.upload.remotefs",
+    "eva_export.upload.remotelock",
     "eva_export.upload.remote",
     "eva_export.upload.limiter",
     "eva_export.upload.snapshot",

@@ -119,3 +119,61 @@ def test_job_records_are_private(tmp_path: Path, server: SshServer) -> None:
     record = service.jobs.path(final.job_id)
     assert stat.S_IMODE(record.stat().st_mode) == 0o600
     assert f"{server.host}:{server.port}" in record.read_text() or str(remote_root(tmp_path)) in record.read_text()
+
+
+def _staging_lock(remote: Path) -> list[Path]:
+    return [p for p in remote.iterdir() if ".uploading-" in p.name] if remote.is_dir() else []
+
+
+def _lock_of(exp_source: Path, accepted: Path, remote: Path) -> Path:
+    from eva_export.export.manifest import manifest_digest
+    from eva_export.upload.gate import publish_name
+    from eva_export.upload.job import staging_name
+    from eva_export.upload.remotelock import lock_path
+
+    digest = manifest_digest((accepted / "meta/manifest.json").read_bytes())
+    return Path(lock_path(str(remote / staging_name(publish_name(str(exp_source), "hdf5"), digest))))
+
+
+def test_a_version_another_host_uploads_is_refused(tmp_path: Path, server: SshServer) -> None:
+    """The remote lock beside the staging directory: another machine's upload of the same
+    version refuses this one before anything is sent, and its staging is left alone."""
+    import json
+
+    cfg = make_config(tmp_path, server.sftp_settings(str(remote_root(tmp_path))))
+    exp = make_export(tmp_path, JobStore(cfg.export.jobs_dir))
+    remote = remote_root(tmp_path)
+    remote.mkdir(parents=True)
+    lock = _lock_of(exp.source, exp.accepted, remote)
+    staging = Path(str(lock).replace(".uploading-", ".staging-"))
+    staging.mkdir()
+    (staging / "partial.bin").write_bytes(b"from the other host")
+    lock.write_text(json.dumps({"host": "robot-elsewhere", "pid": 4242, "since": 0.0}))
+    service = UploadService(cfg)
+    final = wait_done(service, service.start(str(exp.source), "hdf5", str(exp.accepted)))
+    assert final.state == FAILED
+    assert "host robot-elsewhere (process 4242) has been uploading this version" in final.error
+    assert (staging / "partial.bin").read_bytes() == b"from the other host"  # left alone
+    assert lock.exists() and sorted(p.name for p in remote.iterdir()) == sorted([staging.name, lock.name])
+    lock.unlink()  # that upload is gone for good: this one goes through
+    final = wait_done(service, service.start(str(exp.source), "hdf5", str(exp.accepted)))
+    assert final.state == COMPLETED, final.error
+    same_tree(exp.accepted, Path(final.remote_path))
+    assert _staging_lock(remote) == []  # publication leaves no lock behind
+
+
+def test_a_lock_left_on_this_host_is_taken_over(tmp_path: Path, server: SshServer) -> None:
+    import json
+
+    cfg = make_config(tmp_path, server.sftp_settings(str(remote_root(tmp_path))))
+    exp = make_export(tmp_path, JobStore(cfg.export.jobs_dir))
+    remote = remote_root(tmp_path)
+    remote.mkdir(parents=True)
+    lock = _lock_of(exp.source, exp.accepted, remote)
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": 999999, "since": 0.0}))  # a killed upload's
+    service = UploadService(cfg)
+    final = wait_done(service, service.start(str(exp.source), "hdf5", str(exp.accepted)))
+    assert final.state == COMPLETED, final.error
+    assert "left by process 999999 of this host" in final.last_error
+    assert _staging_lock(remote) == []
+    same_tree(exp.accepted, Path(final.remote_path))

@@ -125,10 +125,15 @@ def publish(sftp: paramiko.SFTPClient, staging: str, remote_dir: str, name: str)
 
 
 def try_rmtree(sftp: paramiko.SFTPClient, path: str) -> bool:
+    """Remove a directory tree or a file (another version's lock); True when it is gone."""
     try:
         if not exists(sftp, path):
             return True
-        rmtree(sftp, path)
+        mode = sftp.lstat(path).st_mode or 0
+        if stat.S_ISDIR(mode):
+            rmtree(sftp, path)
+        else:
+            sftp.remove(path)
     except (OSError, EOFError, paramiko.SSHException):
         return False
     return not exists(sftp, path)

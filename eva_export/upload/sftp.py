@@ -43,7 +43,7 @@ import paramiko
 from ..config import SftpSettings
 from ..errors import UploadError
 from ..export.manifest import MANIFEST_FILE, ManifestEntry, manifest_digest, sha256_file
-from . import connection, remotefs, transfer
+from . import connection, remotefs, remotelock, transfer
 from .bulk_openssh import ClientRun, OpensshBulk, find_client
 from .connection import PREFERRED_CIPHERS, describe_error
 from .job import (
@@ -183,7 +183,9 @@ class SftpBackend:
             client = None
         if client is not None:
             try:
-                cleaned = remotefs.try_rmtree(self._open_sftp(client), job.staging)
+                sftp = self._open_sftp(client)
+                cleaned = remotefs.try_rmtree(sftp, job.staging)
+                cleaned = remotefs.try_rmtree(sftp, remotelock.lock_path(job.staging)) and cleaned
             except (OSError, EOFError, paramiko.SSHException):
                 cleaned = False
             finally:
@@ -212,9 +214,14 @@ class SftpBackend:
                 phase = "checking an earlier publication"
                 found = remotefs.find_published(sftp, remote_dir, job)
                 if found is not None:
+                    remotelock.release(sftp, job.staging)
                     return self._result(job, found, posixpath.basename(found) != job.name)
             phase = f"checking {remote_dir}"
             remotefs.check_remote_dir(sftp, remote_dir, self.settings.create_remote_dir)
+            phase = f"locking {remotelock.lock_path(job.staging)}"
+            note = remotelock.acquire(sftp, job.staging)
+            if note:
+                job.notes.append(note)
             phase = "looking for earlier staging directories"
             self._leftovers(sftp, job)
             phase = f"creating the staging directory {job.staging} and its directories"
@@ -229,6 +236,7 @@ class SftpBackend:
             job.publishing = True
             target, taken = remotefs.publish(sftp, job.staging, remote_dir, job.name)
             job.publishing = False
+            remotelock.release(sftp, job.staging)
             return self._result(job, target, taken)
         except UploadError as exc:
             if isinstance(exc, (PermanentError, UploadCancelled)):
@@ -265,11 +273,11 @@ class SftpBackend:
 
     def _leftovers(self, sftp: paramiko.SFTPClient, job: UploadJob) -> None:
         """Remove staging directories of other versions of this export; adopt our own."""
-        prefix = f".{job.name}{STAGING_MARK}"
-        ours = posixpath.basename(job.staging)
+        prefixes = (f".{job.name}{STAGING_MARK}", f".{job.name}{remotelock.LOCK_MARK}")
+        ours = (posixpath.basename(job.staging), posixpath.basename(remotelock.lock_path(job.staging)))
         for entry in sftp.listdir_attr(self.settings.remote_dir):
             fname = entry.filename
-            if not fname.startswith(prefix) or fname == ours:
+            if not fname.startswith(prefixes) or fname in ours:
                 continue
             path = posixpath.join(self.settings.remote_dir, fname)
             if remotefs.try_rmtree(sftp, path):
