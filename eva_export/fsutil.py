@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import tempfile
@@ -174,3 +175,34 @@ def tree_size(root: Path) -> tuple[int, int]:
             files += 1
             size += os.lstat(os.path.join(dirpath, name)).st_size
     return files, size
+
+
+class LockHeld(Exception):
+    """Another holder has the lock; ``holder`` is the pid it wrote ("unknown" if none)."""
+
+    def __init__(self, path: Path, holder: str) -> None:
+        super().__init__(f"{path} is held by process {holder}")
+        self.holder = holder
+
+
+def take_lock(path: Path, per_process: bool = False) -> int:
+    """Open (create) ``path``, lock it exclusively without waiting, write this pid; return the fd.
+
+    ``per_process``: a POSIX record lock, shared by the process's threads (writers within one
+    process do not conflict); else flock, which belongs to the open file, so a second taker in
+    the same process is refused too. The kernel drops either when the process dies: no stale
+    lock after a crash. Raises LockHeld when another holds it; close the fd to release.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if per_process:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        else:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise LockHeld(path, holder) from exc
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd

@@ -22,7 +22,6 @@ of the data files (umask), not the 0600 of a temp file.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import queue
@@ -40,7 +39,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import DatasetError, VideoError
-from ..fsutil import atomic_write_json, atomic_write_jsonl, fsync_dir, read_json
+from ..fsutil import LockHeld, atomic_write_json, atomic_write_jsonl, fsync_dir, read_json, take_lock
 from . import stats as stats_mod
 from .commits import StagingJournal
 from .meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS, read_meta
@@ -75,19 +74,12 @@ def lock_dataset(root: Path) -> int:
     one process (the capture node's live capture and bag ingest share one) do not conflict,
     and the kernel releases it when the process dies: no stale lock after a crash.
     """
-    path = root / WRITER_LOCK
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise DatasetError(f"{root}: another process (pid {holder}) is writing this dataset; review it "
+        return take_lock(root / WRITER_LOCK, per_process=True)
+    except LockHeld as exc:
+        raise DatasetError(f"{root}: another process (pid {exc.holder}) is writing this dataset; review it "
                            f"through that capture node (its ~/review service or the console), or stop it "
                            f"first") from exc
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
 
 
 def make_features(extra: dict[str, Feature]) -> dict[str, Feature]:

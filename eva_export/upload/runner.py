@@ -14,7 +14,6 @@ into a leftover staging directory, removed other versions' leftovers, re-sent a 
 
 from __future__ import annotations
 
-import fcntl
 import os
 import threading
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from typing import Any
 
 from ..config import Config
 from ..errors import UploadRefused
+from ..fsutil import LockHeld, take_lock
 from ..jobs import Job, JobEngine, JobKind, JobStore, QueuePolicy, ServiceStatus
 from .gate import check_upload, publish_name
 from .sftp import UploadBackend, UploadCancelled, backend_for
@@ -41,19 +41,12 @@ def claim_upload(accepted: Path, fmt: str) -> int:
     """
     path = accepted.parent.parent / f".uploading-{fmt}.lock"
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        return take_lock(path)
+    except LockHeld as exc:
+        raise UploadRefused(f"{accepted} is being uploaded already (process {exc.holder}); wait for that "
+                            "upload to finish, its job shows the progress") from exc
     except OSError as exc:
         raise UploadRefused(f"cannot create the upload lock {path}: {exc.strerror or exc}") from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError as exc:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise UploadRefused(f"{accepted} is being uploaded already (process {holder}); wait for that "
-                            "upload to finish, its job shows the progress") from exc
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
 
 
 class UploadService:
