@@ -29,7 +29,7 @@ from .validate_media import check_images, check_video
 
 REQUIRED_COLUMNS = ("episode_index", "index")
 SMALL_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
-QUALITY_SIDECAR = "meta/eva_quality.jsonl"  # eva_export.quality.store.SIDECAR
+QUALITY_SIDECAR = "meta/eva_quality.jsonl"  # its one home of readers/writers: sources/sidecar.py
 #: How far a stored timestamp may be from frame_index / fps (LeRobot's own tolerance).
 GRID_TOLERANCE_S = 1e-4
 

@@ -11,7 +11,6 @@ dataset: its quality comes from the sidecar (sources/sidecar.py), else it is unr
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from pathlib import Path
 
 from ..dataset.meta import read_meta
@@ -38,7 +37,7 @@ class V20Source:
 
 def relabel(check: SourceCheck, root: Path) -> SourceCheck:
     """The checked v2.0 source described as the v2.1 dataset the split writes, with the
-    sidecar's quality in its rows and the sidecar in its hash."""
+    sidecar's quality in its rows (validate_source's hash already covers the sidecar)."""
     meta = check.meta
     verdicts = sidecar.merged(root)
     rows = sidecar.apply(meta.episodes, verdicts)
@@ -47,6 +46,5 @@ def relabel(check: SourceCheck, root: Path) -> SourceCheck:
     # Statistics are recomputed for every feature (v2.0 has none per episode); stats.json
     # is the old dataset-wide summary, left out so it cannot mask a missing camera.
     new_meta = dataclasses.replace(meta, info=info, episodes=rows, episodes_stats={})
-    h = hashlib.sha256(check.source_hash.encode() + b"\0" + sidecar.sidecar_bytes(root))
     episodes = [dataclasses.replace(e, row=by_index[e.index]) for e in check.episodes]
-    return dataclasses.replace(check, meta=new_meta, source_hash=h.hexdigest(), episodes=episodes)
+    return dataclasses.replace(check, meta=new_meta, episodes=episodes)
