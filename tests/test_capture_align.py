@@ -180,3 +180,23 @@ def test_unstamped_stream_with_delivery_jitter_loses_nothing(seed):
     assert sum(p.dropped for s in slots for p in s.picks) == 0
     order = [s.picks[1].sample.payload[1] for s in slots]
     assert order == sorted(order)
+
+
+def test_stream_first_placed_after_slot_0_stands_in_for_it_not_a_zero_placeholder():
+    """The camera's offset is learned before START (1 ms delay); the frame that sets t0 is then
+    delivered 47 ms late. An unstamped pose whose first message came just before that frame is
+    placed by receive time, after slot 0's window. Slot 0 holds that first message (counted as a
+    drop), never a zero placeholder (the CI failure: a zero quaternion in row 0)."""
+    state = sensor(100, -1.0, 3.0, max_delay=0.001, seed=4)
+    cam = []
+    for k in range(-30, 90):
+        t = k * T
+        recv = t + (0.047 if k == 1 else 0.001)
+        cam.append((max(recv, cam[-1][0] + 1e-6) if cam else recv, t + HOST_OFFSET))
+    pose = [(0.07 + k * T, None) for k in range(80)]
+    slots = align_offline([state, cam, pose], FPS, start=0.0, stop=2.0, reference=1)
+    first = slots[0].picks[2]
+    assert first.sample is not None and first.sample.payload == (2, 0) and first.dropped
+    assert all(s.picks[2].sample is not None for s in slots)
+    later = [s.picks[2].sample.payload[1] for s in slots[1:] if not s.picks[2].dropped]
+    assert later and later[0] == 0, "the stand-in is still placed in its own slot"

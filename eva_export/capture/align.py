@@ -41,7 +41,9 @@ The rule (one definition, used by the recorder and tested in tests/test_capture_
   message of that window nearest to ``t_k``; the others are superseded (faster streams).
 * **Drop**: a slot whose window holds no message of a stream is a drop for that stream (the
   previous value is held, so the table rows always equal the video frames). ``dropped`` means a
-  slot that no message was stamped for.
+  slot that no message was stamped for. Before a stream's first placed message there is nothing
+  to hold: a message already received for a later slot stands in (still a drop), and only a
+  stream with no message at all contributes a placeholder.
 * **Late**: a message that arrives after its slot was final (see emission) is *late*, not lost:
   if its slot had been counted as a drop, the drop is taken back and the message counts as late
   (the held value stays in the data). Per stream the aligner also keeps the delivery delay
@@ -508,6 +510,11 @@ class GridAligner:
             while st.pending_drops and st.pending_drops[0] < k - _PENDING_DROP_SLOTS:
                 st.pending_drops.popleft()
                 st.final_drops += 1
+            if st.held is None and st.pending:
+                # Nothing to hold yet but a later message is already here (an unstamped stream
+                # placed a little after t0): its value is a truer stand-in than a zero placeholder.
+                picks.append(Pick(st.pending[0], True))
+                continue
             picks.append(Pick(st.held, st.held is not None))
         return Slot(k, tk, tuple(picks))
 
