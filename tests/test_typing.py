@@ -38,6 +38,7 @@ MODULES = [
     "eva_export.nodes.common",
     "eva_export.nodes.export_node",
     "eva_export.nodes.upload_node",
+    "eva_export.nodes.intake",
     "eva_export.upload.cli",
     "eva_export.upload.gate",
     "eva_export.upload.runner",

@@ -16,9 +16,10 @@ encodes and saves in its own threads. Unless FASTDDS_DEFAULT_PROFILES_FILE is se
 shared-memory DDS profile (config/fastdds_shm.xml) is used.
 
 After a crash (kill -9) Fast DDS leaves the dead process's shared-memory port in /dev/shm
-and the publishers keep it open. ``SILENT_CHECK_S`` seconds after start the node warns about
-every configured stream that received nothing while a publisher of its topic is on the graph
-(the "deaf restart"; see config/fastdds_shm.xml). The node deliberately does NOT run
+and the publishers keep it open. Every ``SILENT_CHECK_S`` seconds after start, until every
+stream with a publisher delivers, the node warns about each configured stream that received
+nothing while a publisher of its topic is on the graph (the "deaf restart"; see
+config/fastdds_shm.xml) and subscribes again on a new DDS participant (nodes/intake.py). The node deliberately does NOT run
 ``fastdds shm clean`` at start: measured in tests/test_capture_kill.py, removing the dead
 port while the publishers still hold it made the restarted node fail to open its port
 ("Failed init_port ... open_and_lock_file failed") and stay deaf on the first or second
@@ -30,9 +31,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
-import time
-from typing import Any
 
 import rclpy
 from eva_export_interfaces.msg import CaptureStatus, EpisodeInfo, StreamStatus
@@ -45,16 +43,14 @@ from eva_export_interfaces.srv import (
     StartCapture,
     StopCapture,
 )
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
-from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 from eva_export.capture.recorder import Recorder
 from eva_export import confine
 from eva_export.config import load_config
 from eva_export.dataset.records import EpisodeRow
 from eva_export.errors import EvaError
-from eva_export.nodes import ros_convert
+from eva_export.nodes import intake, ros_convert
 from eva_export.nodes.common import (
     DEFAULT_STATUS_PERIOD,
     STATUS_QOS_DEPTH,
@@ -69,10 +65,6 @@ NODE_NAME = "eva_capture"
 #: Seconds after start-up when silent streams with a publisher on the graph are reported.
 SILENT_CHECK_S = 5.0
 CAPTURE_STATUS_PERIOD = 0.5
-#: Subscription histories: a starved intake must not overwrite messages that are only late
-#: (2 s of a 100 Hz vector stream; 10 camera frames, about 9 MB at 640x480 rgb8).
-CAMERA_QOS_DEPTH = 10
-VECTOR_QOS_DEPTH = 200
 
 
 def episode_info(row: EpisodeRow) -> EpisodeInfo:
@@ -106,8 +98,7 @@ class CaptureNode(Node):
         except EvaError as exc:
             self.config_error = f"capture is unavailable: {exc}"
             self.get_logger().error(self.config_error)
-        if self.recorder is not None:
-            self._subscribe(self.recorder, col.capture.reliable_qos)
+        self.intake = intake.Intake(self, self.recorder, col.capture.reliable_qos) if self.recorder else None
         group = service_group()
         create_guarded_service(self, StartCapture, "~/start", self._on_start, group)
         create_guarded_service(self, StopCapture, "~/stop", self._on_stop, group)
@@ -124,77 +115,35 @@ class CaptureNode(Node):
         self.get_logger().info(f"config_file={self.config_file!r} dds_profile="
                                f"{os.environ.get(ros_convert.DDS_PROFILE_ENV, '')!r}")
 
-    def _subscribe(self, rec: Recorder, reliable: bool) -> None:
-        """Subscriptions live on a helper node spun by a SingleThreadedExecutor in its own thread.
-
-        rclpy's MultiThreadedExecutor (which runs the services and the status timer) delivered
-        messages in bursts here (gaps of 0.1 to 0.3 s at 100 Hz), which breaks grid alignment;
-        a dedicated single-threaded executor kept gaps at the publisher's own jitter.
-        """
-        reliability = ReliabilityPolicy.RELIABLE if reliable else ReliabilityPolicy.BEST_EFFORT
-        self.intake_node = rclpy.create_node(f"{self.get_name()}_intake", namespace=self.get_namespace(),
-                                             context=self.context, use_global_arguments=False,
-                                             start_parameter_services=False)
-        self.subs = []
-        for i, spec in enumerate(rec.streams):
-            msg_cls, convert = ros_convert.intake_converter(spec)
-            depth = CAMERA_QOS_DEPTH if spec.is_camera else VECTOR_QOS_DEPTH
-            qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=depth, reliability=reliability)
-            self.subs.append(self.intake_node.create_subscription(
-                msg_cls, spec.topic, self._callback(rec, i, convert), qos))
-            self.get_logger().info(f"stream {spec.name}: {spec.msg_type} on {spec.topic}")
-        self.intake_executor = SingleThreadedExecutor(context=self.context)
-        self.intake_executor.add_node(self.intake_node)
-        self.intake_thread = threading.Thread(target=self._spin_intake, name="capture-intake", daemon=True)
-        self.intake_thread.start()
-
-    def _spin_intake(self) -> None:
-        try:
-            self.intake_executor.spin()
-        except (ExternalShutdownException, KeyboardInterrupt):
-            pass
-        except Exception as exc:  # noqa: BLE001 - shutting down while spinning
-            if self.context.ok():
-                self.get_logger().error(f"intake executor stopped: {exc!r}")
-
-    @staticmethod
-    def _callback(rec: Recorder, i: int, convert: Any) -> Any:
-        perf, mono = time.perf_counter, time.monotonic
-
-        def on_message(msg: Any) -> None:
-            t = perf()
-            recv = mono()
-            stamp, payload = convert(msg)
-            rec.offer(i, recv, stamp, payload)
-            rec.note_latency(i, perf() - t)
-
-        return on_message
-
     def close(self) -> None:
-        executor = getattr(self, "intake_executor", None)
-        if executor is not None:
-            executor.shutdown(timeout_sec=2.0)
-            self.intake_thread.join(2.0)
-            self.intake_node.destroy_node()
+        if self.intake is not None:
+            self.intake.close()
         if self.recorder is not None:
             self.recorder.close()
 
     def _check_silent_streams(self) -> None:
-        """Once, after start-up: a stream with a publisher but no message is a transport fault."""
-        self._silent_timer.cancel()
-        rec = self.recorder
-        assert rec is not None
-        received = rec.status().streams
-        deaf = [(s.name, s.topic, n) for s, st in zip(rec.streams, received, strict=True)
-                if st.received == 0 and (n := self.intake_node.count_publishers(s.topic)) > 0]
-        if deaf:
-            self.silent_warning = (
-                "receiving nothing although publishers are on the graph: "
-                + ", ".join(f"{name} ({topic}, {n} publishers)" for name, topic, n in deaf)
-                + f" after {SILENT_CHECK_S:g} s; after a crash Fast DDS may need about 10 s to reconnect "
-                "its shared-memory transport; if this persists, restart the publishing process (stale "
-                "shared memory of the crashed capture process is the known cause)")
-            self.get_logger().warning(self.silent_warning)
+        """Every SILENT_CHECK_S after start-up until every stream with a publisher delivers:
+        a stream with a publisher but no message is a transport fault (see nodes/intake.py)."""
+        assert self.intake is not None
+        deaf = self.intake.deaf_streams()
+        gens = len(self.intake.generations)
+        if not deaf:
+            self._silent_timer.cancel()
+            if gens > 1:
+                self.silent_warning = ""
+                self.get_logger().info(f"receiving on every stream with a publisher after {gens - 1} "
+                                       "reconnect(s) on a new DDS participant")
+            return
+        healing = self.intake.heal()
+        self.silent_warning = (
+            f"receiving nothing although publishers are on the graph: {intake.describe(deaf)} "
+            f"after {SILENT_CHECK_S * gens:g} s; "
+            + ("reconnecting on a new DDS participant (stale shared memory of a crashed capture "
+               "process is the known cause)" if healing else
+               f"gave up after {gens - 1} new participants; restart the publishing process"))
+        self.get_logger().warning(self.silent_warning)
+        if not healing:
+            self._silent_timer.cancel()
 
     # ---- status ---------------------------------------------------------------------------------
     def build_status(self) -> CaptureStatus:
