@@ -16,10 +16,11 @@ encodes and saves in its own threads. Unless FASTDDS_DEFAULT_PROFILES_FILE is se
 shared-memory DDS profile (config/fastdds_shm.xml) is used.
 
 After a crash (kill -9) Fast DDS leaves the dead process's shared-memory port in /dev/shm
-and the publishers keep it open. Every ``SILENT_CHECK_S`` seconds after start, until every
-stream with a publisher delivers, the node warns about each configured stream that received
-nothing while a publisher of its topic is on the graph (the "deaf restart"; see
-config/fastdds_shm.xml) and subscribes again on a new DDS participant (nodes/intake.py). The node deliberately does NOT run
+and the publishers keep it open. ``SILENT_CHECK_S`` seconds after start (then every
+``HEAL_CHECK_S`` until every stream with a publisher delivers) the node warns about each
+configured stream that received nothing while a publisher of its topic is on the graph (the
+"deaf restart"; see config/fastdds_shm.xml) and subscribes again on a new DDS participant
+(nodes/intake.py). The node deliberately does NOT run
 ``fastdds shm clean`` at start: measured in tests/test_capture_kill.py, removing the dead
 port while the publishers still hold it made the restarted node fail to open its port
 ("Failed init_port ... open_and_lock_file failed") and stay deaf on the first or second
@@ -31,6 +32,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 
 import rclpy
 from eva_export_interfaces.msg import CaptureStatus, EpisodeInfo, StreamStatus
@@ -64,6 +66,8 @@ from eva_export.nodes.common import (
 NODE_NAME = "eva_capture"
 #: Seconds after start-up when silent streams with a publisher on the graph are reported.
 SILENT_CHECK_S = 5.0
+#: Seconds between the checks after a new participant was made for a deaf start-up.
+HEAL_CHECK_S = 2.0
 CAPTURE_STATUS_PERIOD = 0.5
 
 
@@ -108,6 +112,7 @@ class CaptureNode(Node):
         create_guarded_service(self, IngestBag, "~/ingest", self._on_ingest, group)
         create_guarded_service(self, GetJob, "~/get_job", self._on_get_job, group)
         self.silent_warning = ""
+        self._started = time.monotonic()
         if self.recorder is not None:
             self._silent_timer = self.create_timer(SILENT_CHECK_S, self._check_silent_streams)
         self.status_pub = self.create_publisher(CaptureStatus, "~/status", STATUS_QOS_DEPTH)
@@ -137,13 +142,16 @@ class CaptureNode(Node):
         healing = self.intake.heal()
         self.silent_warning = (
             f"receiving nothing although publishers are on the graph: {intake.describe(deaf)} "
-            f"after {SILENT_CHECK_S * gens:g} s; "
+            f"after {time.monotonic() - self._started:.0f} s; "
             + ("reconnecting on a new DDS participant (stale shared memory of a crashed capture "
                "process is the known cause)" if healing else
                f"gave up after {gens - 1} new participants; restart the publishing process"))
         self.get_logger().warning(self.silent_warning)
-        if not healing:
-            self._silent_timer.cancel()
+        self._silent_timer.cancel()
+        if healing:
+            # a fresh participant is reached in under a second; one that got a dead process's
+            # id again (that process had healed too) is deaf as well, so look again soon
+            self._silent_timer = self.create_timer(HEAL_CHECK_S, self._check_silent_streams)
 
     # ---- status ---------------------------------------------------------------------------------
     def build_status(self) -> CaptureStatus:
