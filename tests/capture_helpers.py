@@ -59,6 +59,24 @@ def start_pair(node_factory: Any, ros_client: Any, config: Path, sim_params: dic
     return cap, sim
 
 
+def relaunch(node_factory: Any, ros_client: Any, dead: Any, config: Path) -> Any:
+    """A new capture node in the killed one's namespace, once its own endpoints are matched.
+
+    The killed incarnation's service endpoints linger in the graph until their lease ends, so
+    "the service is available" may mean only the dead one is, and a request sent then goes
+    nowhere (seen in CI: START unanswered after a relaunch). Every endpoint in the graph before
+    the new process starts is old; wait for one that is not, and drop cached clients."""
+    from eva_export_interfaces.srv import ListEpisodes, StartCapture, StopCapture
+
+    old = ros_client.service_endpoints(dead.service("start"))
+    cap = node_factory("capture_node", namespace=dead.namespace, env=DDS_ENV, params={"config_file": str(config)})
+    ros_client.wait_for_services([cap.service("start")], procs=[cap])
+    ros_client.wait_for_new_server(cap.service("start"), old, timeout=60, procs=[cap])
+    for srv, name in ((StartCapture, "start"), (StopCapture, "stop"), (ListEpisodes, "list_episodes")):
+        ros_client.forget_client(srv, cap.service(name))
+    return cap
+
+
 def wait_receiving(ros_client: Any, cap: Any, timeout: float = 20.0) -> Any:
     """Wait until the capture node has received messages on every stream."""
     from eva_export_interfaces.msg import CaptureStatus

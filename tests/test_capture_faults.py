@@ -12,6 +12,7 @@ from capture_helpers import (
     DDS_ENV,
     check_dataset,
     episode_rows,
+    relaunch,
     record,
     start_pair,
     wait_episodes,
@@ -104,8 +105,7 @@ def test_kill_during_save_leaves_valid_dataset_and_next_run_appends(tmp_path, no
     assert check_dataset(root) == []  # whatever is listed is complete
 
     # the relaunched node joins the same namespace, so it records the same sim
-    cap2 = node_factory("capture_node", namespace=cap.namespace, env=DDS_ENV, params={"config_file": str(cfg)})
-    ros_client.wait_for_services([cap2.service("start")], procs=[cap2])
+    cap2 = relaunch(node_factory, ros_client, cap, cfg)
     wait_receiving(ros_client, cap2)
     after_restart = episode_rows(root)  # recovery may finish a committed save
     n = len(after_restart)

@@ -1,9 +1,9 @@
-"""A deaf start-up heals itself: the capture node subscribes again on a new DDS participant.
+"""A deaf start-up heals itself: the capture node subscribes and serves again on a new DDS participant.
 
 The deaf restart after a kill -9 (Fast DDS's stale shared-memory port, about 1 restart in 100
 here) cannot be produced on demand, so the test hook EVA_TEST_DEAF_INTAKE makes the first
-generation of subscriptions listen on topics nobody publishes: the same state the node sees
-(publishers on the graph, nothing received). Real nodes in separate processes, real service
+generation of subscriptions listen on topics nobody publishes and serve under names nobody
+calls: the same state the node sees (publishers on the graph, nothing received, no request). Real nodes in separate processes, real service
 calls; the heal is triggered by the node's own check, not by time in the test."""
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ def test_deaf_first_participant_is_replaced_and_records(tmp_path, node_factory, 
     cap = node_factory("capture_node", namespace=ns, env={**DDS_ENV, DEAF_HOOK_ENV: "1"},
                        params={"config_file": str(cfg)})
     sim = node_factory("teleop_sim", namespace=ns, env=DDS_ENV, params={"config_file": str(cfg)})
-    ros_client.wait_for_services([cap.service("start")], procs=[cap, sim])
-    # the node's check fires 5 s after start; then the new participant is discovered like a first start
+    # services and subscriptions are deaf until the node's check (5 s after start) moves them to
+    # a new participant, which is then discovered like a first start
+    ros_client.wait_for_services([cap.service("start")], timeout=40, procs=[cap, sim])
     status = wait_receiving(ros_client, cap, timeout=40)
     assert all(s.received > 0 for s in status.streams)
     log = cap.log_text()

@@ -32,7 +32,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
+from typing import Any
 
 import rclpy
 from eva_export_interfaces.msg import CaptureStatus, EpisodeInfo, StreamStatus
@@ -45,7 +47,12 @@ from eva_export_interfaces.srv import (
     StartCapture,
     StopCapture,
 )
+from rclpy.context import Context
+from rclpy.executors import MultiThreadedExecutor
 from rclpy.node import Node
+from rclpy.publisher import Publisher
+from rclpy.service import Service
+from rclpy.timer import Timer
 
 from eva_export.capture.recorder import Recorder
 from eva_export import confine
@@ -103,24 +110,53 @@ class CaptureNode(Node):
             self.config_error = f"capture is unavailable: {exc}"
             self.get_logger().error(self.config_error)
         self.intake = intake.Intake(self, self.recorder, col.capture.reliable_qos) if self.recorder else None
-        group = service_group()
-        create_guarded_service(self, StartCapture, "~/start", self._on_start, group)
-        create_guarded_service(self, StopCapture, "~/stop", self._on_stop, group)
-        create_guarded_service(self, CancelCapture, "~/cancel", self._on_cancel, group)
-        create_guarded_service(self, ListEpisodes, "~/list_episodes", self._on_list_episodes, group)
-        create_guarded_service(self, ReviewEpisode, "~/review", self._on_review, group)
-        create_guarded_service(self, IngestBag, "~/ingest", self._on_ingest, group)
-        create_guarded_service(self, GetJob, "~/get_job", self._on_get_job, group)
         self.silent_warning = ""
         self._started = time.monotonic()
+        self._status_period = status_period
+        self._served = self._serve(self)
+        self._moved: list[tuple[Node, MultiThreadedExecutor, threading.Thread]] = []
         if self.recorder is not None:
             self._silent_timer = self.create_timer(SILENT_CHECK_S, self._check_silent_streams)
-        self.status_pub = self.create_publisher(CaptureStatus, "~/status", STATUS_QOS_DEPTH)
-        self.status_timer = create_status_timer(self, self.status_pub, self.build_status, status_period)
         self.get_logger().info(f"config_file={self.config_file!r} dds_profile="
                                f"{os.environ.get(ros_convert.DDS_PROFILE_ENV, '')!r}")
 
+    def _serve(self, node: Node) -> tuple[Node, list[Any]]:
+        """The services and the status topic on ``node`` (by full name, so any node can carry them)."""
+        base, group = self.get_fully_qualified_name(), service_group()
+        deaf = intake.DEAF_SUFFIX if node is self and intake.deaf_hook() else ""
+        handles: list[Any] = [
+            create_guarded_service(node, srv, f"{base}/{name}{deaf}", handler, group)
+            for srv, name, handler in (
+                (StartCapture, "start", self._on_start), (StopCapture, "stop", self._on_stop),
+                (CancelCapture, "cancel", self._on_cancel), (ListEpisodes, "list_episodes", self._on_list_episodes),
+                (ReviewEpisode, "review", self._on_review), (IngestBag, "ingest", self._on_ingest),
+                (GetJob, "get_job", self._on_get_job))]
+        pub = node.create_publisher(CaptureStatus, f"{base}/status", STATUS_QOS_DEPTH)
+        handles += [pub, create_status_timer(node, pub, self.build_status, self._status_period)]
+        return node, handles
+
+    def _move_endpoints(self, ctx: Context, gen: int) -> None:
+        """Services and status onto a node of the new participant: a deaf participant does not
+        hear requests either (seen: START unanswered after the subscriptions had healed)."""
+        node = rclpy.create_node(f"{NODE_NAME}_{gen}", namespace=self.get_namespace(), context=ctx,
+                                 use_global_arguments=False, start_parameter_services=False)
+        old_node, old = self._served
+        self._served = self._serve(node)
+        executor = MultiThreadedExecutor(context=ctx)
+        executor.add_node(node)
+        thread = threading.Thread(target=executor.spin, name=f"capture-services-{gen}", daemon=True)
+        thread.start()
+        self._moved.append((node, executor, thread))
+        for h in old:
+            destroy = {Service: old_node.destroy_service, Publisher: old_node.destroy_publisher,
+                       Timer: old_node.destroy_timer}[type(h)]
+            destroy(h)
+
     def close(self) -> None:
+        for node, executor, thread in reversed(self._moved):
+            executor.shutdown(timeout_sec=2.0)
+            thread.join(2.0)
+            node.destroy_node()
         if self.intake is not None:
             self.intake.close()
         if self.recorder is not None:
@@ -139,7 +175,10 @@ class CaptureNode(Node):
                 self.get_logger().info(f"receiving on every stream with a publisher after {gens - 1} "
                                        "reconnect(s) on a new DDS participant")
             return
-        healing = self.intake.heal()
+        ctx = self.intake.heal()
+        healing = ctx is not None
+        if ctx is not None:
+            self._move_endpoints(ctx, len(self.intake.generations) - 1)
         self.silent_warning = (
             f"receiving nothing although publishers are on the graph: {intake.describe(deaf)} "
             f"after {time.monotonic() - self._started:.0f} s; "

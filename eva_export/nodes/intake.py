@@ -41,10 +41,11 @@ CAMERA_QOS_DEPTH = 10
 VECTOR_QOS_DEPTH = 200
 #: New participants tried after a deaf start before the node gives up and only warns.
 MAX_GENERATIONS = 4
-#: Test hook: generation 0 subscribes to ``<topic>/__deaf`` and so receives nothing while the
-#: publishers are on the graph, the one state a deaf restart produces.
+#: Test hook: generation 0 subscribes to ``<topic>/__deaf`` (and the node serves its services
+#: under such names) and so hears nothing while the publishers are on the graph, the one
+#: state a deaf restart produces.
 DEAF_HOOK_ENV = "EVA_TEST_DEAF_INTAKE"
-_DEAF_SUFFIX = "/__deaf"
+DEAF_SUFFIX = "/__deaf"
 
 
 @dataclass
@@ -83,14 +84,15 @@ class Intake:
                 out.append((spec, n))
         return out
 
-    def heal(self) -> bool:
-        """Start one more generation on a new participant; False once MAX_GENERATIONS exist."""
+    def heal(self) -> Context | None:
+        """Start one more generation on a new participant (its context; None once
+        MAX_GENERATIONS exist)."""
         if len(self.generations) >= MAX_GENERATIONS:
-            return False
+            return None
         ctx = Context()
         rclpy.init(args=[], context=ctx)
         self._add(ctx, own=True)
-        return True
+        return ctx
 
     def close(self) -> None:
         for g in reversed(self.generations):
@@ -106,12 +108,12 @@ class Intake:
         name = f"{self.parent.get_name()}_intake" + (f"_{gen}" if gen else "")
         node = rclpy.create_node(name, namespace=self.parent.get_namespace(), context=ctx,
                                  use_global_arguments=False, start_parameter_services=False)
-        deaf = gen == 0 and os.environ.get(DEAF_HOOK_ENV) == "1"
+        deaf = gen == 0 and deaf_hook()
         for i, spec in enumerate(self.rec.streams):
             msg_cls, convert = ros_convert.intake_converter(spec)
             depth = CAMERA_QOS_DEPTH if spec.is_camera else VECTOR_QOS_DEPTH
             qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=depth, reliability=self.reliability)
-            topic = spec.topic + _DEAF_SUFFIX if deaf else spec.topic
+            topic = spec.topic + DEAF_SUFFIX if deaf else spec.topic
             node.create_subscription(msg_cls, topic, self._callback(gen, i, convert), qos)
         executor = SingleThreadedExecutor(context=ctx)
         executor.add_node(node)
@@ -144,6 +146,10 @@ class Intake:
             rec.note_latency(i, perf() - t)
 
         return on_message
+
+
+def deaf_hook() -> bool:
+    return os.environ.get(DEAF_HOOK_ENV) == "1"
 
 
 def describe(deaf: Sequence[tuple[StreamSpec, int]]) -> str:
