@@ -217,3 +217,29 @@ def test_v30_locator_off_its_episode_is_refused_naming_file_and_episode(tmp_path
     (src / V30_DATA).unlink()
     out = cli("check", str(src), "--json")
     assert out.returncode == 2 and "episode 0" in out.stderr and str(src / V30_DATA) in out.stderr, out.stderr
+
+
+# ---- the health report on a foreign source: unrated until checked, NaN counted ---------------------
+@pytest.mark.parametrize("which", ["v30", "v20"])
+def test_report_on_a_foreign_source_tells_unrated_then_the_checks_verdicts(tmp_path, which):
+    src = tmp_path / which
+    shutil.copytree({"v30": V30, "v20": V20}[which], src)
+    if which == "v30":
+        first = pq.read_table(src / V30_EPISODES).to_pylist()[1]["dataset_from_index"]
+        set_nan(src / V30_DATA, "observation.state", slice(first + 3, first + 7))
+    else:
+        set_nan(src / "data/chunk-000/episode_000001.parquet", "observation.state", slice(3, 7))
+    before = tree_digest(src)
+    html = tmp_path / "before.html"
+    assert cli("report", str(src), "-o", str(html)).returncode == 0
+    text = html.read_text()
+    assert f'id="source-kind">lerobot_{which}' in text
+    assert 'id="count-red" class="red">0 red' in text and 'class="green">0 green' in text
+    assert 'class="unrated">2 unrated' in text  # nobody rated them: not green
+    assert "4 NaN/inf values in 1 episodes" in text and "episode 1: non_finite frames 3..6" in text
+    assert cli("check", str(src), "--write").returncode == 1
+    html = tmp_path / "after.html"
+    assert cli("report", str(src), "-o", str(html)).returncode == 0
+    text = html.read_text()
+    assert 'class="red">1 red' in text and 'class="green">1 green' in text and 'class="unrated">0 unrated' in text
+    assert without_sidecar(tree_digest(src)) == before

@@ -126,10 +126,15 @@ def luma_frames(path: Path, first: int = 0, count: int | None = None, fps: float
             for frame in container.decode(stream):
                 yield _luma(frame)
             return
-        ratio = float(Fraction(stream.time_base) * Fraction(fps))
-        seek_to_frame(container, stream, first, int(fps))
-        for frame in container.decode(stream):
-            k = round(frame.pts * ratio) if frame.pts is not None else first
+        tb = stream.time_base
+        ratio = float(Fraction(tb) * Fraction(fps)) if tb is not None else 0.0
+        if ratio:
+            seek_to_frame(container, stream, first, int(fps))
+        for pos, frame in enumerate(container.decode(stream)):
+            pts = frame.pts
+            if ratio and pts is None:
+                continue  # an unstamped frame cannot be placed: the frame-count rule sees it missing
+            k = round(pts * ratio) if ratio and pts is not None else pos  # no time base: counted (no seek)
             if k >= first + count:
                 return
             if k >= first:
