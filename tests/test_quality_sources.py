@@ -243,3 +243,26 @@ def test_report_on_a_foreign_source_tells_unrated_then_the_checks_verdicts(tmp_p
     text = html.read_text()
     assert 'class="red">1 red' in text and 'class="green">1 green' in text and 'class="unrated">0 unrated' in text
     assert without_sidecar(tree_digest(src)) == before
+
+
+def test_v30_check_over_several_data_and_video_files_reads_each_episode_from_its_file(tmp_path):
+    """File rollover: each data and camera file holds a few episodes; every episode's rows and
+    frames are found in the right file (the same findings and counts as the per-episode v2.1)."""
+    from dsfactory import Ep, make_subset
+
+    from eva_export.formats.lerobot_v3 import LeRobotV3Exporter
+
+    v21 = make_subset(tmp_path / "made", [Ep(frames=n) for n in (40, 7, 45, 33, 12)], cameras=2, width=32, height=24)
+    src = tmp_path / "v30multi"
+    LeRobotV3Exporter(data_files_size_in_mb=0.004, video_files_size_in_mb=0.008).export(v21, src)
+    for name in ("quality_split.json", "episodes.jsonl", "tasks.jsonl", "episodes_stats.jsonl"):
+        (src / "meta" / name).unlink(missing_ok=True)
+    assert len(list((src / "data").rglob("*.parquet"))) > 1
+    assert len(list((src / "videos/observation.images.cam1").rglob("*.mp4"))) > 1
+    ref, got = check_dataset(v21), check_dataset(src)
+    assert got.kind == SourceKind.LEROBOT_V30 and len(got.episodes) == 5
+    for i in range(5):
+        assert findings(got, i) == findings(ref, i), i
+        assert got.episodes[i].stream_stats == ref.episodes[i].stream_stats, i
+    assert [c for c, *_ in findings(got, 1)] == ["too_short"]  # 7 rows: the only red one
+    assert [e.quality for e in got.episodes] == ["green", "red", "green", "green", "green"]

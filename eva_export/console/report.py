@@ -14,7 +14,6 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ..dataset.records import EpisodeRow, Quality
 from ..errors import DatasetError
