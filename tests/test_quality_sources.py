@@ -266,3 +266,39 @@ def test_v30_check_over_several_data_and_video_files_reads_each_episode_from_its
         assert got.episodes[i].stream_stats == ref.episodes[i].stream_stats, i
     assert [c for c, *_ in findings(got, 1)] == ["too_short"]  # 7 rows: the only red one
     assert [e.quality for e in got.episodes] == ["green", "red", "green", "green", "green"]
+
+
+def test_v30_episode_starting_mid_gop_with_b_frames_is_decoded_frame_exact(tmp_path):
+    """The shared camera file re-encoded as H.264 with B-frames and a 7-frame GOP: episode 1
+    (frame 20) starts between keyframes, so its range is decoded from the keyframe before it;
+    it still gets exactly its 15 frames and the same changes as the same frames decoded whole."""
+    import av
+
+    from eva_export.quality.offline import luma_frames
+    from eva_export.quality.rules import frame_change, signature
+
+    src = tmp_path / "v30"
+    shutil.copytree(V30, src)
+    shard = src / "videos/observation.images.cam/chunk-000/file-000.mp4"
+    with av.open(str(shard)) as c:
+        frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+    with av.open(str(shard), "w", format="mp4") as out:
+        s = out.add_stream("libx264", rate=10)
+        s.width, s.height, s.pix_fmt = 64, 48, "yuv420p"
+        s.options = {"preset": "medium", "x264-params": "keyint=7:min-keyint=7:scenecut=0:bframes=2:threads=1"}
+        for i, f in enumerate(frames):
+            vf = av.VideoFrame.from_ndarray(f, format="rgb24")
+            vf.pts = i
+            out.mux(s.encode(vf))
+        out.mux(s.encode(None))
+    with av.open(str(shard)) as c:
+        keys = [round(p.pts * p.time_base * 10) for p in c.demux(video=0) if p.size and p.is_keyframe]
+    assert 20 not in keys and any(k < 20 for k in keys)
+    chk = check_dataset(src)
+    assert [e.stream_stats["observation.images.cam"]["video_frames"] for e in chk.episodes] == [20, 15]
+    assert [e.quality for e in chk.episodes] == ["green", "green"]
+    whole = [signature(img).copy() for img in luma_frames(shard)]
+    part = [signature(img).copy() for img in luma_frames(shard, 20, 15, 10)]
+    assert len(whole) == 35 and len(part) == 15
+    for a, b in zip(whole[20:], part, strict=True):
+        assert frame_change(a, b) == pytest.approx(0.0, abs=1e-9)
