@@ -231,8 +231,8 @@ def _ingest(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eva-export", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("export", help="quality-split and export a raw v2.1 dataset (synchronous)")
-    p.add_argument("source", nargs="?", help="the raw v2.1 dataset directory")
+    p = sub.add_parser("export", help="quality-split and export a raw dataset: LeRobot v2.1, v3.0 or v2.0 (synchronous)")
+    p.add_argument("source", nargs="?", help="the raw dataset directory (LeRobot v2.1, v3.0 or v2.0)")
     p.add_argument("--source", dest="source_opt", help="the same, as an option")
     p.add_argument("--config", help="the eva_export YAML config (default: data root = the source's parent)")
     p.add_argument("--format", required=True, dest="fmt", choices=FORMATS,
@@ -276,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "bag's first message; 'marker' cut on the marker topic")
     p.set_defaults(func=_ingest)
     p = sub.add_parser("report", help="write a raw dataset's health report as one static HTML file")
-    p.add_argument("dir", help="the raw v2.1 dataset directory")
+    p.add_argument("dir", help="the raw dataset directory (LeRobot v2.1, v3.0 or v2.0)")
     p.add_argument("-o", "--output", help="the HTML file (default: DIR_report.html beside DIR)")
     p.set_defaults(func=_report)
     add_check_command(sub)

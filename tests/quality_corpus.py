@@ -278,3 +278,76 @@ def feed_live(col: Any, dw: DatasetWriter, ep: CorpusEpisode, t0: float = 1000.0
         frames = {c: ep.video_frames.get(c, row.length) for c in CAMS}
         result = run.checker.finish(row.length, last + 0.5 / FPS, frames, run.aligner.timings())
     return LiveResult(result.quality, [i.to_dict() for i in result.issues], row.length)
+
+
+def missing(found: list[tuple[str, str, list[list[int]]]], ep: CorpusEpisode) -> list[str]:
+    """The expected findings of ``ep`` that ``found`` lacks (code, stream and overlapping frames)."""
+    out = []
+    for e in ep.expect:
+        ok = any(code == e.code and stream.startswith(e.stream)
+                 and (e.first < 0 or any(a <= e.last and b >= e.first for a, b in ranges))
+                 for code, stream, ranges in found)
+        if not ok:
+            out.append(f"{e.code} {e.stream} {e.first}-{e.last}")
+    return out
+
+
+# ---- the same episodes as sources we did not record: LeRobot v3.0 and v2.0 ----------------------
+#: The episode metadata columns LeRobot 0.4.x writes (the rest are our export's extra fields).
+V3_PREFIXES = ("episode_index", "tasks", "length", "data/", "dataset_", "videos/", "stats/", "meta/episodes/")
+
+
+def write_v30_corpus(work: Path, root: Path, episodes: list[CorpusEpisode]) -> Path:
+    """The episodes as a foreign v3.0 dataset: written as v2.1 under ``work``, converted by the
+    project's v3.0 exporter (one shared Parquet and one shared MP4 per camera), stripped of
+    everything LeRobot would not write. A v3.0 exporter refuses a short video, so an episode's
+    ``video_frames`` is injected afterwards: that episode must be the last one, and its camera
+    file loses its final frames (the shared file ends before the episode's to_timestamp)."""
+    from eva_export.dataset.meta import read_meta
+    from eva_export.export.records import QualitySplit
+    from eva_export.formats.lerobot_v3 import LeRobotV3Exporter
+
+    short = [ep for ep in episodes if ep.video_frames]
+    assert all(ep is episodes[-1] for ep in short), "the short-video episode goes last"
+    v21 = write_corpus(work, [replace(ep, video_frames={}) for ep in episodes])
+    meta = read_meta(v21)
+    QualitySplit(str(v21), "accepted", "lerobot_v21", [e.episode_index for e in meta.episodes],
+                 episode_count=len(meta.episodes), frame_count=sum(e.length for e in meta.episodes)).write(v21)
+    LeRobotV3Exporter().export(v21, root)
+    for name in ("quality_split.json", "episodes.jsonl", "tasks.jsonl", "episodes_stats.jsonl"):
+        (root / "meta" / name).unlink(missing_ok=True)
+    eps_file = root / "meta/episodes/chunk-000/file-000.parquet"
+    table = pq.read_table(eps_file)
+    pq.write_table(table.select([c for c in table.column_names if c.startswith(V3_PREFIXES)]), eps_file)
+    for ep in short:
+        for cam, frames in ep.video_frames.items():
+            _drop_last_frames(root / f"videos/observation.images.{cam}/chunk-000/file-000.mp4", ep.rows - frames)
+    return root
+
+
+def _drop_last_frames(path: Path, drop: int) -> None:
+    import av
+
+    with av.open(str(path)) as c:
+        frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+    path.unlink()
+    with VideoEncoder(path, W, H, FPS, SETTINGS) as enc:
+        for img in frames[: len(frames) - drop]:
+            enc.add(img)
+
+
+def write_v20_corpus(root: Path, episodes: list[CorpusEpisode]) -> Path:
+    """The episodes as a v2.0 dataset: what tools/make_v20_fixture.py undoes of LeRobot's
+    v2.0 -> v2.1 converter (no per-episode statistics, codebase_version "v2.0")."""
+    import json
+
+    write_corpus(root, episodes)
+    (root / "meta/episodes_stats.jsonl").unlink()
+    info_path = root / "meta/info.json"
+    info = json.loads(info_path.read_text())
+    info["codebase_version"] = "v2.0"
+    info_path.write_text(json.dumps(info, indent=4) + "\n")
+    rows = [json.loads(x) for x in (root / "meta/episodes.jsonl").read_text().splitlines()]
+    keep = ("episode_index", "tasks", "length")  # an older LeRobot's rows: no eva quality fields
+    (root / "meta/episodes.jsonl").write_text("".join(json.dumps({k: r[k] for k in keep}) + "\n" for r in rows))
+    return root

@@ -113,6 +113,7 @@ MODULES = [
     "eva_export.console.data",
     "eva_export.console.pages",
     "eva_export.console.report",
+    "eva_export.console.report_source",
     "eva_export.console.server",
     "eva_export.console.httpio",
     "eva_export.console.status",

@@ -2,8 +2,9 @@
 
     eva-export report DIR [-o report.html]
 
-DIR is a raw v2.1 dataset (the directory holding meta/). The same HTML is the console's
-report page. Every string from the dataset (task names, notes, stream names, reason details)
+DIR is a raw dataset (the directory holding meta/): LeRobot v2.1, v3.0 or v2.0, read through
+the source seam (report_source.py; a foreign source's quality from its sidecar). The same HTML
+is the console's report page. Every string from the dataset (task names, notes, stream names, reason details)
 is escaped: they are user input.
 """
 
@@ -13,12 +14,11 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from ..dataset.meta import read_meta
 from ..dataset.records import EpisodeRow, Quality
 from ..errors import DatasetError
 from . import data
+from .report_source import ReportSource, episode_arrays, read_report_source
 from .report_svg import bars_img, esc, fmt_num, timeline_img
 
 #: stream_stats keys shown as columns, in this order, when any episode has them.
@@ -86,14 +86,15 @@ class Values:
     names: dict[str, list[str]] = field(default_factory=dict)
 
 
-def scan_values(root: Path, meta: Any) -> Values:
+def scan_values(meta: ReportSource) -> Values:
     """Read every episode's vector columns once: ranges over the finite values, NaN/inf counted."""
     import numpy as np
 
     out = Values()
-    for row in meta.episodes:
+    for ep in meta.located:
+        row = ep.row
         try:
-            arrays = data.feature_arrays(root, meta.info, row.episode_index)
+            arrays = episode_arrays(meta, ep)
         except DatasetError as exc:
             out.unreadable[row.episode_index] = str(exc)
             continue
@@ -121,7 +122,7 @@ def _quality_counts(rows: list[EpisodeRow]) -> tuple[int, int, int]:
     return red, green, len(rows) - red - green
 
 
-def _summary(name: str, root: Path, meta: Any, values: Values) -> list[str]:
+def _summary(name: str, root: Path, meta: ReportSource, values: Values) -> list[str]:
     rows = meta.episodes
     red, green, unrated = _quality_counts(rows)
     verdicts = Counter(r.qc_verdict or "unreviewed" for r in rows)
@@ -131,7 +132,9 @@ def _summary(name: str, root: Path, meta: Any, values: Values) -> list[str]:
                  else '<span id="count-nonfinite">no NaN/inf values</span>')
     return [
         f"<h1>Health report: {esc(name)}</h1>",
-        f"<p>{len(rows)} episodes, {sum(r.length for r in rows)} frames at {meta.info.fps} fps.</p>",
+        f"<p>{len(rows)} episodes, {sum(r.length for r in rows)} frames at {meta.info.fps} fps "
+        f'(<span id="source-kind">{esc(meta.kind)}</span>'
+        + ("" if meta.kind == "lerobot_v21" else ", quality from meta/eva_quality.jsonl") + ").</p>",
         f'<p id="quality-counts">quality: <span id="count-red" class="red">{red} red</span>, '
         f'<span id="count-green" class="green">{green} green</span>, '
         f'<span id="count-unrated" class="unrated">{unrated} unrated</span> (no quality field: '
@@ -142,7 +145,7 @@ def _summary(name: str, root: Path, meta: Any, values: Values) -> list[str]:
     ]
 
 
-def _timeline(meta: Any, values: Values) -> list[str]:
+def _timeline(meta: ReportSource, values: Values) -> list[str]:
     """Where in each episode things went wrong: reasons with frames, and NaN/inf frames."""
     rows = meta.episodes
     per = [(r.episode_index, r.length, data.episode_markers(r, values.nonfinite_frames.get(r.episode_index, {})))
@@ -196,10 +199,10 @@ def _streams(rows: list[EpisodeRow]) -> list[str]:
 
 def build_report(root: Path, title: str | None = None) -> str:
     """The report of the raw dataset at ``root`` as one HTML string."""
-    meta = read_meta(root)
+    meta = read_report_source(root)
     rows = meta.episodes
     name = title or root.parent.name if root.name == "raw" else (title or root.name)
-    values = scan_values(root, meta)
+    values = scan_values(meta)
     codes = Counter(c for r in rows for c in _issue_codes(r))
     out: list[str] = [
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",

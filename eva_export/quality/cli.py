@@ -1,8 +1,11 @@
 """``eva-export check DIR [--json] [--write [--sidecar]]``: the quality rules on a dataset's files.
 
-Exit codes: 0 no episode red; 1 at least one episode red; 2 the dataset could not be read (or
-written). ``--write`` stores the verdicts: in the rows of a v2.1 dataset (merged with capture's
-own flags, through the single writer) or, with ``--sidecar``, in meta/eva_quality.jsonl only.
+DIR is a LeRobot v2.1, v3.0 or v2.0 dataset (its kind from meta/info.json, read through the
+source seam). Exit codes: 0 no episode red; 1 at least one episode red; 2 the dataset could not
+be read (or written). ``--write`` stores the verdicts: in the rows of a v2.1 dataset (merged
+with capture's own flags, through the single writer) or, with ``--sidecar``, in
+meta/eva_quality.jsonl only. A v3.0 or v2.0 source is not ours: ``--write`` puts its verdicts
+in the sidecar, with or without ``--sidecar``, and its own files stay byte-identical.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ def episode_lines(ep: EpisodeCheck, stored: str = "") -> list[str]:
 
 
 def to_json(check: DatasetCheck) -> dict[str, Any]:
-    return {"root": str(check.root), "rule_version": RULE_VERSION,
+    return {"root": str(check.root), "source_kind": str(check.kind), "rule_version": RULE_VERSION,
             "red": sum(e.quality == "red" for e in check.episodes),
             "green": sum(e.quality == "green" for e in check.episodes),
             "episodes": [{"episode_index": e.episode_index, "quality": e.quality,
@@ -53,7 +56,7 @@ def _check(args: argparse.Namespace) -> int:
         check = check_dataset(root)
         written = ""
         if args.write:
-            written = (f"sidecar {write_sidecar(check)}" if args.sidecar
+            written = (f"sidecar {write_sidecar(check)}" if args.sidecar or not check.owned
                        else f"{write_rows(check)} rows of {root / 'meta/episodes.jsonl'}")
     except (EvaError, OSError, ValueError) as exc:
         print(f"eva-export: check refused: {exc}", file=sys.stderr)
@@ -65,17 +68,18 @@ def _check(args: argparse.Namespace) -> int:
             row = check.rows.get(ep.episode_index)
             print("\n".join(episode_lines(ep, row.quality.strip().lower() if row is not None else "")))
         red = sum(e.quality == "red" for e in check.episodes)
-        print(f"{root}: {red} red, {len(check.episodes) - red} green (rules version {RULE_VERSION})"
+        print(f"{root} ({check.kind}): {red} red, {len(check.episodes) - red} green (rules version {RULE_VERSION})"
               + (f"; wrote {written}" if written else ""))
     return 1 if any(e.quality == "red" for e in check.episodes) else 0
 
 
 def add_check_command(sub: Any) -> None:
     p = sub.add_parser("check", help="run the quality rules on a dataset's files (live capture's rules)")
-    p.add_argument("dir", help="a LeRobot v2.1 dataset directory")
+    p.add_argument("dir", help="a LeRobot v2.1, v3.0 or v2.0 dataset directory")
     p.add_argument("--json", action="store_true", help="print the verdicts as JSON")
     p.add_argument("--write", action="store_true",
-                   help="store the verdicts in the rows (merged with capture's flags, via the single writer)")
+                   help="store the verdicts in the rows of a v2.1 dataset (merged with capture's flags, via the "
+                        "single writer); a v3.0 / v2.0 source's go to meta/eva_quality.jsonl")
     p.add_argument("--sidecar", action="store_true",
                    help="with --write: store them in meta/eva_quality.jsonl instead, leaving the rows alone")
     p.set_defaults(func=_check)

@@ -1,28 +1,32 @@
 """The offline driver of the quality rules: evidence read from a dataset's own files.
 
-``check_dataset`` reads a LeRobot v2.1 dataset episode by episode (its Parquet table, every
-camera's MP4 decoded frame by frame) without the export's source validation, which refuses
-exactly the damage this check exists to name (off-grid or repeated timestamps). One
-``EpisodeEvidence`` per episode goes through ``rules.evaluate``, the code live capture runs.
-Another source kind plugs in by yielding ``EpisodeInput`` records (``check_inputs``).
-"""
+``check_dataset`` reads a LeRobot v2.1, v3.0 or v2.0 dataset through the source seam
+(sources/base.py: ``open_source(root).locate(root)``) episode by episode: its rows (its own
+Parquet file, or its slice of a shared v3.0 file) and every camera's frames decoded one by one
+(its MP4, or its frame range of a shared one). ``locate`` applies none of the export's source
+validation, which refuses exactly the damage this check exists to name (off-grid or repeated
+timestamps, a short video). One ``EpisodeEvidence`` per episode goes through
+``rules.evaluate``, the code live capture runs."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import av
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
-from ..dataset.meta import DatasetMeta, read_meta
-from ..dataset.records import EpisodeRow, Feature, QualityIssue, Severity
+from ..dataset.meta import read_info
+from ..dataset.records import DatasetInfo, EpisodeRow, Feature, QualityIssue, Severity
+from ..dataset.validate import SourceEpisode
 from ..errors import DatasetError
+from ..sources.base import SlicedEpisode, Source, SourceKind, open_source, read_table
+from ..sources.cut import seek_to_frame
 from .rules import (
     F64,
     OFFLINE_THRESHOLDS,
@@ -71,9 +75,11 @@ class DatasetCheck:
     fps: float
     episodes: tuple[EpisodeCheck, ...]
     rows: dict[int, EpisodeRow] = field(default_factory=dict)  # the source rows, when it has them
+    kind: SourceKind = SourceKind.LEROBOT_V21
+    owned: bool = True  # verdicts may go into the rows (else only into the sidecar)
 
 
-# ---- reading a v2.1 episode ---------------------------------------------------------------------
+# ---- reading an episode of any source kind ---------------------------------------------------------------------
 def _vector(name: str, col: pa.ChunkedArray, feature: Feature) -> VectorSeries:
     arr = col.combine_chunks()
     n = len(arr)
@@ -101,26 +107,46 @@ def _names(feature: Feature) -> tuple[str, ...]:
     return tuple(str(n) for n in names) if isinstance(names, list) else ()
 
 
-def luma_frames(path: Path) -> Iterator[NDArray[np.uint8]]:
-    """The luma plane of every decoded frame, without a colour conversion (most of the cost)."""
+def _luma(frame: Any) -> NDArray[np.uint8]:
+    """A decoded frame's luma plane, without a colour conversion (most of the cost)."""
+    if frame.format.name not in ("yuv420p", "yuvj420p", "yuv422p", "yuv444p", "gray"):
+        return np.asarray(frame.to_ndarray(format="gray"), np.uint8)
+    plane = frame.planes[0]
+    rows = np.frombuffer(memoryview(plane), np.uint8).reshape(plane.height, plane.line_size)
+    return rows[:, : plane.width]
+
+
+def luma_frames(path: Path, first: int = 0, count: int | None = None, fps: float = 0.0) -> Iterator[NDArray[np.uint8]]:
+    """The luma plane of every decoded frame, or (``count``) of frames [first, first + count) of
+    a file shared by episodes: frame k is the one shown at k / fps, as the v3.0 cut counts."""
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
-        for frame in container.decode(stream):
-            if frame.format.name not in ("yuv420p", "yuvj420p", "yuv422p", "yuv444p", "gray"):
-                yield np.asarray(frame.to_ndarray(format="gray"), np.uint8)
-                continue
-            plane = frame.planes[0]
-            rows = np.frombuffer(memoryview(plane), np.uint8).reshape(plane.height, plane.line_size)
-            yield rows[:, : plane.width]
+        if count is None:
+            for frame in container.decode(stream):
+                yield _luma(frame)
+            return
+        tb = stream.time_base
+        ratio = float(Fraction(tb) * Fraction(fps)) if tb is not None else 0.0
+        if ratio:
+            seek_to_frame(container, stream, first, int(fps))
+        for pos, frame in enumerate(container.decode(stream)):
+            pts = frame.pts
+            if ratio and pts is None:
+                continue  # an unstamped frame cannot be placed: the frame-count rule sees it missing
+            k = round(pts * ratio) if ratio and pts is not None else pos  # no time base: counted (no seek)
+            if k >= first + count:
+                return
+            if k >= first:
+                yield _luma(frame)
 
 
-def _camera(name: str, path: Path) -> CameraSeries:
+def _camera(name: str, frames: Iterator[NDArray[np.uint8]]) -> CameraSeries:
     """Every decoded frame's change against the previous one (the live rule's signature)."""
     changes: list[float] = []
     prev = None
     try:
-        for img in luma_frames(path):
+        for img in frames:
             sig = signature(img)
             changes.append(frame_change(prev, sig))
             prev = sig
@@ -129,27 +155,50 @@ def _camera(name: str, path: Path) -> CameraSeries:
     return CameraSeries(name, np.asarray(changes, np.float64), len(changes))
 
 
-def v21_evidence(meta: DatasetMeta, row: EpisodeRow) -> EpisodeEvidence:
-    """The evidence of one v2.1 episode, read from its Parquet table and MP4 files."""
-    info = meta.info
-    path = meta.data_path(row.episode_index)
-    try:
-        table = pq.read_table(path)
-    except (OSError, pa.ArrowException) as exc:
-        raise DatasetError(f"{path}: cannot read episode {row.episode_index}: {exc}") from exc
+def _episode_table(ep: SourceEpisode) -> pa.Table:
+    """The episode's rows; a slice of a shared file must hold exactly this episode's rows."""
+    table = read_table(ep)
+    if isinstance(ep, SlicedEpisode):
+        where = f"episode {ep.index}: {ep.data_path} rows {ep.row_start}..{ep.row_start + ep.rows - 1}"
+        if table.num_rows != ep.rows:
+            raise DatasetError(f"{where}: the file holds only {table.num_rows} of the episode's {ep.rows} rows")
+        if "episode_index" in table.column_names:
+            found = np.unique(np.asarray(table.column("episode_index").to_numpy()))
+            if found.tolist() != [ep.index]:
+                raise DatasetError(f"{where}: episode_index values {found[:5].tolist()}, expected {ep.index} "
+                                   "(the episode metadata does not locate this episode)")
+    return table
+
+
+def episode_evidence(info: DatasetInfo, ep: SourceEpisode) -> EpisodeEvidence:
+    """The evidence of one episode of any source kind: its rows (its own Parquet file or its
+    slice of a shared one) and every camera's decoded frames (its file or its frame range)."""
+    table = _episode_table(ep)
     ts: F64 | None = None
     if "timestamp" in table.column_names:
         ts = np.asarray(table.column("timestamp").to_numpy(), np.float64)
     vectors = tuple(_vector(k, table.column(k), f) for k, f in info.features.items()
                     if k in table.column_names and k not in NOT_SIGNALS and f.dtype in SIGNAL_DTYPES)
-    cameras = tuple(_camera(k, meta.video_path(k, row.episode_index)) for k in info.video_keys)
-    return EpisodeEvidence(float(info.fps), table.num_rows, ts, vectors, cameras)
+    cameras = []
+    for key in info.video_keys:
+        sl = ep.video_slices.get(key) if isinstance(ep, SlicedEpisode) else None
+        frames = (luma_frames(sl.path, sl.first_frame, sl.frames, info.fps) if sl is not None
+                  else luma_frames(ep.video_paths[key]))
+        cameras.append(_camera(key, frames))
+    return EpisodeEvidence(float(info.fps), table.num_rows, ts, vectors, tuple(cameras))
 
 
-def v21_inputs(root: Path) -> Iterator[EpisodeInput]:
-    meta = read_meta(root)
-    for row in meta.episodes:
-        yield EpisodeInput(row.episode_index, row, v21_evidence(meta, row))
+def source_inputs(root: Path) -> tuple[Source, DatasetInfo, Iterator[EpisodeInput]]:
+    """The source at ``root`` (any kind), its info and its episodes as rule inputs, streamed.
+    Only a source we own (v2.1) hands over its rows: the others keep no eva row."""
+    source = open_source(root)
+    info = read_info(root)
+
+    def items() -> Iterator[EpisodeInput]:
+        for ep in source.locate(root):
+            yield EpisodeInput(ep.index, ep.row if source.owned else None, episode_evidence(info, ep))
+
+    return source, info, items()
 
 
 # ---- checking -------------------------------------------------------------------------------
@@ -181,6 +230,6 @@ def check_inputs(root: Path, fps: float, inputs: Iterable[EpisodeInput],
 
 
 def check_dataset(root: Path, th: Thresholds = OFFLINE_THRESHOLDS) -> DatasetCheck:
-    """Every episode of a v2.1 dataset through the shared rules."""
-    meta = read_meta(root)
-    return check_inputs(Path(root), float(meta.info.fps), v21_inputs(root), th)
+    """Every episode of a LeRobot v2.1, v3.0 or v2.0 dataset through the shared rules."""
+    source, info, inputs = source_inputs(Path(root))
+    return replace(check_inputs(Path(root), float(info.fps), inputs, th), kind=source.kind, owned=source.owned)

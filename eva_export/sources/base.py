@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -58,6 +59,12 @@ class Source(Protocol):
         """The source's episode indices, from its metadata only (what a review may name)."""
         ...
 
+    def locate(self, root: Path) -> Iterator[SourceEpisode]:
+        """Every episode's files and rows, in order, from the metadata alone: none of the
+        validation rules (``eva-export check`` names the damage validation would refuse).
+        ``columns``, ``task_indices`` and ``bytes`` are left empty."""
+        ...
+
 
 def detect_kind(root: Path) -> SourceKind:
     """The kind of the dataset at ``root``, from meta/info.json's codebase_version."""
@@ -82,6 +89,19 @@ def get_source(kind: SourceKind) -> Source:
         return V20Source()
     from .lerobot_v21 import V21Source
     return V21Source()
+
+
+def locate_per_episode_files(root: Path) -> Iterator[SourceEpisode]:
+    """The episodes of a v2.1 / v2.0 layout (one Parquet, one MP4 per camera each), from
+    meta/episodes.jsonl and info.json's path templates (confined to ``root``)."""
+    from ..dataset.meta import read_meta
+
+    meta = read_meta(Path(root))
+    for row in meta.episodes:
+        i = row.episode_index
+        yield SourceEpisode(row=row, data_path=meta.data_path(i),
+                            video_paths={k: meta.video_path(k, i) for k in meta.info.video_keys},
+                            rows=row.length, task_indices=[], columns=[], bytes=0)
 
 
 def open_source(root: Path) -> Source:

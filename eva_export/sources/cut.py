@@ -55,7 +55,7 @@ def _frame_ratio(stream: Any, fps: int) -> float:
     return float(Fraction(stream.time_base) * fps)
 
 
-def _seek(container: Any, stream: Any, first: int, fps: int) -> None:
+def seek_to_frame(container: Any, stream: Any, first: int, fps: int) -> None:
     """To the last keyframe at or before frame ``first`` (nothing to do for frame 0)."""
     if first > 0:
         container.seek(int(Fraction(first, fps) / Fraction(stream.time_base)), stream=stream,
@@ -72,7 +72,7 @@ def _exact_cut(src: Path, first: int, count: int, fps: int) -> bool:
     with av.open(str(src)) as c:
         s = c.streams.video[0]
         ratio = _frame_ratio(s, fps)
-        _seek(c, s, first, fps)
+        seek_to_frame(c, s, first, fps)
         for pos, pkt in enumerate(c.demux(s)):
             if pkt.size == 0 or pkt.pts is None:
                 continue
@@ -105,7 +105,7 @@ def _copy(src: Path, first: int, count: int, fps: int, dst: Path) -> None:
     with av.open(str(src)) as c:
         s = c.streams.video[0]
         ratio = _frame_ratio(s, fps)
-        _seek(c, s, first, fps)
+        seek_to_frame(c, s, first, fps)
         out, o = _open_out(dst, s)
         with out:
             shift: int | None = None
@@ -132,7 +132,7 @@ def _reencode(src: Path, first: int, count: int, fps: int, dst: Path, settings: 
     with av.open(str(src)) as c:
         s = c.streams.video[0]
         ratio = _frame_ratio(s, fps)
-        _seek(c, s, first, fps)
+        seek_to_frame(c, s, first, fps)
         cc = s.codec_context
         with VideoEncoder(dst, cc.width, cc.height, fps, settings) as enc:
             for frame in c.decode(s):

@@ -11,13 +11,14 @@ dataset: its quality comes from the sidecar (sources/sidecar.py), else it is unr
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..dataset.meta import read_meta
 from ..dataset.records import CODEBASE_V21
-from ..dataset.validate import SourceCheck, validate_source
+from ..dataset.validate import SourceCheck, SourceEpisode, validate_source
 from . import sidecar
-from .base import SourceKind
+from .base import SourceKind, locate_per_episode_files
 
 CODEBASE_V20 = "v2.0"
 
@@ -33,6 +34,9 @@ class V20Source:
 
     def episode_indices(self, root: Path) -> list[int]:
         return [e.episode_index for e in read_meta(root).episodes]
+
+    def locate(self, root: Path) -> Iterator[SourceEpisode]:
+        return locate_per_episode_files(root)
 
 
 def relabel(check: SourceCheck, root: Path) -> SourceCheck:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..dataset.meta import read_meta
-from ..dataset.validate import SourceCheck, validate_source
-from .base import SourceKind
+from ..dataset.validate import SourceCheck, SourceEpisode, validate_source
+from .base import SourceKind, locate_per_episode_files
 
 
 class V21Source:
@@ -20,3 +21,6 @@ class V21Source:
 
     def episode_indices(self, root: Path) -> list[int]:
         return [e.episode_index for e in read_meta(root).episodes]
+
+    def locate(self, root: Path) -> Iterator[SourceEpisode]:
+        return locate_per_episode_files(root)

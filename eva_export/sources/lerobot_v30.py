@@ -16,6 +16,7 @@ the dataset: quality comes from the sidecar (sources/sidecar.py), else episodes 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +28,15 @@ import pyarrow.parquet as pq
 from .. import confine
 from ..dataset.meta import INFO, DatasetMeta
 from ..dataset.records import DatasetInfo, EpisodeRow, EpisodeStats, TaskRow
-from ..dataset.validate import GRID_TOLERANCE_S, SMALL_COLUMNS, SourceCheck, _check_columns, _check_info, _raw_info
+from ..dataset.validate import (
+    GRID_TOLERANCE_S,
+    SMALL_COLUMNS,
+    SourceCheck,
+    SourceEpisode,
+    _check_columns,
+    _check_info,
+    _raw_info,
+)
 from ..dataset.video import mp4_truncation, stream_frames
 from ..errors import DatasetError
 from . import sidecar
@@ -110,11 +119,35 @@ class V30Source:
         return check
 
     def episode_indices(self, root: Path) -> list[int]:
-        try:
-            info = DatasetInfo.from_dict(_raw_info(root))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise DatasetError(f"{root / INFO}: {exc}") from exc
-        return [loc.episode_index for loc, _st in iter_episode_rows(Path(root), info)]
+        return [loc.episode_index for loc, _st in iter_episode_rows(Path(root), _info(root))]
+
+    def locate(self, root: Path) -> Iterator[SourceEpisode]:
+        """Each episode's slice of its data file and camera files, from the episode metadata.
+        An episode's first row in its data file is counted from the first episode listed in
+        that file (LeRobot writes a file's episodes back to back); the reader checks the
+        rows' episode_index, so a wrong locator is named, never read as another episode."""
+        root = Path(root)
+        info = _info(root)
+        first_index: dict[Path, int] = {}  # data file -> global index of its first row
+        for loc, _st in iter_episode_rows(root, info):
+            path = data_file(root, info, loc)
+            start = first_index.setdefault(path, loc.from_index)
+            slices = {}
+            for key in info.video_keys:
+                v = loc.videos[key]
+                a, b = round(v.from_timestamp * info.fps), round(v.to_timestamp * info.fps)
+                slices[key] = VideoSlice(video_file(root, info, key, loc), a, max(0, b - a))
+            yield SlicedEpisode(row=EpisodeRow(loc.episode_index, list(loc.tasks), loc.length), data_path=path,
+                                video_paths={k: sl.path for k, sl in slices.items()}, rows=loc.length,
+                                task_indices=[], columns=[], bytes=0, row_start=loc.from_index - start,
+                                video_slices=slices)
+
+
+def _info(root: Path) -> DatasetInfo:
+    try:
+        return DatasetInfo.from_dict(_raw_info(Path(root)))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DatasetError(f"{Path(root) / INFO}: {exc}") from exc
 
 
 def source_hash(root: Path) -> str:
