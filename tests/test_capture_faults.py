@@ -9,11 +9,10 @@ import time
 
 import pytest
 from capture_helpers import (
-    DDS_ENV,
     check_dataset,
     episode_rows,
-    relaunch,
     record,
+    relaunch,
     start_pair,
     wait_episodes,
     wait_receiving,

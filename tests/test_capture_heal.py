@@ -12,10 +12,10 @@ import json
 import re
 import time
 
-from capture_helpers import DDS_ENV, episode_rows, record, wait_episodes, wait_receiving, write_config
-from eva_export.nodes.intake import DEAF_HOOK_ENV
-
 import rosharness
+from capture_helpers import DDS_ENV, episode_rows, record, wait_episodes, wait_receiving, write_config
+
+from eva_export.nodes.intake import DEAF_HOOK_ENV
 
 
 def test_deaf_first_participant_is_replaced_and_records(tmp_path, node_factory, ros_client):
