@@ -85,6 +85,8 @@ MODULES = [
     "eva_export.export.paths",
     "eva_export.export.clean",
     "eva_export.capture.align",
+    "eva_export.capture.align_types",
+    "eva_export.capture.clock",
     "eva_export.capture.checks",
     "eva_export.capture.stream",
     "eva_export.capture.episode",
