@@ -96,6 +96,7 @@ MODULES = [
     "eva_export.capture.ingest_jobs",
     "eva_export.capture.writer_cache",
     "eva_export.capture.ingest",
+    "eva_export.capture.bagreader",
     "eva_export.capture.bagfiles",
     "eva_export.capture.room",
     "eva_export.capture.intake",
