@@ -73,6 +73,7 @@ MODULES = [
     "eva_export.sources.lerobot_v30",
     "eva_export.sources.v30_meta",
     "eva_export.dataset.validate",
+    "eva_export.dataset.source_rules",
     "eva_export.dataset.validate_media",
     "eva_export.config",
     "eva_export.errors",
