@@ -285,6 +285,25 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> Config:
         t = _take(t, f"collection.tasks[{i}]", {"dataset_name", "task"})
         tasks.append(TaskSpec(check_name(str(t["dataset_name"])), str(t.get("task", ""))))
     streams = _take(col.get("streams") or {}, "collection.streams", {"state", "action", "ee_pose", "cameras"})
+    cams = _cameras(streams)
+    ee = streams.get("ee_pose")
+    ee_pose = PoseStream(str(_take(ee, "collection.streams.ee_pose", {"topic"})["topic"])) if ee else None
+    capture = _capture(col)
+    sftp = _sftp(col)
+    collection = CollectionConfig(
+        log_dir=log_dir, fps=fps, robot_type=str(col.get("robot_type", "eva")), tasks=tuple(tasks),
+        state=_vector(streams.get("state"), "collection.streams.state"),
+        action=_vector(streams.get("action"), "collection.streams.action"),
+        ee_pose=ee_pose, cameras=tuple(cams), capture=capture, sftp=sftp,
+    )
+    export = _export(raw, log_dir)
+    up = _take(raw.get("upload") or {}, "upload", {"jobs_dir"})
+    upload = UploadConfig(jobs_dir=Path(up.get("jobs_dir") or log_dir / ".jobs" / "upload"))
+    return Config(collection=collection, export=export, upload=upload, path=path,
+                  console=_console(raw.get("console")))
+
+
+def _cameras(streams: dict[str, Any]) -> list[CameraStream]:
     cams = []
     for i, c in enumerate(streams.get("cameras") or []):
         c = _take(c, f"collection.streams.cameras[{i}]", {"name", "topic", "type", "width", "height"})
@@ -296,8 +315,10 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> Config:
         cams.append(cam)
     if len({c.name for c in cams}) != len(cams):
         raise ConfigError("collection.streams.cameras: camera names must be unique")
-    ee = streams.get("ee_pose")
-    ee_pose = PoseStream(str(_take(ee, "collection.streams.ee_pose", {"topic"})["topic"])) if ee else None
+    return cams
+
+
+def _capture(col: dict[str, Any]) -> CaptureSettings:
     cap_raw = _take(col.get("capture") or {}, "collection.capture",
                     {f for f in CaptureSettings.__dataclass_fields__})
     if "ingest_roots" in cap_raw:
@@ -305,6 +326,10 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> Config:
     capture = CaptureSettings(**cap_raw)
     if not isinstance(capture.min_free_mb, int) or capture.min_free_mb < 0:
         raise ConfigError(f"collection.capture.min_free_mb {capture.min_free_mb!r} must be a whole number >= 0")
+    return capture
+
+
+def _sftp(col: dict[str, Any]) -> SftpSettings | None:
     storage = _take(col.get("storage") or {}, "collection.storage", {"sftp"})
     sftp = None
     if storage.get("sftp"):
@@ -312,12 +337,10 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> Config:
         fields: dict[str, Any] = {k: (int(v) if k == "port" else v) for k, v in s.items()}
         sftp = SftpSettings(**fields)
         sftp.check()
-    collection = CollectionConfig(
-        log_dir=log_dir, fps=fps, robot_type=str(col.get("robot_type", "eva")), tasks=tuple(tasks),
-        state=_vector(streams.get("state"), "collection.streams.state"),
-        action=_vector(streams.get("action"), "collection.streams.action"),
-        ee_pose=ee_pose, cameras=tuple(cams), capture=capture, sftp=sftp,
-    )
+    return sftp
+
+
+def _export(raw: dict[str, Any], log_dir: Path) -> ExportConfig:
     ex = _take(raw.get("export") or {}, "export",
                {"data_roots", "jobs_dir", "v3_data_file_mb", "v3_video_file_mb", "hdf5_compression",
                 "eva_store", "workers"})
@@ -333,10 +356,7 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> Config:
     )
     if export.hdf5_compression not in ("", "lzf", "gzip"):
         raise ConfigError("export.hdf5_compression must be '', 'lzf' or 'gzip'")
-    up = _take(raw.get("upload") or {}, "upload", {"jobs_dir"})
-    upload = UploadConfig(jobs_dir=Path(up.get("jobs_dir") or log_dir / ".jobs" / "upload"))
-    return Config(collection=collection, export=export, upload=upload, path=path,
-                  console=_console(raw.get("console")))
+    return export
 
 
 def _workers(value: Any) -> int:

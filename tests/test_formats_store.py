@@ -33,7 +33,8 @@ from eva_export.export.paths import ExportPaths
 from eva_export.export.records import QualitySplit
 from eva_export.export.runner import ExportService
 from eva_export.formats.base import VerifyReport
-from eva_export.formats.eva_store import EvaStoreExporter, _verify_shard, split_of_episodes
+from eva_export.formats.eva_store import EvaStoreExporter, split_of_episodes
+from eva_export.formats.eva_store_verify import _verify_shard
 from eva_export.formats.registry import get_exporter
 from eva_export.formats.verify import verify_export
 from eva_export.fsutil import read_json

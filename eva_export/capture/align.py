@@ -1,5 +1,8 @@
 """Alignment of asynchronous streams on the target fps grid, on the sensors' own time.
 
+This module is the rule and ``GridAligner``; the clock offset estimate is in clock.py, the
+values (``Sample``, ``Slot``, ``Pick``, ``StreamTiming``) and per-stream state in align_types.py.
+
 The rule (one definition, used by the recorder and tested in tests/test_capture_core.py):
 
 * **Time base.** The grid lives on the capture node's monotonic receive clock (START, STOP and
@@ -58,203 +61,24 @@ The rule (one definition, used by the recorder and tested in tests/test_capture_
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import replace
 
-import numpy as np
+from .align_types import Pick, Sample, Slot, StreamTiming, StreamTrack
+from .clock import ClockOffset
+
+__all__ = ["LATENCY_BUDGET_S", "SAME_CLOCK_S", "STOP_BUDGET_S", "ClockOffset", "GridAligner", "Pick", "Sample",
+           "Slot", "StreamTiming", "align_offline"]
 
 #: Default time a slot waits for a late stream before it is final (receive clock, seconds).
 LATENCY_BUDGET_S = 0.5
 #: After STOP the last slots wait longer for streams that are behind (a starved publisher
 #: catching up), so a late tail is not counted as lost; STOP answers when they are final.
 STOP_BUDGET_S = 3.0
-#: Delivery delays are kept in a histogram of 0.1 ms bins up to this many seconds (memory flat).
-_JITTER_MAX_S = 2.0
-_JITTER_BIN_S = 1e-4
 #: A drop older than this many slots is final even if its message still turns up later.
 _PENDING_DROP_SLOTS = 600
-#: An unstamped message is placed at most this long before its arrival.
-UNSTAMPED_HOLD_S = 0.5
-_TRACK_STRETCH = 1.02
 #: Streams whose offsets differ by less than this share the anchor stream's clock.
 SAME_CLOCK_S = 0.5
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """One received message: receive time, header stamp (None: no header), payload.
-
-    ``t`` is the source time on the grid's clock (set by the aligner); ``seq`` the arrival
-    number within the episode, per stream (set by the aligner).
-    """
-
-    recv: float
-    stamp: float | None
-    payload: Any
-    seq: int = 0
-    t: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Pick:
-    sample: Sample | None  # the message placed in this slot, or the held one (repeat)
-    repeat: bool  # no message of this stream in the slot's window: the previous one is held
-    stale: bool = False  # kept for callers of the old rule; the window rule has no stale picks
-
-    @property
-    def dropped(self) -> bool:
-        return self.sample is None or self.repeat or self.stale
-
-
-@dataclass(frozen=True, slots=True)
-class Slot:
-    index: int
-    t: float
-    picks: tuple[Pick, ...]
-
-
-class ClockOffset:
-    """Robust online estimate of ``recv - stamp`` for one stream (clock offset + least delay).
-
-    A running minimum over a sliding window (two blocks of ``window_s``), so slow drift between
-    two hosts' clocks is followed. A value more than ``outlier_s`` below the estimate (a stamp
-    from the future) is ignored unless ``confirm`` such values come in a row (a clock step).
-    """
-
-    def __init__(self, window_s: float = 10.0, outlier_s: float = 0.5, confirm: int = 3) -> None:
-        self.window_s = window_s
-        self.outlier_s = outlier_s
-        self.confirm = confirm
-        self._cur = math.inf
-        self._prev = math.inf
-        self._block_start: float | None = None
-        self._suspects = 0
-        self.observed = 0
-        self._arrivals: deque[float] = deque(maxlen=256)
-        self._track: float | None = None
-
-    @property
-    def period(self) -> float | None:
-        """Mean interval of the recent unstamped arrivals (robust to jitter, not to loss)."""
-        a = self._arrivals
-        return (a[-1] - a[0]) / (len(a) - 1) if len(a) >= 10 and a[-1] > a[0] else None
-
-    def observe(self, recv: float, stamp: float | None) -> float | None:
-        """Learn from one message; for a message without a stamp, return its source time."""
-        if not stamp:  # no header or a zero stamp: learn the stream's period, follow the track
-            if self._arrivals and recv - self._arrivals[-1] > 1.0:
-                self._arrivals.clear()  # the stream paused: a new run
-                self._track = None
-            self._arrivals.append(recv)
-            return self._follow(recv)
-        d = recv - stamp
-        if self._block_start is None or recv - self._block_start >= self.window_s:
-            gap = recv - self._block_start if self._block_start is not None else math.inf
-            self._prev = self._cur if gap < 2 * self.window_s else math.inf
-            self._cur = math.inf
-            self._block_start = recv
-        est = self.offset
-        if est is not None and d < est - self.outlier_s:
-            self._suspects += 1
-            if self._suspects < self.confirm:
-                return None
-            self._prev = math.inf  # a confirmed clock step: forget the old minimum
-        self._suspects = 0
-        self._cur = min(self._cur, d)
-        self.observed += 1
-        return None
-
-    def _follow(self, recv: float) -> float:
-        """Source time of an unstamped message: the previous one plus the stream's period, kept
-        within ``[recv - UNSTAMPED_HOLD_S, recv]``.
-
-        A message is never placed after its arrival, so the track follows the least-delayed
-        messages (the running minimum of receive minus sample time, with sample k taken at
-        k periods); late messages of a burst keep their period spacing instead of piling up on
-        their arrival time. The period is the stream's mean interval times ``_TRACK_STRETCH``:
-        the track drifts slowly towards the arrivals, so a lost message does not shift the
-        stream for good. It is followed for every message, also between episodes, so a burst
-        right after START is spread like any other.
-        """
-        period = self.period
-        if period is not None and self._track is not None:
-            t = min(max(self._track + period * _TRACK_STRETCH, recv - UNSTAMPED_HOLD_S), recv)
-        else:
-            t = recv
-        self._track = t
-        return t
-    @property
-    def offset(self) -> float | None:
-        v = min(self._cur, self._prev)
-        return None if v == math.inf else v
-
-
-@dataclass(frozen=True)
-class StreamTiming:
-    """Per-stream timing evidence of one episode (stream stats and the status topic)."""
-
-    dropped: int
-    late: int
-    out_of_order: int
-    jitter_p50_ms: float
-    jitter_p99_ms: float
-    max_gap_ms: float
-    time_base: str
-    clock_offset_s: float | None
-
-    def to_stats(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"late": self.late, "jitter_p50_ms": round(self.jitter_p50_ms, 3),
-                             "jitter_p99_ms": round(self.jitter_p99_ms, 3),
-                             "max_gap_ms": round(self.max_gap_ms, 3), "time_base": self.time_base}
-        if self.out_of_order:
-            d["out_of_order"] = self.out_of_order
-        return d
-
-
-@dataclass
-class _Stream:
-    offset: ClockOffset
-    own_offset: bool
-    pending: deque[Sample] = field(default_factory=deque)
-    held: Sample | None = None
-    newest: Sample | None = None  # newest placed (or late) sample: its source time is the frontier
-    last_stamp: float | None = None
-    count: int = 0
-    last_recv: float | None = None
-    last_t: float | None = None
-    max_gap: float = 0.0
-    consumed_t: float = -math.inf  # source time of the newest sample used by a slot
-    pending_drops: deque[int] = field(default_factory=deque)
-    final_drops: int = 0
-    late: int = 0
-    out_of_order: int = 0
-    stamped: int = 0
-    zero_stamps: int = 0
-    unstamped: int = 0
-    hist: np.ndarray[Any, Any] = field(default_factory=lambda: np.zeros(int(_JITTER_MAX_S / _JITTER_BIN_S) + 1,
-                                                                np.int64))
-
-    def note_jitter(self, delay: float) -> None:
-        idx = int(max(delay, 0.0) / _JITTER_BIN_S)
-        self.hist[min(idx, self.hist.size - 1)] += 1
-
-    def percentile_ms(self, q: float) -> float:
-        n = int(self.hist.sum())
-        if n == 0:
-            return 0.0
-        idx = int(np.searchsorted(np.cumsum(self.hist), math.ceil(q / 100.0 * n)))
-        return idx * _JITTER_BIN_S * 1e3
-
-    def time_base(self) -> str:
-        if self.stamped and not self.zero_stamps:
-            return "stamp"
-        if self.stamped:
-            return f"stamp ({self.zero_stamps} zero stamps placed by receive time)"
-        if self.zero_stamps:
-            return "receive (all header stamps zero)"
-        return "receive (no header stamp)"
 
 
 class GridAligner:
@@ -286,7 +110,7 @@ class GridAligner:
         self._t0_sample: tuple[int, Sample] | None = None
         self.t_stop: float | None = None
         self.next_k = 0
-        self._s = [_Stream(offsets[i] if offsets is not None else ClockOffset(), offsets is None)
+        self._s = [StreamTrack(offsets[i] if offsets is not None else ClockOffset(), offsets is None)
                    for i in range(n_streams)]
 
     # ---- grid -------------------------------------------------------------------------------
@@ -326,7 +150,7 @@ class GridAligner:
         assert s.t is not None
         return s.t
 
-    def _frontier(self, st: _Stream, stream: int) -> float:
+    def _frontier(self, st: StreamTrack, stream: int) -> float:
         """Source time up to which the stream is known complete (sources are in order)."""
         return -math.inf if st.newest is None else self._t(stream, st.newest)
 
@@ -414,7 +238,7 @@ class GridAligner:
         assert s.t is not None
         return s.recv - s.t
 
-    def _late(self, stream: int, st: _Stream, s: Sample) -> None:
+    def _late(self, stream: int, st: StreamTrack, s: Sample) -> None:
         """A message whose slot is already final: late, and no longer a drop of that slot."""
         assert s.t is not None and self.t0 is not None
         st.late += 1

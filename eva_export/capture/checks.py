@@ -28,7 +28,7 @@ from numpy.typing import NDArray
 from ..dataset.records import Quality, QualityIssue, Severity
 from ..quality import rules
 from ..quality.rules import CameraSeries, EpisodeEvidence, MessageStamps, Thresholds, VectorSeries
-from .align import Slot, StreamTiming
+from .align_types import Slot, StreamTiming
 
 #: Fraction of slots whose camera-to-camera stamp skew may exceed the tolerance before red.
 SKEW_FRACTION = 0.05

@@ -21,25 +21,24 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from mcap.exceptions import McapError
-from mcap.records import Channel, Message, Schema
-from mcap.stream_reader import StreamReader
-from mcap_ros2.decoder import DecoderFactory
 
 from ..config import CollectionConfig, check_name
 from ..dataset.writer import DatasetWriter
 from ..errors import EvaError
 from .align import STOP_BUDGET_S
-from .bagfiles import BagFiles, IngestError, bag_channels, open_bag
+from .bagfiles import IngestError, bag_channels, open_bag
+from .bagreader import BagMessage, BagReader
 from .episode import EpisodeRun
 from .features import capture_features, video_settings
-from .intake import converter, streams_from_config
-from .stream import states_for
+from .intake import Convert, converter, streams_from_config
+from .stream import StreamState, states_for
+
+__all__ = ["CAPTURE_STATUS_TYPE", "MARKER_TYPES", "SOURCE_KEY", "BagIngest", "BagMessage", "BagReader", "EpisodePlan",
+           "IngestError", "IngestProgress", "open_bag"]
 
 log = logging.getLogger(__name__)
 
@@ -82,78 +81,6 @@ class EpisodePlan:
         raise IngestError(f"episodes {spec!r}: use '' (one per bag), 'ranges:T0-T1,...' or 'marker'")
 
 
-@dataclass
-class BagMessage:
-    log_time: float  # seconds (the recorder's receive clock)
-    topic: str
-    type_name: str
-    data_size: int
-    msg: Any  # decoded message (attribute names as in rclpy)
-
-
-@dataclass
-class BagReader:
-    """Streams decoded messages of the wanted topics; a damaged file ends the stream (``damage``)."""
-
-    bag: BagFiles
-    topics: set[str]
-    check_type: Callable[[str, str], None]
-    damage: str = ""
-    bytes_read: int = 0
-    backwards: int = 0  # wanted messages logged earlier than the one before them
-    first_backwards: str = ""
-    _last_ns: int = -1
-    _decoders: dict[tuple[str, int], Any] = field(default_factory=dict)
-
-    def _note_time(self, f: Path, topic: str, log_ns: int) -> None:
-        if log_ns < self._last_ns:
-            self.backwards += 1
-            if not self.first_backwards:
-                self.first_backwards = (f"{f.name}: {topic} logged at {log_ns * 1e-9:.6f} s after a message at "
-                                        f"{self._last_ns * 1e-9:.6f} s")
-        self._last_ns = max(self._last_ns, log_ns)
-
-    def __iter__(self) -> Iterator[BagMessage]:
-        factory = DecoderFactory()
-        for f in self.bag.files:
-            schemas: dict[int, Schema] = {}
-            channels: dict[int, Channel] = {}
-            with open(f, "rb") as fh:
-                try:
-                    for rec in StreamReader(fh).records:
-                        if isinstance(rec, Schema):
-                            schemas[rec.id] = rec
-                        elif isinstance(rec, Channel):
-                            channels[rec.id] = rec
-                            if rec.topic in self.topics:
-                                sch = schemas.get(rec.schema_id)
-                                self.check_type(rec.topic, sch.name if sch else "")
-                        elif isinstance(rec, Message):
-                            self.bytes_read = self.bytes_read + len(rec.data)
-                            ch = channels.get(rec.channel_id)
-                            if ch is None or ch.topic not in self.topics:
-                                continue
-                            key = (str(f), rec.channel_id)
-                            dec = self._decoders.get(key)
-                            sch = schemas.get(ch.schema_id)
-                            if dec is None:
-                                dec = self._decoders[key] = factory.decoder_for(ch.message_encoding, sch)
-                                if dec is None:
-                                    raise IngestError(f"topic {ch.topic}: cannot decode encoding "
-                                                      f"{ch.message_encoding!r}")
-                            self._note_time(f, ch.topic, rec.log_time)
-                            yield BagMessage(rec.log_time * 1e-9, ch.topic, sch.name if sch else "",
-                                             len(rec.data), dec(rec.data))
-                except IngestError:
-                    raise
-                except (McapError, EOFError, ValueError, OSError, Exception) as exc:  # noqa: BLE001
-                    # a recorder killed mid-write leaves a cut chunk or no footer: keep what was read
-                    self.damage = (f"bag file {f.name} is damaged after {self.bytes_read} message bytes "
-                                   f"({type(exc).__name__}: {exc}); the recording was read up to the damage")
-                    log.warning(self.damage)
-                    return
-
-
 # ---- the run ----------------------------------------------------------------------------------
 @dataclass
 class IngestProgress:
@@ -175,6 +102,23 @@ def _marker_state(type_name: str, msg: Any) -> bool | None:
         return bool(msg.data)
     word = str(getattr(msg, "data", "")).strip().lower()
     return True if word in _START_WORDS else False if word in _STOP_WORDS else None
+
+
+@dataclass
+class _Cuts:
+    """The episodes of one ingest run as the cuts open and close them."""
+
+    states: list[StreamState]
+    dw: DatasetWriter
+    done: dict[int, int]  # episode ordinals committed by an earlier run of this ingest -> index
+    run: EpisodeRun | None = None  # recording
+    closing: EpisodeRun | None = None  # stopped, taking the messages still in flight
+    ordinal: int = -1
+    skipping: bool = False  # an episode already committed by an earlier run of this ingest
+    first_t: float | None = None
+    last_t: float = 0.0
+    next_range: int = 0
+    marker_on: bool = False
 
 
 class BagIngest:
@@ -251,109 +195,113 @@ class BagIngest:
                     if isinstance(e.extra.get(SOURCE_KEY), dict) and e.extra[SOURCE_KEY].get("bag") == self.source}
         tol = col.capture.skew_tolerance_s or 0.5 / col.fps
         reader = BagReader(self.bag, topics, self._check_type)
-        run: EpisodeRun | None = None  # recording
-        closing: EpisodeRun | None = None  # stopped, taking the messages still in flight
-        ordinal = -1
-        skipping = False  # an episode already committed by an earlier run of this ingest
-        first_t: float | None = None
-        last_t = 0.0
-        next_range = 0
-        marker_on = False
+        c = _Cuts(states, dw, done)
         p = self.progress
-        last_report = 0.0
-
-        def start(t: float) -> None:
-            nonlocal run, ordinal, skipping, closing
-            if closing is not None:
-                self._finish(closing)
-                closing = None
-            ordinal += 1
-            if ordinal in done:
-                skipping = True
-                p.episodes_skipped += 1
-                return
-            run = EpisodeRun.begin(col, states, dw, self.dataset_name, self.task, t, 0.0, epoch=ordinal)
-            run.row_extra[SOURCE_KEY] = {"bag": self.source, "episode": ordinal, "start_time": t}
-
-        def stop(t: float) -> None:
-            nonlocal run, closing, skipping
-            skipping = False
-            if run is not None:
-                run.stop(t)
-                run.row_extra[SOURCE_KEY]["stop_time"] = t
-                closing, run = run, None
-
         try:
-            for m in reader:
-                t = m.log_time
-                p.messages_done += 1
-                if closing is not None:
-                    # as the live worker: the clock (here: this message's arrival) emits what it made
-                    # final first; a finished episode takes no more messages
-                    closing.poll(t)
-                    if closing.aligner.done() or t > closing.t_stop + tol + STOP_BUDGET_S + 0.05:  # type: ignore[operator]
-                        self._finish(closing)
-                        closing = None
-                i = index.get(m.topic)
-                if first_t is None and i is not None:
-                    first_t = t
-                # ---- cuts
-                if self.plan.mode == "marker" and m.topic == self.marker_topic:
-                    on = _marker_state(m.type_name, m.msg)
-                    if on is not None and on != marker_on:
-                        marker_on = on
-                        if on:
-                            start(t)
-                        else:
-                            stop(t)
-                    if i is None:
-                        continue
-                elif self.plan.mode == "bag":
-                    if ordinal < 0 and i is not None:
-                        start(t)
-                elif self.plan.mode == "ranges" and first_t is not None:
-                    while next_range < len(self.plan.ranges):
-                        a, b = (first_t + x for x in self.plan.ranges[next_range])
-                        if (run is not None or skipping) and t > b:
-                            stop(b)
-                            next_range += 1
-                            continue
-                        if run is None and not skipping and a <= t <= b:
-                            start(a)
-                        elif run is None and not skipping and t > b:
-                            next_range += 1  # a range with no message at all
-                            continue
-                        break
-                if i is None:
-                    continue
-                last_t = t
-                # ---- the live path: count, place on the stream's clock, push in receive order
-                st = states[i]
-                st.received += 1
-                stamp, payload = convert[i](m.msg)
-                t_src = st.offset.observe(t, stamp)
-                for ep in (closing, run):
-                    if ep is not None:
-                        ep.poll(t)
-                        ep.push(i, t, stamp, payload, t_src)
-                if self.on_progress is not None and time.monotonic() - last_report > 0.5:
-                    last_report = time.monotonic()
-                    p.bytes_done = reader.bytes_read
-                    self.on_progress(p)
+            self._drive(c, reader, convert, index, tol)
             p.damage = reader.damage
-            if run is not None:
-                stop(last_t if self.plan.mode != "ranges" else min(last_t, first_t + self.plan.ranges[next_range][1]))  # type: ignore[operator]
-            if closing is not None:
+            if c.run is not None:
+                self._stop(c, c.last_t if self.plan.mode != "ranges" else min(c.last_t, c.first_t + self.plan.ranges[c.next_range][1]))  # type: ignore[operator]
+            if c.closing is not None:
                 if reader.damage:
-                    closing.checker.on_source_damage(reader.damage)
-                self._finish(closing)
-                closing = None
+                    c.closing.checker.on_source_damage(reader.damage)
+                self._finish(c.closing)
+                c.closing = None
         except BaseException:
-            for ep in (run, closing):
+            for ep in (c.run, c.closing):
                 if ep is not None:
                     ep.abort()  # never a partly written episode
             raise
         p.bytes_done = reader.bytes_read
+        self._summarize(reader, c.first_t)
+        if self.on_progress is not None:
+            self.on_progress(p)
+        return p
+
+    def _drive(self, c: _Cuts, reader: BagReader, convert: list[Convert],
+               index: dict[str, int], tol: float) -> None:
+        """Every wanted message in log-time order: cut episodes, then the live path."""
+        p = self.progress
+        last_report = 0.0
+        for m in reader:
+            t = m.log_time
+            p.messages_done += 1
+            if c.closing is not None:
+                # as the live worker: the clock (here: this message's arrival) emits what it made
+                # final first; a finished episode takes no more messages
+                c.closing.poll(t)
+                if c.closing.aligner.done() or t > c.closing.t_stop + tol + STOP_BUDGET_S + 0.05:  # type: ignore[operator]
+                    self._finish(c.closing)
+                    c.closing = None
+            i = index.get(m.topic)
+            if c.first_t is None and i is not None:
+                c.first_t = t
+            self._cut(c, m, i, t)
+            if i is None:
+                continue
+            c.last_t = t
+            # ---- the live path: count, place on the stream's clock, push in receive order
+            st = c.states[i]
+            st.received += 1
+            stamp, payload = convert[i](m.msg)
+            t_src = st.offset.observe(t, stamp)
+            for ep in (c.closing, c.run):
+                if ep is not None:
+                    ep.poll(t)
+                    ep.push(i, t, stamp, payload, t_src)
+            if self.on_progress is not None and time.monotonic() - last_report > 0.5:
+                last_report = time.monotonic()
+                p.bytes_done = reader.bytes_read
+                self.on_progress(p)
+
+    def _cut(self, c: _Cuts, m: BagMessage, i: int | None, t: float) -> None:
+        """Open and close episodes as the plan says (marker changes, the bag, the ranges)."""
+        if self.plan.mode == "marker" and m.topic == self.marker_topic:
+            on = _marker_state(m.type_name, m.msg)
+            if on is not None and on != c.marker_on:
+                c.marker_on = on
+                if on:
+                    self._start(c, t)
+                else:
+                    self._stop(c, t)
+        elif self.plan.mode == "bag":
+            if c.ordinal < 0 and i is not None:
+                self._start(c, t)
+        elif self.plan.mode == "ranges" and c.first_t is not None:
+            while c.next_range < len(self.plan.ranges):
+                a, b = (c.first_t + x for x in self.plan.ranges[c.next_range])
+                if (c.run is not None or c.skipping) and t > b:
+                    self._stop(c, b)
+                    c.next_range += 1
+                    continue
+                if c.run is None and not c.skipping and a <= t <= b:
+                    self._start(c, a)
+                elif c.run is None and not c.skipping and t > b:
+                    c.next_range += 1  # a range with no message at all
+                    continue
+                break
+
+    def _start(self, c: _Cuts, t: float) -> None:
+        if c.closing is not None:
+            self._finish(c.closing)
+            c.closing = None
+        c.ordinal += 1
+        if c.ordinal in c.done:
+            c.skipping = True
+            self.progress.episodes_skipped += 1
+            return
+        c.run = EpisodeRun.begin(self.col, c.states, c.dw, self.dataset_name, self.task, t, 0.0, epoch=c.ordinal)
+        c.run.row_extra[SOURCE_KEY] = {"bag": self.source, "episode": c.ordinal, "start_time": t}
+
+    def _stop(self, c: _Cuts, t: float) -> None:
+        c.skipping = False
+        if c.run is not None:
+            c.run.stop(t)
+            c.run.row_extra[SOURCE_KEY]["stop_time"] = t
+            c.closing, c.run = c.run, None
+
+    def _summarize(self, reader: BagReader, first_t: float | None) -> None:
+        p = self.progress
         if reader.backwards and not p.episodes_done and not p.episodes_skipped:
             raise IngestError(f"bag {self.bag.path}: log times run backwards ({reader.backwards} messages earlier than "
                               f"the one before; first: {reader.first_backwards}): its messages are not in receive "
@@ -365,9 +313,6 @@ class BagIngest:
                          + (f", {p.episodes_skipped} already ingested before" if p.episodes_skipped else "")
                          + (f"; {reader.damage}" if reader.damage else "")
                          + (f"; warning: {reader.backwards} messages logged out of order" if reader.backwards else ""))
-        if self.on_progress is not None:
-            self.on_progress(p)
-        return p
 
     def _finish(self, ep: EpisodeRun) -> None:
         ep.finish_slots()

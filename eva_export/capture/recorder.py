@@ -2,7 +2,8 @@
 
 The per-episode work itself (checks, alignment, decoding, writing, commit) is
 ``EpisodeRun`` (episode.py), shared with bag ingest; payloads and decoding are in intake.py,
-per-stream state in stream.py.
+per-stream state in stream.py. Recorder's parts: the replies in results.py, the open dataset
+writers in writer_cache.py, the save worker in save_worker.py, bag ingest jobs in ingest_jobs.py.
 
 Threads and what they own:
 
@@ -23,39 +24,34 @@ are thread-safe and never wait on encoding; ``stop`` waits only for the last gri
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
-import math
 import os
 import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from .. import confine
 from ..config import CollectionConfig, check_name
-from ..dataset.meta import INFO, read_info, read_meta
 from ..dataset.records import EpisodeRow
-from ..dataset.writer import DatasetWriter
-from ..errors import ConfigError, DatasetError, EvaError, UnsafeNameError
-from ..fsutil import storage_guard
-from ..jobs import Job, JobEngine, JobStore
+from ..errors import ConfigError, EvaError
+from ..jobs import JobEngine
 from .align import GridAligner
-from .checks import EpisodeChecker, QualityResult
+from .checks import EpisodeChecker
 from .episode import EpisodeRun
 from .features import capture_features, video_settings
+from .ingest_jobs import IngestJobs
 from .intake import ImageDecoder, RawImage, RawVector, StreamSpec, fingerprint, streams_from_config
+from .results import CancelResult, StartResult, Status, StopResult, StreamStatus
 from .room import start_refusal, stop_refusal
+from .save_worker import SaveJob, SaveWorker
 from .stream import states_for
+from .writer_cache import DatasetWriters
 
-__all__ = ["ImageDecoder", "RawImage", "RawVector", "Recorder", "StreamSpec", "fingerprint",
-           "streams_from_config"]
+__all__ = ["INTAKE_FRAMES_PER_CAMERA", "INTAKE_ITEMS", "START_GRACE_S", "STOP_WAIT_S", "CancelResult", "ImageDecoder",
+           "RawImage", "RawVector", "Recorder", "StartResult", "Status", "StopResult", "StreamSpec", "StreamStatus",
+           "fingerprint", "streams_from_config"]
 
 log = logging.getLogger(__name__)
 
@@ -67,71 +63,7 @@ INTAKE_ITEMS = 20000
 STOP_WAIT_S = 15.0
 
 
-# ---- results -------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class StartResult:
-    ok: bool
-    message: str
-    dataset_name: str = ""
-    dataset_dir: str = ""
-    task: str = ""
-
-
-@dataclass(frozen=True)
-class StopResult:
-    ok: bool
-    message: str
-    episode_index: int = -1
-    frames: int = 0
-    save_queue_depth: int = 0
-
-
-@dataclass(frozen=True)
-class CancelResult:
-    ok: bool
-    message: str
-    frames_discarded: int = 0
-
-
-@dataclass
-class StreamStatus:
-    name: str
-    topic: str
-    received: int
-    dropped: int
-    rate_hz: float
-    late: int = 0
-    jitter_p50_ms: float = 0.0
-    jitter_p99_ms: float = 0.0
-    max_gap_ms: float = 0.0
-
-
-@dataclass
-class Status:
-    state: str
-    dataset_name: str
-    dataset_dir: str
-    task: str
-    frames: int
-    save_queue_depth: int
-    save_queue_capacity: int
-    streams: list[StreamStatus]
-    last_episode_index: int
-    last_episode_quality: str
-    last_message: str
-
-
-@dataclass
-class _SaveJob:
-    ep: EpisodeRun
-    rows: int
-    expected_index: int
-    stopped_at: float
-    callback_latency_s: dict[str, list[float]]
-    overflow: int
-
-
-class Recorder:
+class Recorder(IngestJobs, SaveWorker):
     """Episode lifecycle and background work for one collection config."""
 
     def __init__(self, col: CollectionConfig, *, clock: Callable[[], float] = time.monotonic,
@@ -158,9 +90,8 @@ class Recorder:
         self._last_aligner: GridAligner | None = None
         self._intake: queue.Queue[tuple[int, int, float, float | None, Any, float | None] | None] = \
             queue.Queue(INTAKE_ITEMS)
-        self._writers: dict[str, DatasetWriter] = {}
-        self._writers_lock = threading.Lock()
-        self._save_q: queue.Queue[_SaveJob | None] = queue.Queue()
+        self.datasets = DatasetWriters(col, self.features, self.video)
+        self._save_q: queue.Queue[SaveJob | None] = queue.Queue()
         self._save_depth = 0
         self._pending: dict[str, int] = {}
         self.last_index = -1
@@ -204,42 +135,10 @@ class Recorder:
             self._state[i].latency.append(seconds)
 
     # ---- datasets ------------------------------------------------------------------------------
-    def _writer_for(self, name: str, create: bool) -> DatasetWriter | None:
-        root = self.col.dataset_dir(name)
-        with self._writers_lock:
-            dw = self._writers.get(name)
-            if dw is not None:
-                if create:  # it may have been opened at start-up with the features on disk
-                    dw.check_matches(self.col.fps, self.features)
-                return dw
-            if create:
-                dw = DatasetWriter.open(root, fps=self.col.fps, features=self.features,
-                                        robot_type=self.col.robot_type, settings=self.video)
-            elif (root / INFO).is_file():
-                dw = DatasetWriter(root, read_info(root), self.video)
-                dw.recovered = dw.recover()
-            else:
-                return None
-            self._writers[name] = dw
-            return dw
-
     def recover_datasets(self) -> dict[str, list[str]]:
         """Recover every configured dataset that exists, before any request is served, so
         readers (list_episodes, exports, LeRobot) never see the state a crash left."""
-        out: dict[str, list[str]] = {}
-        for name in dict.fromkeys(t.dataset_name for t in self.col.tasks):
-            try:
-                dw = self._writer_for(name, create=False)
-            except (EvaError, OSError, ValueError) as exc:
-                log.error("cannot recover dataset %s: %s", self.col.dataset_dir(name), exc)
-                continue
-            if dw is not None and dw.recovered:
-                out[name] = dw.recovered
-                log.warning("dataset %s recovered at start-up: %s", dw.root, "; ".join(dw.recovered))
-        return out
-
-    def _default_dataset(self, name: str) -> str:
-        return name or self.col.tasks[0].dataset_name
+        return self.datasets.recover_all()
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def start(self, dataset_name: str = "", task: str = "") -> StartResult:
@@ -265,7 +164,7 @@ class Recorder:
         if why := start_refusal(self.col, root):
             return StartResult(False, why, spec.dataset_name, str(root), spec.task)
         try:
-            dw = self._writer_for(spec.dataset_name, create=True)
+            dw = self.datasets.writer_for(spec.dataset_name, create=True)
             assert dw is not None
             writer = dw.begin_episode(spec.task)
         except (EvaError, OSError) as exc:
@@ -314,106 +213,12 @@ class Recorder:
         assert ep.result is None or isinstance(ep.result, CancelResult)
         return ep.result or CancelResult(True, "cancelled (still cleaning up)")
 
-    # ---- bag ingest (same EpisodeRun path as live capture) -------------------------------------
-    @property
-    def jobs(self) -> JobEngine:
-        """Ingest jobs on the same engine as export and upload jobs (states, claims, saves);
-        a job a previous process left unfinished is failed as interrupted when it opens."""
-        if self._jobs is None:
-            self._jobs = JobEngine(JobStore(self.col.log_dir / ".jobs" / "ingest"), name="ingest", claim=True)
-        return self._jobs
-
-    def ingest_roots(self) -> list[Path]:
-        return [Path(r).expanduser().absolute() for r in self.col.capture.ingest_roots] or [self.col.log_dir]
-
-    def ingest(self, bag_path: str, dataset_name: str = "", task: str = "", episodes: str = "") -> Job:
-        """Check the request and the bag, then ingest it in a background thread; returns the job.
-
-        Raises EvaError (with the reason) when refused: recording, another ingest running, a
-        bag outside the ingest roots, a bag that is not a ROS 2 MCAP bag, a missing topic.
-        """
-        from .ingest import BagIngest
-
-        confine.check_request_path(bag_path, "bag_path")
-        path = Path(bag_path)
-        roots = self.ingest_roots()
-        if not path.is_absolute() or not any(confine.is_inside(r, path) for r in roots):
-            raise UnsafeNameError(f"bag_path {confine.short_repr(bag_path)} is not inside the ingest roots "
-                                  f"{[str(r) for r in roots]} (collection.capture.ingest_roots)")
-        with self._lock:
-            if self._episode is not None or self._save_depth:
-                raise EvaError("an episode is being recorded or saved; ingest when capture is idle")
-            if self._ingesting:
-                raise EvaError(f"another bag is being ingested (job {self._ingesting})")
-            self._ingesting = "starting"
-        try:
-            job = Job.new("ingest", str(path), "lerobot_v21")
-            job_id = job.job_id
-            ing = BagIngest(self.col, path, dataset_name, task, episodes, roots=roots,
-                            writer_for=lambda name: self._writer_for(name, create=True),
-                            progress=lambda p: self._ingest_progress(job_id, p))
-            job = self.jobs.add(dataclasses.replace(job, accepted_dir=str(self.col.dataset_dir(ing.dataset_name)),
-                                                    bytes_total=ing.progress.bytes_total))
-        except BaseException:
-            with self._lock:
-                self._ingesting = ""
-            raise
-        with self._lock:
-            self._ingesting = job_id
-        threading.Thread(target=self._run_ingest, args=(job_id, ing), name="capture-ingest", daemon=True).start()
-        return job
-
-    def _ingest_progress(self, job_id: str, p: Any) -> None:
-        self.jobs.update(job_id, messages_done=p.messages_done, episodes_done=p.episodes_done,
-                         bytes_done=p.bytes_done,
-                         accepted_episodes=sum(1 for e in p.episodes if e["quality"] == "green"),
-                         rejected_episodes=sum(1 for e in p.episodes if e["quality"] == "red"),
-                         reused_episodes=p.episodes_skipped)
-        self.jobs.save(job_id)
-
-    def _run_ingest(self, job_id: str, ing: Any) -> None:
-        def body(_job_id: str) -> dict[str, Any]:
-            res = ing.run()
-            self._ingest_progress(job_id, res)
-            self.last_message = res.message
-            return {"last_error": res.damage}
-
-        try:
-            job = self.jobs.execute(job_id, body)  # RUNNING (claimed), then COMPLETED or FAILED with the reason
-            if job.error:
-                self.last_message = f"ingest failed: {job.error}"
-        finally:
-            with self._lock:
-                self._ingesting = ""
-
-    def wait_ingested(self, timeout: float = 120.0) -> bool:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if not self._ingesting:
-                return True
-            time.sleep(0.05)
-        return False
-
     # ---- queries -------------------------------------------------------------------------------
     def list_episodes(self, dataset_name: str = "") -> tuple[Path, list[EpisodeRow]]:
-        name = self._default_dataset(dataset_name)
-        root = self.col.dataset_dir(name)
-        with self._writers_lock:
-            dw = self._writers.get(name)
-        if dw is not None:
-            with dw.lock:
-                return root, [EpisodeRow.from_dict(e.to_dict()) for e in dw.episodes]
-        if not (root / INFO).is_file():
-            return root, []
-        return root, read_meta(root).episodes
+        return self.datasets.list_episodes(dataset_name)
 
     def review(self, dataset_name: str, episode_index: int, verdict: str, note: str | None) -> EpisodeRow:
-        name = self._default_dataset(dataset_name)
-        dw = self._writer_for(name, create=False)
-        if dw is None:
-            raise DatasetError(f"dataset {name!r} has no episodes yet ({self.col.dataset_dir(name)})")
-        row = dw.review(episode_index, verdict, note)
-        return EpisodeRow.from_dict(row.to_dict())
+        return self.datasets.review(dataset_name, episode_index, verdict, note)
 
     def status(self) -> Status:
         with self._lock:
@@ -532,7 +337,7 @@ class Recorder:
                 self._pending[ep.dataset_name] = pending + 1
                 self._save_depth += 1
                 depth = self._save_depth
-            self._save_q.put(_SaveJob(ep, rows, expected, ep.t_stop, latency, overflow))
+            self._save_q.put(SaveJob(ep, rows, expected, ep.t_stop, latency, overflow))
             msg = f"episode of {rows} frames queued for saving as episode {expected}"
             if depth > 1:
                 log.warning("saving falls behind: %d episodes waiting (capacity %d)", depth,
@@ -559,67 +364,3 @@ class Recorder:
             with self._lock:
                 self._episode = None
             ep.finalized.set()
-
-    # ---- save worker ---------------------------------------------------------------------------
-    def _save_loop(self) -> None:
-        while True:
-            job = self._save_q.get()
-            if job is None:
-                return
-            ep = job.ep
-            try:
-                t_begin = self.clock()
-                if self.save_delay_s > 0:
-                    time.sleep(self.save_delay_s)
-                with storage_guard(ep.dw.root, f"saving episode {job.expected_index} into"):
-                    row, result = ep.save()
-                committed = self.clock()
-                if row is None:
-                    self.last_quality, self.last_message = "empty", "zero-frame episode: nothing written"
-                else:
-                    self.last_index, self.last_quality = row.episode_index, result.quality
-                    self.last_message = (f"episode {row.episode_index} saved: {row.length} frames, "
-                                         f"{result.quality}" + (f" ({', '.join(result.codes)})" if result.codes else ""))
-                    if row.episode_index != job.expected_index:
-                        log.warning("episode saved as %d, announced as %d", row.episode_index, job.expected_index)
-                    log.info(self.last_message)
-                    self._write_stats(job, row, result, t_begin, committed)
-            except Exception as exc:
-                log.exception("saving an episode failed")
-                self.last_quality, self.last_message = "failed", (f"saving episode {job.expected_index} failed, it is "
-                                                                  f"not in the dataset: {exc}")
-                try:
-                    ep.writer.abort()
-                except Exception:  # noqa: BLE001
-                    pass
-            finally:
-                with self._lock:
-                    self._save_depth -= 1
-                    self._pending[ep.dataset_name] -= 1
-
-    def _write_stats(self, job: _SaveJob, row: EpisodeRow, result: QualityResult, t_begin: float,
-                     committed: float) -> None:
-        if self.stats_file is None:
-            return
-        ep = job.ep
-        duration = row.length / self.col.fps
-        lat = {}
-        for name, vals in job.callback_latency_s.items():
-            if vals:
-                arr = np.asarray(vals)
-                lat[name] = {"n": int(arr.size), "p50_ms": float(np.percentile(arr, 50) * 1e3),
-                             "p99_ms": float(np.percentile(arr, 99) * 1e3), "max_ms": float(arr.max() * 1e3)}
-        encode_s = ep.writer.encode_seconds()
-        enc = {k: (duration / v if v > 0 else math.inf) for k, v in encode_s.items()}
-        rec = {"dataset": ep.dataset_name, "episode_index": row.episode_index, "frames": row.length,
-               "duration_s": duration, "quality": result.quality, "codes": result.codes,
-               "stream_stats": result.stream_stats, "callback_latency": lat,
-               "stop_to_durable_s": committed - job.stopped_at, "save_s": committed - t_begin,
-               "encode_seconds": encode_s, "encode_speed_x_realtime": enc,
-               "intake_overflow": job.overflow}
-        try:
-            self.stats_file.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.stats_file, "a", encoding="utf-8") as fh:
-                fh.write(json.dumps(rec) + "\n")
-        except OSError as exc:
-            log.warning("cannot write capture stats to %s: %s", self.stats_file, exc)

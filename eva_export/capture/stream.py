@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .align import ClockOffset
+from .clock import ClockOffset
 from .intake import ImageDecoder, StreamSpec
 
 

@@ -11,45 +11,25 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import confine
 from ..errors import DatasetError, UnsafeNameError
-from ..fsutil import read_json
 from .meta import EPISODES, EPISODES_STATS, INFO, TASKS, DatasetMeta, check_stats_shapes, read_meta
-from .records import CODEBASE_V21, FORMAT_V21, DatasetInfo, EpisodeRow, Feature
-from .table import arrow_type
+from .records import CODEBASE_V21, FORMAT_V21, EpisodeRow
+from .source_rules import GRID_TOLERANCE_S as GRID_TOLERANCE_S  # re-exported: importers of validate
+from .source_rules import SMALL_COLUMNS as SMALL_COLUMNS
+from .source_rules import SourceEpisode as SourceEpisode
+from .source_rules import check_columns, check_info, cut, raw_info
 from .stats import STAT_KEYS
 from .validate_media import check_images, check_video
 
 REQUIRED_COLUMNS = ("episode_index", "index")
-SMALL_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
+
 QUALITY_SIDECAR = "meta/eva_quality.jsonl"  # its one home of readers/writers: sources/sidecar.py
-#: How far a stored timestamp may be from frame_index / fps (LeRobot's own tolerance).
-GRID_TOLERANCE_S = 1e-4
-
-
-@dataclass
-class SourceEpisode:
-    """One validated source episode and the files that carry it."""
-
-    row: EpisodeRow
-    data_path: Path
-    video_paths: dict[str, Path]
-    rows: int
-    task_indices: list[int]  # distinct task_index values of its table (or of its row's tasks)
-    columns: list[str]
-    bytes: int
-    schema: pa.Schema | None = None
-
-    @property
-    def index(self) -> int:
-        return self.row.episode_index
 
 
 @dataclass
@@ -100,7 +80,7 @@ def validate_source(root: Path, *, allow_empty_dataset: bool = True, as_source: 
     for name in (EPISODES, INFO):
         if not (root / name).is_file():
             raise DatasetError(f"{root / name} is missing: {root} is not a LeRobot v2.1 dataset")
-    raw = _raw_info(root)
+    raw = raw_info(root)
     meta = read_meta(root)
     info = meta.info
     if info.codebase_version != codebase:
@@ -109,7 +89,7 @@ def validate_source(root: Path, *, allow_empty_dataset: bool = True, as_source: 
     if info.dataset_format != FORMAT_V21:
         raise DatasetError(f"{root / INFO}: dataset_format is {info.dataset_format!r}, expected "
                            f"{FORMAT_V21!r} (an export cannot be the source of another export)")
-    _check_info(root, raw, info)
+    check_info(root, raw, info)
     if not meta.episodes and not allow_empty_dataset:
         raise DatasetError(f"{root / EPISODES} lists no episodes: nothing to export")
     seen: set[int] = set()
@@ -122,7 +102,7 @@ def validate_source(root: Path, *, allow_empty_dataset: bool = True, as_source: 
         top = min(max(indices, default=-1) + 1, len(indices) + 1000)  # a row may claim 10**12
         missing = sorted(set(range(top)) - seen)
         raise DatasetError(f"{root / EPISODES}: episode indices must be 0..{len(indices) - 1} in order; found "
-                           f"{_cut(indices)}" + (f" (missing {_cut(missing)})" if missing else ""))
+                           f"{cut(indices)}" + (f" (missing {cut(missing)})" if missing else ""))
     _check_stray_files(root, meta)
     _check_tasks(root, meta)
     task_text = meta.task_text
@@ -155,54 +135,6 @@ def _check_tasks(root: Path, meta: DatasetMeta) -> None:
         by_index[t.task_index], by_text[t.task] = t.task, t.task_index
 
 
-def _cut(values: list[int], n: int = 10) -> str:
-    return str(values) if len(values) <= n else f"{values[:n]}..."
-
-
-def _raw_info(root: Path) -> dict[str, Any]:
-    """info.json as stored: typed parsing would turn fps 29.97 into 29 silently."""
-    try:
-        raw = read_json(confine.confined(root, INFO, "meta file"))
-    except (OSError, ValueError) as exc:
-        raise DatasetError(f"{root / INFO}: unreadable ({exc})") from exc
-    if not isinstance(raw, dict):
-        raise DatasetError(f"{root / INFO}: expected a JSON object")
-    return raw
-
-
-def _positive_int(raw: dict[str, Any], key: str, where: Path, why: str) -> None:
-    value = raw.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise DatasetError(f"{where}: {key} is {value!r}; it must be a positive integer ({why})")
-
-
-def _check_info(root: Path, raw: dict[str, Any], info: DatasetInfo) -> None:
-    """info.json fields the export relies on: fps, chunks_size, templates, feature declarations."""
-    where = root / INFO
-    _positive_int(raw, "fps", where, "timestamps are frame_index / fps; a rate like 29.97 or 0 "
-                                     "cannot be exported")
-    if "chunks_size" in raw:
-        _positive_int(raw, "chunks_size", where, "episode chunk = episode_index // chunks_size")
-    confine.check_template(info.data_path, "data", str(where))
-    if not info.data_path.endswith(".parquet"):
-        raise DatasetError(f"{where}: data_path {info.data_path!r} must name .parquet files in a raw v2.1 dataset")
-    if info.video_keys:
-        confine.check_template(info.video_path, "video", str(where))
-    for key, feat in info.features.items():
-        if not key or any(s <= 0 for s in feat.shape) or not feat.shape:
-            raise DatasetError(f"{where}: feature {key!r} has the shape {list(feat.shape)}")
-        if feat.dtype == "video":
-            confine.check_key(key, f"{where}: video key")
-            if len(feat.shape) != 3:
-                raise DatasetError(f"{where}: video feature {key!r} has the shape {list(feat.shape)}, "
-                                   f"expected [height, width, channels]")
-        elif not feat.is_visual:
-            try:
-                arrow_type(feat)
-            except ValueError as exc:
-                raise DatasetError(f"{where}: feature {key!r}: {exc}") from exc
-
-
 def _check_stray_files(root: Path, meta: DatasetMeta) -> None:
     """Files under data/ or videos/ that no episodes.jsonl row names (an interrupted capture)."""
     info = meta.info
@@ -219,59 +151,6 @@ def _check_stray_files(root: Path, meta: DatasetMeta) -> None:
                            f"{EPISODES} (e.g. {stray[0]}), left by an interrupted capture or copied in. "
                            f"To recover: start the capture node on this dataset (it moves stray files to "
                            f"raw/.orphans/), or move them out of data/ and videos/ yourself, then export again")
-
-
-def _type_ok(stored: pa.DataType, feat: Feature) -> bool:
-    want = arrow_type(feat)
-    if stored.equals(want):
-        return True
-    # LeRobot may store a shape-[1] feature as a one-element list.
-    return feat.shape == (1,) and pa.types.is_fixed_size_list(stored) and stored.list_size == 1 \
-        and stored.value_type.equals(want)
-
-
-def _check_columns(root: Path, meta: DatasetMeta, ep: SourceEpisode, offset: int, t: pa.Table) -> None:
-    """Stored column types against info.json; timestamps finite and on the fps grid; indices."""
-    info = meta.info
-    e, data = ep.index, ep.data_path
-    for key in info.table_keys:
-        feat = info.features[key]
-        if feat.is_visual:
-            continue
-        assert ep.schema is not None  # read with the table
-        stored = ep.schema.field(key).type
-        if not _type_ok(stored, feat):
-            raise DatasetError(f"episode {e}: {data}: column {key!r} is stored as {stored}, but {root / INFO} "
-                               f"declares dtype {feat.dtype} shape {list(feat.shape)}")
-    wanted = t.column_names
-    n = ep.rows
-    epi = t.column("episode_index").to_numpy(zero_copy_only=False)
-    if not (epi == e).all():
-        others = sorted(set(np.unique(epi).tolist()) - {e})
-        raise DatasetError(f"episode {e}: {data}: episode_index column holds {_cut(others)}, expected {e} "
-                           f"(a file of another episode?)")
-    idx = t.column("index").to_numpy(zero_copy_only=False)
-    if not np.array_equal(idx, np.arange(offset, offset + n)):
-        raise DatasetError(f"episode {e}: {data}: index column is not {offset}..{offset + n - 1} "
-                           f"(duplicate or missing frame indices)")
-    if "frame_index" in wanted:
-        fi = t.column("frame_index").to_numpy(zero_copy_only=False)
-        if not np.array_equal(fi, np.arange(n)):
-            raise DatasetError(f"episode {e}: {data}: frame_index column is not 0..{n - 1}")
-    else:
-        fi = np.arange(n)
-    if "timestamp" in wanted:
-        ts = t.column("timestamp").to_numpy(zero_copy_only=False).astype(np.float64)
-        bad = np.flatnonzero(~np.isfinite(ts))
-        if bad.size:
-            raise DatasetError(f"episode {e}: {data}: timestamp is not finite at frame {int(bad[0])} "
-                               f"({ts[bad[0]]}); {bad.size} such frames")
-        grid = fi / info.fps
-        off = np.abs(ts - grid) > (GRID_TOLERANCE_S + np.abs(grid) * 2.5e-7)  # float32 rounding
-        if off.any():
-            k = int(np.flatnonzero(off)[0])
-            raise DatasetError(f"episode {e}: {data}: timestamp {ts[k]:.6f} at frame {k} is off the "
-                               f"{info.fps} fps grid (expected {grid[k]:.6f})")
 
 
 def _episode_tasks(root: Path, row: EpisodeRow, data: Path, task_values: Any, task_text: dict[int, str],
@@ -340,7 +219,7 @@ def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: di
             continue  # computed from the table (or the decoded video) during the split
         raise DatasetError(f"episode {ep}: no statistics for {key!r}: absent from {root / EPISODES_STATS} "
                            f"and not a table column")
-    _check_columns(root, meta, SourceEpisode(row, data, videos, nrows, tasks, columns, 0, schema), offset, small)
+    check_columns(root, meta, SourceEpisode(row, data, videos, nrows, tasks, columns, 0, schema), offset, small)
     size = data.stat().st_size + sum(v.stat().st_size for v in videos.values())
     return SourceEpisode(row=row, data_path=data, video_paths=videos, rows=nrows, task_indices=tasks,
                          columns=columns, bytes=size, schema=schema)
@@ -349,3 +228,8 @@ def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: di
 def validate_dataset(root: Path) -> SourceCheck:
     """Validate any raw v2.1 dataset (e.g. after a capture crash); raises DatasetError."""
     return validate_source(root, allow_empty_dataset=True, as_source=False)
+
+
+# Old private names of the source rules: sources/lerobot_v30.py imports them (another branch
+# edits it); switch it to ``source_rules``' public names, then drop this line.
+_raw_info, _check_info, _check_columns = raw_info, check_info, check_columns

@@ -24,24 +24,22 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import shutil
 import threading
 import time
 import uuid
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 
-from ..errors import DatasetError, VideoError
+from ..errors import DatasetError
 from ..fsutil import LockHeld, atomic_write_json, atomic_write_jsonl, fsync_dir, read_json, take_lock
 from . import stats as stats_mod
 from .commits import StagingJournal
+from .episode_writer import EpisodeWriter, FinishedEpisode
 from .meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS, read_meta
 from .records import (
     CODEBASE_V21,
@@ -54,7 +52,10 @@ from .records import (
     TaskRow,
 )
 from .table import build_table, schema, write_table
-from .video import VideoEncoder, VideoSettings
+from .video import VideoSettings
+
+__all__ = ["JOURNAL", "ORPHANS", "STAGING", "WRITER_LOCK", "DatasetWriter", "EpisodeWriter", "FinishedEpisode",
+           "check_matches", "lock_dataset", "make_features"]
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,6 @@ STAGING = ".staging"
 ORPHANS = ".orphans"
 WRITER_LOCK = ".writer.lock"  # held (lockf) by the one process that writes this dataset
 JOURNAL = "journal.json"
-_DEFAULT_KEYS = tuple(DEFAULT_FEATURES)
 
 
 def lock_dataset(root: Path) -> int:
@@ -103,126 +103,6 @@ def check_matches(root: Path, info: DatasetInfo, fps: int, features: dict[str, F
     if want != have:
         diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
         raise DatasetError(f"{root}: features differ from the config ({diff}); use a new dataset name")
-
-
-class _CameraThread:
-    """Encodes one camera's frames off the caller's thread; the queue bounds memory."""
-
-    def __init__(self, path: Path, feature: Feature, fps: int, settings: VideoSettings, depth: int) -> None:
-        h, w = feature.shape[0], feature.shape[1]
-        self.encoder = VideoEncoder(path, w, h, fps, settings)
-        self.stats = stats_mod.ImageStats()
-        #: seconds spent inside the encoder (the capture's encoding-speed diagnostic reads it)
-        self.encode_s = 0.0
-        self.q: queue.Queue[NDArray[Any] | None] = queue.Queue(maxsize=depth)
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name=f"encode-{path.stem}", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while True:
-            frame = self.q.get()
-            if frame is None:
-                return
-            if self.error is not None:
-                continue  # keep draining so the producer never blocks on a dead encoder
-            try:
-                t = time.perf_counter()
-                self.encoder.add(frame)
-                self.encode_s += time.perf_counter() - t
-                self.stats.add(frame)
-            except BaseException as exc:  # noqa: BLE001 - reported by finish()
-                self.error = exc
-
-    def put(self, frame: NDArray[Any]) -> None:
-        self.q.put(frame)
-
-    def finish(self) -> int:
-        self.q.put(None)
-        self.thread.join()
-        if self.error is not None:
-            self.encoder.abort()
-            raise VideoError(f"encoding {self.encoder.path.name} failed: {self.error}") from self.error
-        return self.encoder.close()
-
-    def abort(self) -> None:
-        self.error = self.error or RuntimeError("aborted")
-        self.q.put(None)
-        self.thread.join()
-        self.encoder.abort()
-
-
-@dataclass
-class FinishedEpisode:
-    rows: int
-    video_frames: dict[str, int]
-    image_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-
-class EpisodeWriter:
-    """Streams one episode into staging. Not thread-safe: one producer thread."""
-
-    def __init__(self, staging: Path, info: DatasetInfo, task: str, settings: VideoSettings,
-                 queue_depth: int = 30) -> None:
-        self.staging = staging
-        self.info = info
-        self.task = task
-        staging.mkdir(parents=True, exist_ok=False)
-        self._columns: dict[str, list[NDArray[Any]]] = {
-            k: [] for k in info.table_keys if k not in _DEFAULT_KEYS}
-        self._cams = {k: _CameraThread(staging / f"{k}.mp4", info.features[k], info.fps, settings, queue_depth)
-                      for k in info.video_keys}
-        self.rows = 0
-        self.finished: FinishedEpisode | None = None
-
-    def add_frame(self, values: dict[str, Any], images: dict[str, NDArray[Any]]) -> None:
-        """Append one grid frame: every non-default table feature and every camera image."""
-        for key, col in self._columns.items():
-            if key not in values:
-                raise DatasetError(f"frame {self.rows} lacks feature {key!r}")
-            col.append(np.asarray(values[key]).reshape(self.info.features[key].shape))
-        if images.keys() != self._cams.keys():
-            # never drop a camera silently: its video would lack the frames the table has
-            raise DatasetError(f"frame {self.rows} has images for {sorted(images)}, the dataset's "
-                               f"cameras are {sorted(self._cams)}")
-        for key, cam in self._cams.items():
-            cam.put(images[key])
-        self.rows += 1
-
-    def finish(self) -> FinishedEpisode:
-        """Close every encoder; returns row and video frame counts (checked by the caller)."""
-        if self.finished is None:
-            counts: dict[str, int] = {}
-            stats: dict[str, dict[str, Any]] = {}
-            errors = []
-            for key, cam in self._cams.items():
-                try:
-                    counts[key] = cam.finish()
-                    if counts[key]:
-                        stats[key] = cam.stats.to_dict()
-                except VideoError as exc:
-                    errors.append(str(exc))
-            if errors:
-                raise VideoError("; ".join(errors))
-            self.finished = FinishedEpisode(self.rows, counts, stats)
-        return self.finished
-
-    def failure(self) -> str:
-        """Why an encoder already failed (a full disk while recording), or ""."""
-        return "; ".join(f"{k}: {cam.error}" for k, cam in self._cams.items() if cam.error is not None)
-
-    def encode_seconds(self) -> dict[str, float]:
-        """Seconds each camera's encoder has been busy so far (feature key -> seconds)."""
-        return {k: cam.encode_s for k, cam in self._cams.items()}
-
-    def columns(self) -> dict[str, NDArray[Any]]:
-        return {k: np.stack(v) if v else np.zeros((0,) + self.info.features[k].shape)
-                for k, v in self._columns.items()}
-
-    def abort(self) -> None:
-        for cam in self._cams.values():
-            cam.abort()
-        shutil.rmtree(self.staging, ignore_errors=True)
 
 
 class DatasetWriter:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -222,6 +223,17 @@ def _complete(path: Path, rows: int, keys: list[str]) -> bool:
         return False
 
 
+@dataclass
+class _FileScan:
+    """What one episode's MCAP file holds (read by ``_scan_file`` for ``verify_mcap``)."""
+
+    seqs: dict[str, list[int]]
+    times: dict[str, list[int]]
+    sample: tuple[Any, Any, Any]  # (state, action, frame) of the first episode that has them
+    meta_msgs: int = 0
+    rows: int | None = None
+
+
 def verify_mcap(root: Path) -> VerifyReport:
     report, info = start_report(root, FORMAT)
     if info is None:
@@ -236,62 +248,73 @@ def verify_mcap(root: Path) -> VerifyReport:
     sample: tuple[Any, Any, Any] = (None, None, None)
     for ep in episodes:
         path = root / episode_file(info, ep.episode_index)
+        scan = _FileScan({k: [] for k in image_keys}, {k: [] for k in image_keys}, sample)
         try:
-            with open(path, "rb") as fh:
-                reader = make_reader(fh, validate_crcs=True)
-                header = reader.get_header()
-                if header.profile != PROFILE:
-                    report.errors.append(f"{path.name}: profile {header.profile!r}, expected {PROFILE!r}")
-                meta_msgs = 0
-                rows = None
-                seqs: dict[str, list[int]] = {k: [] for k in image_keys}
-                times: dict[str, list[int]] = {k: [] for k in image_keys}
-                for schema, channel, message in reader.iter_messages(log_time_order=False):
-                    if channel.message_encoding != MESSAGE_ENCODING:
-                        report.errors.append(f"{path.name}: channel {channel.topic} encoding "
-                                             f"{channel.message_encoding!r}")
-                        break
-                    if channel.topic == EPISODE_TOPIC:
-                        meta_msgs += 1
-                        if schema is None or schema.name != EPISODE_SCHEMA:
-                            report.errors.append(f"{path.name}: episode channel schema is not {EPISODE_SCHEMA}")
-                        payload = msgpack.unpackb(message.data, raw=False)
-                        rows = len(payload["columns"]["index"])
-                        if payload["metadata"].get("fps") != fps:
-                            report.errors.append(f"{path.name}: metadata fps {payload['metadata'].get('fps')}")
-                        if sample[0] is None and state_key and action_key:
-                            sample = (payload["columns"].get(state_key, [None])[0],
-                                      payload["columns"].get(action_key, [None])[0], None)
-                        continue
-                    key = channel.topic.removeprefix("episode/image/")
-                    if key not in seqs:
-                        report.errors.append(f"{path.name}: unexpected channel {channel.topic}")
-                        continue
-                    seqs[key].append(message.sequence)
-                    times[key].append(message.log_time)
-                    if sample[2] is None and key == image_keys[0]:
-                        _, img = decode_image(message.data)
-                        sample = (sample[0], sample[1], img)
+            _scan_file(path, scan, image_keys, fps, state_key, action_key, report)
         except (OSError, McapError, ValueError, KeyError) as exc:
             report.errors.append(f"{path}: unreadable or CRC mismatch ({type(exc).__name__}: {exc})")
             continue
-        if meta_msgs != 1 or rows is None:
-            report.errors.append(f"{path.name}: {meta_msgs} episode metadata messages, expected 1")
+        finally:
+            sample = scan.sample  # what was read before a damage counts, as in one pass
+        if scan.meta_msgs != 1 or scan.rows is None:
+            report.errors.append(f"{path.name}: {scan.meta_msgs} episode metadata messages, expected 1")
             continue
-        rows_total += rows
-        if rows != ep.length:
-            report.errors.append(f"{path.name}: {rows} rows, episodes.jsonl length {ep.length}")
-        want_t = [frame_time_ns(i, fps) for i in range(rows)]
-        for key in image_keys:
-            if len(seqs[key]) != rows:
-                report.errors.append(f"{path.name}: {key} has {len(seqs[key])} messages, {rows} rows")
-            elif seqs[key] != list(range(rows)):
-                report.errors.append(f"{path.name}: {key} sequences are not 0..{rows - 1}")
-            elif times[key] != want_t:
-                report.errors.append(f"{path.name}: {key} timestamps are not (i+1)*1e9/fps shared by all cameras")
+        rows_total += scan.rows
+        _check_file(path, scan, scan.rows, ep.length, image_keys, fps, report)
     if len(report.errors) == n_err:
         report.checks.append(f"{len(episodes)} MCAP files: CRCs valid, one episode message each, every "
                              f"camera {image_keys} with sequences 0..n-1 and shared timestamps")
     check_totals(report, info, len(episodes), rows_total, "the MCAP files")
     check_sample(report, *sample, where="episode 0 (mcap reader, validate_crcs=True)", empty=not episodes)
     return report
+
+
+def _scan_file(path: Path, scan: _FileScan, image_keys: list[str], fps: int, state_key: str | None,
+               action_key: str | None, report: VerifyReport) -> None:
+    """One pass over an episode file with CRCs checked: its metadata message and camera channels."""
+    with open(path, "rb") as fh:
+        reader = make_reader(fh, validate_crcs=True)
+        header = reader.get_header()
+        if header.profile != PROFILE:
+            report.errors.append(f"{path.name}: profile {header.profile!r}, expected {PROFILE!r}")
+        for schema, channel, message in reader.iter_messages(log_time_order=False):
+            if channel.message_encoding != MESSAGE_ENCODING:
+                report.errors.append(f"{path.name}: channel {channel.topic} encoding "
+                                     f"{channel.message_encoding!r}")
+                break
+            if channel.topic == EPISODE_TOPIC:
+                scan.meta_msgs += 1
+                if schema is None or schema.name != EPISODE_SCHEMA:
+                    report.errors.append(f"{path.name}: episode channel schema is not {EPISODE_SCHEMA}")
+                payload = msgpack.unpackb(message.data, raw=False)
+                scan.rows = len(payload["columns"]["index"])
+                if payload["metadata"].get("fps") != fps:
+                    report.errors.append(f"{path.name}: metadata fps {payload['metadata'].get('fps')}")
+                if scan.sample[0] is None and state_key and action_key:
+                    scan.sample = (payload["columns"].get(state_key, [None])[0],
+                                   payload["columns"].get(action_key, [None])[0], None)
+                continue
+            key = channel.topic.removeprefix("episode/image/")
+            if key not in scan.seqs:
+                report.errors.append(f"{path.name}: unexpected channel {channel.topic}")
+                continue
+            scan.seqs[key].append(message.sequence)
+            scan.times[key].append(message.log_time)
+            if scan.sample[2] is None and key == image_keys[0]:
+                _, img = decode_image(message.data)
+                scan.sample = (scan.sample[0], scan.sample[1], img)
+
+
+def _check_file(path: Path, scan: _FileScan, rows: int, length: int, image_keys: list[str], fps: int,
+                report: VerifyReport) -> None:
+    """Rows against episodes.jsonl; every camera's sequences 0..n-1 at the shared frame times."""
+    if rows != length:
+        report.errors.append(f"{path.name}: {rows} rows, episodes.jsonl length {length}")
+    want_t = [frame_time_ns(i, fps) for i in range(rows)]
+    for key in image_keys:
+        if len(scan.seqs[key]) != rows:
+            report.errors.append(f"{path.name}: {key} has {len(scan.seqs[key])} messages, {rows} rows")
+        elif scan.seqs[key] != list(range(rows)):
+            report.errors.append(f"{path.name}: {key} sequences are not 0..{rows - 1}")
+        elif scan.times[key] != want_t:
+            report.errors.append(f"{path.name}: {key} timestamps are not (i+1)*1e9/fps shared by all cameras")

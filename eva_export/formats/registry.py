@@ -19,13 +19,27 @@ import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..errors import ExportError
 from .base import Exporter, VerifyReport
 
-if TYPE_CHECKING:  # config imports this module: no runtime import back
-    from ..config import ExportConfig
+
+class ExportConfig(Protocol):
+    """The export settings the exporters' options are read from: ``config.ExportConfig``.
+
+    A protocol, not an import: config imports this module (its FORMATS), so naming config's
+    class here would close an import circle, even one seen by the type checker only.
+    """
+
+    @property
+    def v3_data_file_mb(self) -> float: ...
+    @property
+    def v3_video_file_mb(self) -> float: ...
+    @property
+    def hdf5_compression(self) -> str: ...
+    @property
+    def eva_store(self) -> Any: ...  # config.StoreSettings (a frozen dataclass)
 
 
 def _no_options(_export: ExportConfig) -> dict[str, Any]:

@@ -12,9 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..dataset.meta import INFO
-from ..dataset.records import FORMAT_V21
+from ..dataset.records import FORMAT_V21, QUALITY_SPLIT_FILE
 from ..export.manifest import verify_manifest
-from ..export.records import QUALITY_SPLIT_FILE
 from ..fsutil import read_json
 from .base import VerifyReport
 from .registry import FORMATS, get_spec

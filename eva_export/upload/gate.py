@@ -46,6 +46,67 @@ def _refuse_foreign(other: tuple[Job, str] | None, accepted_dir: str, fmt: str, 
                             f"source {source}; {hint}")
 
 
+def _check_latest(export_jobs: JobStore, source: str, target: str, accepted_dir: str, fmt: str) -> None:
+    """``target`` is the accepted directory of the latest completed ``fmt`` export of ``source``."""
+    latest = export_jobs.latest_completed(JobKind.EXPORT, source, fmt)
+    if latest is None:
+        _refuse_foreign(_export_of(export_jobs, target), accepted_dir, fmt, source,
+                        f"export {source} as {fmt} first")
+        raise UploadRefused(
+            f"{source} has never been exported as {fmt} (no completed export job): export it first"
+        )
+    if not latest.accepted_dir or _resolved(latest.accepted_dir) != target:
+        if latest.rejected_dir and _resolved(latest.rejected_dir) == target:
+            raise UploadRefused(
+                f"{accepted_dir} is the rejected subset of export {latest.job_id}; only the accepted "
+                f"directory ({latest.accepted_dir}) is uploaded"
+            )
+        other = _export_of(export_jobs, target)
+        _refuse_foreign(other, accepted_dir, fmt, source,
+                        f"the current {fmt} accepted directory is {latest.accepted_dir}")
+        if other is not None and other[1] == "rejected":
+            raise UploadRefused(
+                f"{accepted_dir} is a rejected subset; only accepted directories are uploaded"
+            )
+        raise UploadRefused(
+            f"{accepted_dir} is not the accepted directory of the latest completed {fmt} export of "
+            f"{source} (job {latest.job_id}: {latest.accepted_dir}); export again or upload that one"
+        )
+
+
+def _read_marker(target: str, source: str, fmt: str) -> QualitySplit:
+    """The quality marker of ``target``: an accepted, non-empty split of this source and format."""
+    marker_path = Path(target) / QUALITY_SPLIT_FILE
+    try:
+        marker = QualitySplit.read(Path(target))
+    except (OSError, ValueError, TypeError) as exc:
+        raise UploadRefused(
+            f"cannot read {marker_path}: {exc}; the directory is not a finished export"
+        ) from exc
+    if marker.subset != ACCEPTED:
+        raise UploadRefused(
+            f"{marker_path} says subset {marker.subset!r}: a rejected directory is never uploaded"
+        )
+    if marker.dataset_format != fmt:
+        raise UploadRefused(
+            f"{marker_path} says dataset_format {marker.dataset_format!r}, not {fmt!r}: "
+            f"an older or other-format export is never uploaded; export as {fmt} again"
+        )
+    if _resolved(marker.source_dir) != source:
+        raise UploadRefused(
+            f"{marker_path} says source_dir {marker.source_dir!r}, which is not the current source "
+            f"{source}: export this source again"
+        )
+    if not marker.source_episode_indices:  # the split put every episode in rejected
+        unrated = f"; {marker.unrated_count} episode(s) have no quality field and no verdict (rate them with " \
+                  "eva-export review, then export again)" if marker.unrated_count else ""
+        raise UploadRefused(
+            f"{marker_path} says the accepted subset is empty (0 of "
+            f"{marker.accepted_count + marker.rejected_count} episodes accepted): nothing to upload{unrated}"
+        )
+    return marker
+
+
 def check_upload(
     request_source_dir: str,
     fmt: str,
@@ -78,59 +139,8 @@ def check_upload(
     source = _resolved(request_source_dir)
     target = _resolved(accepted_dir)
 
-    latest = export_jobs.latest_completed(JobKind.EXPORT, source, fmt)
-    if latest is None:
-        _refuse_foreign(_export_of(export_jobs, target), accepted_dir, fmt, source,
-                        f"export {source} as {fmt} first")
-        raise UploadRefused(
-            f"{source} has never been exported as {fmt} (no completed export job): export it first"
-        )
-    if not latest.accepted_dir or _resolved(latest.accepted_dir) != target:
-        if latest.rejected_dir and _resolved(latest.rejected_dir) == target:
-            raise UploadRefused(
-                f"{accepted_dir} is the rejected subset of export {latest.job_id}; only the accepted "
-                f"directory ({latest.accepted_dir}) is uploaded"
-            )
-        other = _export_of(export_jobs, target)
-        _refuse_foreign(other, accepted_dir, fmt, source,
-                        f"the current {fmt} accepted directory is {latest.accepted_dir}")
-        if other is not None and other[1] == "rejected":
-            raise UploadRefused(
-                f"{accepted_dir} is a rejected subset; only accepted directories are uploaded"
-            )
-        raise UploadRefused(
-            f"{accepted_dir} is not the accepted directory of the latest completed {fmt} export of "
-            f"{source} (job {latest.job_id}: {latest.accepted_dir}); export again or upload that one"
-        )
-
-    marker_path = Path(target) / QUALITY_SPLIT_FILE
-    try:
-        marker = QualitySplit.read(Path(target))
-    except (OSError, ValueError, TypeError) as exc:
-        raise UploadRefused(
-            f"cannot read {marker_path}: {exc}; the directory is not a finished export"
-        ) from exc
-    if marker.subset != ACCEPTED:
-        raise UploadRefused(
-            f"{marker_path} says subset {marker.subset!r}: a rejected directory is never uploaded"
-        )
-    if marker.dataset_format != fmt:
-        raise UploadRefused(
-            f"{marker_path} says dataset_format {marker.dataset_format!r}, not {fmt!r}: "
-            f"an older or other-format export is never uploaded; export as {fmt} again"
-        )
-    if _resolved(marker.source_dir) != source:
-        raise UploadRefused(
-            f"{marker_path} says source_dir {marker.source_dir!r}, which is not the current source "
-            f"{source}: export this source again"
-        )
-    if not marker.source_episode_indices:  # the split put every episode in rejected
-        unrated = f"; {marker.unrated_count} episode(s) have no quality field and no verdict (rate them with " \
-                  "eva-export review, then export again)" if marker.unrated_count else ""
-        raise UploadRefused(
-            f"{marker_path} says the accepted subset is empty (0 of "
-            f"{marker.accepted_count + marker.rejected_count} episodes accepted): nothing to upload{unrated}"
-        )
+    _check_latest(export_jobs, source, target, accepted_dir, fmt)
+    marker = _read_marker(target, source, fmt)
     if target in running:
         raise UploadRefused(f"an upload of {target} is already running; wait for it to finish")
     return marker
