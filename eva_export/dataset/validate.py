@@ -229,7 +229,3 @@ def validate_dataset(root: Path) -> SourceCheck:
     """Validate any raw v2.1 dataset (e.g. after a capture crash); raises DatasetError."""
     return validate_source(root, allow_empty_dataset=True, as_source=False)
 
-
-# Old private names of the source rules: sources/lerobot_v30.py imports them (another branch
-# edits it); switch it to ``source_rules``' public names, then drop this line.
-_raw_info, _check_info, _check_columns = raw_info, check_info, check_columns

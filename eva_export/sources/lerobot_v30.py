@@ -28,15 +28,8 @@ import pyarrow.parquet as pq
 from .. import confine
 from ..dataset.meta import INFO, DatasetMeta
 from ..dataset.records import DatasetInfo, EpisodeRow, EpisodeStats, TaskRow
-from ..dataset.validate import (
-    GRID_TOLERANCE_S,
-    SMALL_COLUMNS,
-    SourceCheck,
-    SourceEpisode,
-    _check_columns,
-    _check_info,
-    _raw_info,
-)
+from ..dataset.source_rules import GRID_TOLERANCE_S, SMALL_COLUMNS, SourceEpisode, check_columns, check_info, raw_info
+from ..dataset.validate import SourceCheck
 from ..dataset.video import mp4_truncation, stream_frames
 from ..errors import DatasetError
 from . import sidecar
@@ -88,7 +81,7 @@ class V30Source:
     def validate(self, root: Path, *, allow_empty_dataset: bool = True) -> SourceCheck:
         root = Path(root)
         confine.check_is_source(root)
-        raw = _raw_info(root)
+        raw = raw_info(root)
         try:
             info = DatasetInfo.from_dict(raw)
         except (ValueError, KeyError, TypeError) as exc:
@@ -96,7 +89,7 @@ class V30Source:
         if info.codebase_version != CODEBASE_V30:
             raise DatasetError(f"{root / INFO}: codebase_version is {info.codebase_version!r}, expected "
                                f"{CODEBASE_V30!r}")
-        _check_info(root, raw, info)
+        check_info(root, raw, info)
         require_episode_files(root)  # before tasks: a v2.1 layout labelled v3.0 is named as such
         tasks = read_tasks(root)
         meta = DatasetMeta(root=root, info=as_v21(info), episodes=[], tasks=tasks, episodes_stats={})
@@ -145,7 +138,7 @@ class V30Source:
 
 def _info(root: Path) -> DatasetInfo:
     try:
-        return DatasetInfo.from_dict(_raw_info(Path(root)))
+        return DatasetInfo.from_dict(raw_info(Path(root)))
     except (ValueError, KeyError, TypeError) as exc:
         raise DatasetError(f"{Path(root) / INFO}: {exc}") from exc
 
@@ -183,7 +176,7 @@ def _check_episode(root: Path, info: DatasetInfo, meta: DatasetMeta, loc: Episod
     ep = SlicedEpisode(row=row, data_path=df.path, video_paths={}, rows=n, task_indices=[],
                        columns=list(df.schema.names), bytes=df.size * n // max(1, df.rows), schema=df.schema,
                        row_start=start)
-    _check_columns(root, meta, ep, offset, small)  # the v2.1 rules, on the episode's slice
+    check_columns(root, meta, ep, offset, small)  # the v2.1 rules, on the episode's slice
     ep.task_indices = _task_indices(ep, small, meta.tasks, task_ids, root)
     for key in info.video_keys:
         path, sl, vf = _check_video(root, info, loc, key, files)
