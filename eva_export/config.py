@@ -186,6 +186,11 @@ class StoreSettings:
     split_seed: int = 0
 
 
+#: export.nonfinite: what an accepted episode with NaN/inf values does (formats/nonfinite.py's
+#: NonFinitePolicy; spelled out here so the config stays free of numpy and pyarrow).
+NONFINITE_POLICIES = ("keep_passed", "refuse", "keep")
+
+
 @dataclass(frozen=True)
 class ExportConfig:
     data_roots: tuple[Path, ...]
@@ -195,6 +200,7 @@ class ExportConfig:
     hdf5_compression: str = ""  # "", "lzf" or "gzip"
     eva_store: StoreSettings = StoreSettings()
     workers: int = 0  # worker processes for episode units; 0 -> auto (os.cpu_count() when worth it); 1 -> serial
+    nonfinite: str = "keep_passed"  # NaN/inf in accepted episodes: keep_passed, refuse or keep (formats/nonfinite.py)
 
 
 @dataclass(frozen=True)
@@ -343,7 +349,7 @@ def _sftp(col: dict[str, Any]) -> SftpSettings | None:
 def _export(raw: dict[str, Any], log_dir: Path) -> ExportConfig:
     ex = _take(raw.get("export") or {}, "export",
                {"data_roots", "jobs_dir", "v3_data_file_mb", "v3_video_file_mb", "hdf5_compression",
-                "eva_store", "workers"})
+                "eva_store", "workers", "nonfinite"})
     roots = tuple(Path(r).expanduser().absolute() for r in (ex.get("data_roots") or [log_dir]))
     export = ExportConfig(
         data_roots=roots,
@@ -353,7 +359,10 @@ def _export(raw: dict[str, Any], log_dir: Path) -> ExportConfig:
         hdf5_compression=str(ex.get("hdf5_compression", "")),
         eva_store=_store_settings(ex.get("eva_store")),
         workers=_workers(ex.get("workers", 0)),
+        nonfinite=str(ex.get("nonfinite", "keep_passed")),
     )
+    if export.nonfinite not in NONFINITE_POLICIES:
+        raise ConfigError(f"export.nonfinite must be one of {list(NONFINITE_POLICIES)}, got {export.nonfinite!r}")
     if export.hdf5_compression not in ("", "lzf", "gzip"):
         raise ConfigError("export.hdf5_compression must be '', 'lzf' or 'gzip'")
     return export

@@ -29,6 +29,7 @@ from eva_export.export import pool
 from eva_export.export.manifest import MANIFEST_FILE, verify_manifest
 from eva_export.export.paths import ExportPaths
 from eva_export.export.runner import ExportService, verify_staged
+from eva_export.formats.card import CARD_FILE
 from eva_export.formats.registry import get_exporter
 from eva_export.jobs import COMPLETED, FAILED
 
@@ -67,7 +68,14 @@ def _content(root: Path) -> dict[str, Any]:
             # hashes of files that legitimately differ (job ids, times, source dir in the JSON
             # records): checked by verify_manifest below instead of compared byte for byte
             continue
-        if p.suffix == ".json":
+        if p.name == CARD_FILE:  # the card names the same volatile values as the JSON records
+            marker = json.loads((p.parent / "meta/quality_split.json").read_text())
+            text = p.read_text()
+            for key in sorted(VOLATILE):
+                if marker.get(key):
+                    text = text.replace(str(marker[key]), f"<{key}>")
+            out[rel] = text
+        elif p.suffix == ".json":
             out[rel] = _strip(json.loads(p.read_text()))
         elif p.suffix == ".jsonl":
             out[rel] = [_strip(json.loads(line)) for line in p.read_text().splitlines() if line]

@@ -33,6 +33,8 @@ MODULES = [
     "eva_export.formats.mcap_eva",
     "eva_export.formats.registry",
     "eva_export.formats.verify",
+    "eva_export.formats.card",
+    "eva_export.formats.nonfinite",
     "eva_export.jobs",
     "eva_export.jobstore",
     "eva_export.jsonbound",

@@ -32,6 +32,7 @@ from .. import confine
 from ..config import FORMATS, Config, inside
 from ..errors import ConfigError, EvaError, ExportError, UnsafeNameError
 from ..formats.base import Exporter, Progress
+from ..formats.nonfinite import check_accepted
 from ..formats.registry import get_spec
 from ..fsutil import storage_guard
 from ..jobs import Job, JobEngine, JobKind, JobStore, QueuePolicy, ServiceStatus
@@ -40,6 +41,7 @@ from .paths import SUBSETS, ExportPaths
 from .publish import export_lock, publish_pair, recover_pair
 from .records import ACCEPTED, REJECTED
 from .split import Faults, NativeSplit, SplitProgress, prepare_staging
+from .units import native_dir
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +196,8 @@ class ExportService:
                                 faults=faults).run()
             # a v3.0 source episode that could not be cut exactly was re-encoded: said in the job
             self.jobs.update(job_id, unrated_episodes=len(split.unrated), reencoded_episodes=len(split.reencoded))
+            # NaN/inf in accepted episodes: refused (naming them) or kept and recorded, per export.nonfinite
+            check_accepted(native_dir(paths.staging, ACCEPTED), self.config.export.nonfinite, fmt)
             pair = self._convert(job_id, exporter, paths.staging, faults, count=not spec.native)
             verify_staged(fmt, pair, exporter)  # publish only what verifies
             faults.check("verified")

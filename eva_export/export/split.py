@@ -242,8 +242,21 @@ def assemble_subset(plan: SplitPlan, name: str, staging: Path, marker: QualitySp
     return SubsetResult(name, out, [p.source.index for p in items], len(items), frames, reencoded)
 
 
-def make_marker(plan: SplitPlan, name: str, fmt: str, job_id: str) -> QualitySplit:
+def judged_rows(plan: SplitPlan) -> dict[str, list[EpisodeRow]]:
+    """Each side's rows as the split rule judged them (the sidecar's rating applied)."""
+    sidecar = read_sidecar(plan.check.root)
+    return {name: [quality_for(p.source.row, sidecar.get(p.source.index)) for p in items]
+            for name, items in plan.subsets.items()}
+
+
+def make_marker(plan: SplitPlan, name: str, fmt: str, job_id: str,
+                judged: dict[str, list[EpisodeRow]] | None = None) -> QualitySplit:
+    from .. import __version__
+    from ..formats.card import DECISIONS_KEY, TOOL_VERSION_KEY, SplitDecisions
+
     items = plan.subsets[name]
+    judged = judged if judged is not None else judged_rows(plan)
+    decisions = SplitDecisions.of(judged[ACCEPTED], judged[REJECTED])
     return QualitySplit(
         source_dir=str(Path(os.path.realpath(plan.check.root))), subset=name, dataset_format=fmt,
         source_episode_indices=[p.source.index for p in items],
@@ -251,6 +264,8 @@ def make_marker(plan: SplitPlan, name: str, fmt: str, job_id: str) -> QualitySpl
         accepted_count=len(plan.subsets[ACCEPTED]), rejected_count=len(plan.subsets[REJECTED]),
         created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), job_id=job_id,
         unrated_count=len(plan.unrated),
+        # for the dataset card: why each side holds its episodes, and which tool split them
+        extra={DECISIONS_KEY: decisions.to_dict(), TOOL_VERSION_KEY: __version__},
     )
 
 
@@ -270,8 +285,9 @@ class NativeSplit:
         reused, built = build_units(plan, self.staging, self.progress, self.faults)
         self.faults.check("split_units")
         out: dict[str, SubsetResult] = {}
+        judged = judged_rows(plan)
         for name in (ACCEPTED, REJECTED):
-            marker = make_marker(plan, name, self.marker_format, self.job_id)
+            marker = make_marker(plan, name, self.marker_format, self.job_id, judged)
             out[name] = assemble_subset(plan, name, self.staging, marker)
             self.faults.check(f"assemble_{name}")
         return SplitResult(out, reused=reused, built=built, unrated=plan.unrated)

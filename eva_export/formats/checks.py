@@ -15,6 +15,7 @@ from ..dataset.video import image_row_problem
 from ..fsutil import iter_jsonl, read_json
 from ..jsonbound import as_int
 from .base import VerifyReport
+from .card import check_card
 from .registry import get_spec
 
 
@@ -45,6 +46,7 @@ def start_report(out_dir: Path, dataset_format: str) -> tuple[VerifyReport, dict
                                  f"total_episodes {info.get('total_episodes')}")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         report.errors.append(f"{QUALITY_SPLIT_FILE}: missing or unreadable ({exc})")
+    check_card(report, out_dir)  # README.md: present and exactly what the records render to
     if info is not None:
         fmt = str(info.get("dataset_format", FORMAT_V21))
         if fmt != dataset_format:

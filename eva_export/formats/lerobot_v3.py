@@ -29,7 +29,6 @@ columns mixing types are stored as JSON text (``json.loads`` gives back the orig
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import shutil
@@ -260,10 +259,9 @@ class LeRobotV3Exporter:
             raise ExportError(f"no statistics for features {missing}")
         atomic_write_json(out / STATS, stats)
         atomic_write_json(out / INFO, self._info(info, len(meta.episodes), offset, len(meta.tasks)))
-        qs = write_quality_split(src, out, self.name)
-        if self.last_reencoded:  # the user learns which raw episodes were not stream-copied
-            reenc = {k: [names.index(i) for i in v] for k, v in self.last_reencoded.items()}
-            dataclasses.replace(qs, extra={**qs.extra, "reencoded_source_episodes": reenc}).write(out)
+        # the user learns which raw episodes were not stream-copied (in the marker and the card)
+        reenc = {k: [names.index(i) for i in v] for k, v in self.last_reencoded.items()}
+        write_quality_split(src, out, self.name, {"reencoded_source_episodes": reenc} if reenc else None)
 
     def _video_shards(self, meta: DatasetMeta, out: Path, tmp: Path, names: RawNames) -> dict[str, VideoShards]:
         """One shard writer per camera, its decode clock as far ahead as its episodes need."""

@@ -89,14 +89,25 @@ def copy_common_meta(src: Path, out: Path) -> None:
             (out / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src / rel, out / rel)
 
-def write_quality_split(src: Path, out: Path, dataset_format: str) -> QualitySplit:
-    """Copy meta/quality_split.json with dataset_format set to this exporter's name."""
+def write_quality_split(src: Path, out: Path, dataset_format: str, extra: dict[str, Any] | None = None) -> QualitySplit:
+    """Copy meta/quality_split.json with dataset_format set to this exporter's name (and
+    ``extra`` keys added), then the dataset card rendered from the records now in ``out``.
+
+    Every exporter calls this last, once info.json and episodes.jsonl are in place, so every
+    format carries a card that matches its own records (formats/card.py).
+    """
+    from .card import write_card
+
     try:
         qs = QualitySplit.read(src)
     except (OSError, ValueError, KeyError) as exc:
         raise ExportError(f"{src / QUALITY_SPLIT_FILE}: unreadable ({exc})") from exc
-    qs = dataclasses.replace(qs, dataset_format=dataset_format)
+    qs = dataclasses.replace(qs, dataset_format=dataset_format, extra={**qs.extra, **(extra or {})})
     qs.write(out)
+    try:
+        write_card(out)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ExportError(f"{out}: cannot write the dataset card from its records ({exc})") from exc
     return qs
 
 def write_info(out: Path, info: dict[str, Any]) -> None:

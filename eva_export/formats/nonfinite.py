@@ -1,0 +1,155 @@
+"""Non-finite values (NaN, +/-inf) in an accepted subset: refused, or kept on purpose.
+
+A training user expects an accepted set to be finite: one NaN reaches the loss, and LeRobot's
+own merge turns NaN into null, after which LeRobot cannot load the result. So before any format
+is written, the staged accepted subset's numeric columns are scanned, and ``export.nonfinite``
+decides:
+
+* ``keep_passed`` (default): refuse the export, naming each episode an operator did not pass
+  (its raw dataset, file and episode); an episode with qc_verdict "pass" was judged by someone
+  who saw the flag: its values are kept exactly (never rewritten, never nulled) and listed in
+  quality_split.json and the dataset card.
+* ``refuse``: refuse whenever any accepted episode holds a non-finite value.
+* ``keep``: keep every such episode as it is; still listed in the marker and the card.
+
+The rejected subset is not checked: it is kept for review, not for training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..dataset.meta import read_meta
+from ..dataset.records import QualitySplit, Verdict
+from ..dataset.table import to_numpy
+from ..errors import ExportError
+from .provenance import RawNames
+
+#: quality_split.json key (the marker's extra) listing the non-finite episodes kept.
+NONFINITE_KEY = "nonfinite_kept"
+_FLOAT_DTYPES = ("float16", "float32", "float64")
+
+
+class NonFinitePolicy(StrEnum):
+    """The values of ``export.nonfinite``."""
+
+    KEEP_PASSED = "keep_passed"
+    REFUSE = "refuse"
+    KEEP = "keep"
+
+
+@dataclass(frozen=True)
+class NonFiniteEpisode:
+    """One subset episode with NaN/inf values: where they are and who let them through."""
+
+    episode_index: int  # in the subset
+    source_episode_index: int
+    source_file: str  # the raw dataset's file of that episode (or the raw dataset's directory)
+    features: tuple[tuple[str, int], ...]  # (feature, non-finite values) in feature order
+    qc_verdict: str
+
+    @property
+    def values(self) -> int:
+        return sum(n for _, n in self.features)
+
+    @property
+    def passed(self) -> bool:
+        return self.qc_verdict.strip().lower() == Verdict.PASS
+
+    def describe(self) -> str:
+        feats = ", ".join(f"{k} ({n} NaN/inf)" for k, n in self.features)
+        return f"{self.source_file}: source episode {self.source_episode_index}: {feats}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"episode_index": self.episode_index, "source_episode_index": self.source_episode_index,
+                "source_file": self.source_file, "features": {k: n for k, n in self.features},
+                "qc_verdict": self.qc_verdict}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> NonFiniteEpisode:
+        if not isinstance(d, dict) or not isinstance(d.get("features"), dict):
+            raise ValueError(f"{NONFINITE_KEY}: an entry is not an object with a features object")
+        return cls(int(d["episode_index"]), int(d["source_episode_index"]), str(d["source_file"]),
+                   tuple((str(k), int(n)) for k, n in d["features"].items()), str(d.get("qc_verdict", "")))
+
+
+def kept_of(marker: QualitySplit) -> tuple[NonFiniteEpisode, ...]:
+    """The non-finite episodes a subset's marker says were kept (none when it says nothing)."""
+    raw = marker.extra.get(NONFINITE_KEY) or []
+    if not isinstance(raw, list):
+        raise ValueError(f"{NONFINITE_KEY} is not a list")
+    return tuple(NonFiniteEpisode.from_dict(d) for d in raw)
+
+
+def _count_nonfinite(col: pa.ChunkedArray) -> int:
+    values = to_numpy(col)
+    if values.dtype.kind != "f":  # a list column read back as objects: one row at a time
+        values = np.asarray(values.tolist(), dtype=np.float64)
+    return int(values.size - np.count_nonzero(np.isfinite(values)))
+
+
+def scan_subset(root: Path) -> list[NonFiniteEpisode]:
+    """Every episode of the native (v2.1) subset at ``root`` holding NaN/inf in a float feature."""
+    meta = read_meta(Path(root))
+    keys = [k for k, f in meta.info.features.items() if not f.is_visual and f.dtype in _FLOAT_DTYPES]
+    names = RawNames.of(meta)
+    found: list[NonFiniteEpisode] = []
+    for ep in meta.episodes:
+        path = meta.data_path(ep.episode_index)
+        try:
+            with pq.ParquetFile(path) as pf:
+                present = [k for k in keys if k in pf.schema_arrow.names]
+                table = pf.read(columns=present)
+        except (OSError, pa.ArrowException) as exc:
+            raise ExportError(f"{names.data(ep.episode_index)}: {names.episode(ep.episode_index)}: "
+                              f"cannot read its staged table {path} ({exc})") from exc
+        counts = tuple((k, n) for k in present if (n := _count_nonfinite(table.column(k))) > 0)
+        if counts:
+            raw_file = names.data(ep.episode_index)
+            found.append(NonFiniteEpisode(ep.episode_index, names.index(ep.episode_index),
+                                          str(raw_file if raw_file.is_file() else names.root), counts,
+                                          ep.qc_verdict))
+    return found
+
+
+def decide(found: list[NonFiniteEpisode], policy: str, fmt: str) -> list[NonFiniteEpisode]:
+    """The episodes kept under ``policy``; raises ExportError naming every refused one."""
+    try:
+        pol = NonFinitePolicy(policy)
+    except ValueError:
+        raise ExportError(f"export.nonfinite {policy!r}: use one of {[p.value for p in NonFinitePolicy]}") from None
+    if pol == NonFinitePolicy.KEEP:
+        return list(found)
+    refused = [e for e in found if pol == NonFinitePolicy.REFUSE or not e.passed]
+    if not refused:
+        return list(found)
+    shown = "; ".join(e.describe() for e in refused[:10])
+    more = f"; ... ({len(refused) - 10} more)" if len(refused) > 10 else ""
+    hint = ("pass each episode after review (eva-export review SRC --episodes N --verdict pass) to keep its values "
+            "as they are, or fail it to move it to rejected" if pol == NonFinitePolicy.KEEP_PASSED
+            else "set export.nonfinite to keep_passed or keep to export them")
+    raise ExportError(f"{fmt} export refused: the accepted subset holds NaN/inf values in {len(refused)} episode(s) "
+                      f"(export.nonfinite = {pol.value}): {shown}{more}. Nothing was written; {hint}")
+
+
+def check_accepted(root: Path, policy: str, fmt: str) -> list[NonFiniteEpisode]:
+    """Scan the staged accepted subset, apply ``policy``, and record the kept episodes in its marker.
+
+    The marker is rewritten every run (its list replaced, not appended), so a resumed export
+    states exactly what this run kept; every exporter copies it, and the card shows it.
+    """
+    kept = decide(scan_subset(root), policy, fmt)
+    marker = QualitySplit.read(root)
+    # an empty list says "checked, none kept"; an absent key (an export made without the check) says nothing
+    extra = {**marker.extra, NONFINITE_KEY: [e.to_dict() for e in kept]}
+    if extra != marker.extra:
+        dataclasses.replace(marker, extra=extra).write(root)
+    return kept
