@@ -170,3 +170,27 @@ def test_other_formats_carry_a_card_without_the_lerobot_config(fmt: str, tmp_pat
     assert "| observation.images.cam0 | 24x32 | image | embedded images |" in card
     assert "Not checked by this export." in card  # no export job ran the non-finite check
     assert verify_export(out).ok
+
+
+def test_cards_of_other_releases_are_not_compared_line_by_line(exported: ExportPaths, tmp_path: Path) -> None:
+    """An export made by another release (its marker's tool_version) keeps verifying after an
+    upgrade, and one made before cards existed (no tool_version, no card) is not refused for it."""
+    import shutil
+
+    for case in ("other_release", "before_cards"):
+        root = tmp_path / case
+        shutil.copytree(exported.accepted, root, symlinks=True)
+        marker = root / "meta/quality_split.json"
+        d = json.loads(marker.read_text(encoding="utf-8"))
+        card = root / CARD_FILE
+        if case == "other_release":
+            d["tool_version"] = "0.0.1"
+            card.write_text(card.read_text(encoding="utf-8").replace("Exported by", "Written by"), encoding="utf-8")
+        else:
+            d.pop("tool_version")
+            card.unlink()
+        marker.write_text(json.dumps(d), encoding="utf-8")
+        rep = verify_export(root)
+        assert not [e for e in rep.errors if "dataset card" in e or "cannot be checked" in e], rep.errors
+        want = "rendered by eva_export 0.0.1" if case == "other_release" else "exported before dataset cards existed"
+        assert any(want in c for c in rep.checks), rep.checks
