@@ -10,6 +10,7 @@ import av
 import pyarrow.parquet as pq
 
 from ..errors import DatasetError
+from . import video_facts
 from .meta import INFO, DatasetMeta
 from .video import image_row_problem, mp4_truncation, stream_frames, stream_timing, timing_problems
 
@@ -20,8 +21,37 @@ def check_video(meta: DatasetMeta, e: int, rows: int, data_path: Path, key: str,
 
     The count comes from the container index (the MP4 sample table, exact) when present, else
     from demuxing the packets; a truncated or garbage file is refused from its box structure.
+    A file already demuxed in this process, unchanged since (video_facts), is not read again.
     """
     feat = meta.info.features[key]
+    fkey = video_facts.file_key(path)
+    facts = video_facts.lookup(fkey)
+    if facts is not None and facts.fps == meta.info.fps:
+        width, height, frames = facts.width, facts.height, facts.frames
+    else:
+        facts = None
+        width, height, frames = _demux_size(e, key, path)
+    if frames != rows:
+        raise DatasetError(f"episode {e}: {path} ({key}) has {frames} frames but {data_path} has "
+                           f"{rows} rows")
+    if (height, width) != tuple(feat.shape[:2]):
+        raise DatasetError(f"episode {e}: {path} ({key}) is {width}x{height}, but {meta.root / INFO} "
+                           f"declares {feat.shape[1]}x{feat.shape[0]}")
+    # The table says frame i is shown at i / fps (checked above); a reader seeks the MP4 there.
+    if facts is None:
+        try:
+            problems = tuple(timing_problems(stream_timing(path), meta.info.fps, rows, check_duration=False))
+        except Exception as exc:  # noqa: BLE001 - any demuxer error means an unreadable file
+            raise DatasetError(f"episode {e}: {path} ({key}) is not a readable MP4: {exc}") from exc
+        facts = video_facts.VideoFacts(width, height, frames, meta.info.fps, problems)
+        video_facts.remember(fkey, facts)
+    if facts.timing:
+        raise DatasetError(f"episode {e}: {path} ({key}): its frame timing disagrees with {data_path} "
+                           f"(frame i at i / {meta.info.fps} s from 0): {'; '.join(facts.timing)}")
+
+
+def _demux_size(e: int, key: str, path: Path) -> tuple[int, int, int]:
+    """(width, height, frames) of the file's first video stream; DatasetError naming it if unreadable."""
     why = mp4_truncation(path)
     if why:
         raise DatasetError(f"episode {e}: {path} ({key}) is not a complete MP4 (truncated, empty or "
@@ -31,27 +61,12 @@ def check_video(meta: DatasetMeta, e: int, rows: int, data_path: Path, key: str,
             if not container.streams.video:
                 raise DatasetError(f"episode {e}: {path} ({key}) has no video stream")
             stream = container.streams.video[0]
-            width, height = stream.codec_context.width, stream.codec_context.height
-            frames = stream_frames(container, stream)
+            return stream.codec_context.width, stream.codec_context.height, stream_frames(container, stream)
     except DatasetError:
         raise
     except Exception as exc:  # noqa: BLE001 - any demuxer error means an unreadable file
         raise DatasetError(f"episode {e}: {path} ({key}) is not a readable MP4 (truncated, empty or "
                            f"garbage): {exc}") from exc
-    if frames != rows:
-        raise DatasetError(f"episode {e}: {path} ({key}) has {frames} frames but {data_path} has "
-                           f"{rows} rows")
-    if (height, width) != tuple(feat.shape[:2]):
-        raise DatasetError(f"episode {e}: {path} ({key}) is {width}x{height}, but {meta.root / INFO} "
-                           f"declares {feat.shape[1]}x{feat.shape[0]}")
-    # The table says frame i is shown at i / fps (checked above); a reader seeks the MP4 there.
-    try:
-        problems = timing_problems(stream_timing(path), meta.info.fps, rows, check_duration=False)
-    except Exception as exc:  # noqa: BLE001 - any demuxer error means an unreadable file
-        raise DatasetError(f"episode {e}: {path} ({key}) is not a readable MP4: {exc}") from exc
-    if problems:
-        raise DatasetError(f"episode {e}: {path} ({key}): its frame timing disagrees with {data_path} "
-                           f"(frame i at i / {meta.info.fps} s from 0): {'; '.join(problems)}")
 
 
 def check_images(meta: DatasetMeta, ep: int, data: Path) -> None:

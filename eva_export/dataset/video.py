@@ -19,6 +19,7 @@ from av.video.stream import VideoStream
 from numpy.typing import NDArray
 
 from ..errors import VideoError
+from . import video_facts
 
 
 @dataclass(frozen=True)
@@ -152,8 +153,12 @@ def count_frames(path: Path) -> int:
     sample per frame) when the file has one and its boxes tile the file, else packets demuxed.
 
     Demuxing reads the whole file; the index answers from the first few KB, which is what
-    makes verifying a hard-linked split cheap. A file cut short is refused by its boxes.
+    makes verifying a hard-linked split cheap. A file cut short is refused by its boxes. A file
+    source validation already demuxed in this process, unchanged since, is not read again.
     """
+    facts = video_facts.lookup(video_facts.file_key(path))
+    if facts is not None:
+        return facts.frames
     why = mp4_truncation(path) if path.suffix.lower() == ".mp4" else ""
     if why:
         raise VideoError(f"{path} is not a complete MP4 (truncated, empty or garbage: {why})")
