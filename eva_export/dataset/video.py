@@ -218,24 +218,30 @@ class StreamTiming:
 def stream_timing(path: Path) -> StreamTiming:
     try:
         with av.open(str(path)) as container:
-            s = container.streams.video[0]
-            tb = Fraction(s.time_base or 1)
-            pts: list[Fraction] = []
-            dts: list[Fraction] = []
-            for p in container.demux(s):
-                if p.size == 0:
-                    continue
-                if p.pts is None or p.dts is None:
-                    raise VideoError(f"{path}: packet {len(pts)} has no timestamp")
-                pts.append(p.pts * tb)
-                dts.append(p.dts * tb)
-            if s.duration:
-                duration: Fraction | None = s.duration * tb
-            else:
-                duration = Fraction(container.duration, av.time_base) if container.duration else None
-            return StreamTiming(tuple(pts), tuple(dts), duration)
+            return container_timing(container, path)
     except av.FFmpegError as exc:
         raise VideoError(f"cannot read {path}: {exc}") from exc
+
+
+def container_timing(container: Any, path: Path) -> StreamTiming:
+    """``stream_timing`` of a container already open (its packets not demuxed yet); PyAV's own
+    errors are not wrapped here."""
+    s = container.streams.video[0]
+    tb = Fraction(s.time_base or 1)
+    pts: list[Fraction] = []
+    dts: list[Fraction] = []
+    for p in container.demux(s):
+        if p.size == 0:
+            continue
+        if p.pts is None or p.dts is None:
+            raise VideoError(f"{path}: packet {len(pts)} has no timestamp")
+        pts.append(p.pts * tb)
+        dts.append(p.dts * tb)
+    if s.duration:
+        duration: Fraction | None = s.duration * tb
+    else:
+        duration = Fraction(container.duration, av.time_base) if container.duration else None
+    return StreamTiming(tuple(pts), tuple(dts), duration)
 
 
 def timing_problems(t: StreamTiming, fps: int, frames: int, start: Fraction = Fraction(0),
