@@ -94,9 +94,12 @@ def main() -> int:
     ap.add_argument("--frames", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--baseline", type=Path, default=None)
+    ap.add_argument("--quick", action="store_true", help="2 episodes x 150 frames, one round")
     ap.add_argument("--formats", default="hdf5,mcap")
     ap.add_argument("--source", type=Path, default=None, help="an existing bench_formats dataset (skips the build)")
     args = ap.parse_args()
+    if args.quick:
+        args.episodes, args.frames, args.rounds = 2, 150, 1
     from bench_formats import build_dataset
 
     work = Path(tempfile.mkdtemp(prefix="bench_raw_", dir=os.environ.get("EVA_BENCH_DIR")))

@@ -71,6 +71,7 @@ MODULES = [
     "eva_export.sources.v30_meta",
     "eva_export.dataset.validate",
     "eva_export.dataset.validate_media",
+    "eva_export.dataset.video_facts",
     "eva_export.config",
     "eva_export.errors",
     "eva_export.cli",
