@@ -19,7 +19,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 BENCHES = ["bench_capture.py", "bench_split.py", "bench_formats.py", "bench_upload.py", "bench_store.py",
-           "bench_ingest.py", "bench_parallel.py"]
+           "bench_ingest.py", "bench_parallel.py", "bench_episodes.py", "bench_rawformats.py"]
 
 
 def machine() -> str:

@@ -78,6 +78,7 @@ MODULES = [
     "eva_export.dataset.validate",
     "eva_export.dataset.source_rules",
     "eva_export.dataset.validate_media",
+    "eva_export.dataset.video_facts",
     "eva_export.config",
     "eva_export.errors",
     "eva_export.cli",

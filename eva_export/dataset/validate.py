@@ -64,7 +64,8 @@ def source_hash(root: Path) -> str:
 
 
 def validate_source(root: Path, *, allow_empty_dataset: bool = True, as_source: bool = True,
-                    codebase: str = CODEBASE_V21, camera_stats_computed: bool = False) -> SourceCheck:
+                    codebase: str = CODEBASE_V21, camera_stats_computed: bool = False,
+                    meta: DatasetMeta | None = None) -> SourceCheck:
     """Validate a raw v2.1 dataset as an export source; raise DatasetError on the first fault.
 
     Reads metadata, Parquet footers and the small index columns, and demuxes (never decodes)
@@ -72,7 +73,8 @@ def validate_source(root: Path, *, allow_empty_dataset: bool = True, as_source: 
     ``as_source`` an export (anything inside an export tree or carrying quality_split.json)
     is refused; the lerobot_v21 verifier checks exported subsets with ``as_source=False``.
     A v2.0 source (sources/lerobot_v20.py) passes ``codebase`` "v2.0" and
-    ``camera_stats_computed``: its camera statistics are computed by the split.
+    ``camera_stats_computed``: its camera statistics are computed by the split. ``meta``: the
+    caller's own read_meta of ``root`` (a verifier that just read it), not parsed again.
     """
     root = Path(root)
     if as_source:
@@ -81,7 +83,7 @@ def validate_source(root: Path, *, allow_empty_dataset: bool = True, as_source: 
         if not (root / name).is_file():
             raise DatasetError(f"{root / name} is missing: {root} is not a LeRobot v2.1 dataset")
     raw = raw_info(root)
-    meta = read_meta(root)
+    meta = read_meta(root) if meta is None else meta
     info = meta.info
     if info.codebase_version != codebase:
         raise DatasetError(f"{root / INFO}: codebase_version is {info.codebase_version!r}, expected "

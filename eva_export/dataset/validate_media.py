@@ -9,9 +9,18 @@ from pathlib import Path
 import av
 import pyarrow.parquet as pq
 
-from ..errors import DatasetError
+from ..errors import DatasetError, VideoError
+from . import video_facts
 from .meta import INFO, DatasetMeta
-from .video import image_row_problem, mp4_truncation, stream_frames, stream_timing, timing_problems
+from .video import (
+    StreamTiming,
+    container_timing,
+    image_row_problem,
+    mp4_truncation,
+    stream_frames,
+    stream_timing,
+    timing_problems,
+)
 
 
 def check_video(meta: DatasetMeta, e: int, rows: int, data_path: Path, key: str, path: Path) -> None:
@@ -20,8 +29,43 @@ def check_video(meta: DatasetMeta, e: int, rows: int, data_path: Path, key: str,
 
     The count comes from the container index (the MP4 sample table, exact) when present, else
     from demuxing the packets; a truncated or garbage file is refused from its box structure.
+    A file already demuxed in this process, unchanged since (video_facts), is not read again.
     """
     feat = meta.info.features[key]
+    fkey = video_facts.file_key(path)
+    facts = video_facts.lookup(fkey)
+    timing: StreamTiming | Exception | None = None
+    if facts is not None and facts.fps == meta.info.fps:
+        width, height, frames = facts.width, facts.height, facts.frames
+    else:
+        facts = None
+        width, height, frames, timing = _demux_size(e, key, path)
+    if frames != rows:
+        raise DatasetError(f"episode {e}: {path} ({key}) has {frames} frames but {data_path} has "
+                           f"{rows} rows")
+    if (height, width) != tuple(feat.shape[:2]):
+        raise DatasetError(f"episode {e}: {path} ({key}) is {width}x{height}, but {meta.root / INFO} "
+                           f"declares {feat.shape[1]}x{feat.shape[0]}")
+    # The table says frame i is shown at i / fps (checked above); a reader seeks the MP4 there.
+    if facts is None:
+        try:
+            if isinstance(timing, Exception):
+                raise timing
+            timing = stream_timing(path) if timing is None else timing
+            problems = tuple(timing_problems(timing, meta.info.fps, rows, check_duration=False))
+        except Exception as exc:  # noqa: BLE001 - any demuxer error means an unreadable file
+            raise DatasetError(f"episode {e}: {path} ({key}) is not a readable MP4: {exc}") from exc
+        facts = video_facts.VideoFacts(width, height, frames, meta.info.fps, problems)
+        video_facts.remember(fkey, facts)
+    if facts.timing:
+        raise DatasetError(f"episode {e}: {path} ({key}): its frame timing disagrees with {data_path} "
+                           f"(frame i at i / {meta.info.fps} s from 0): {'; '.join(facts.timing)}")
+
+
+def _demux_size(e: int, key: str, path: Path) -> tuple[int, int, int, StreamTiming | Exception | None]:
+    """(width, height, frames, timing) of the file's first video stream; DatasetError naming it
+    if unreadable. When the frames come from the index (no packet demuxed yet) the packet timing
+    is read in the same open: its failure is returned, for check_video to raise in its turn."""
     why = mp4_truncation(path)
     if why:
         raise DatasetError(f"episode {e}: {path} ({key}) is not a complete MP4 (truncated, empty or "
@@ -33,25 +77,20 @@ def check_video(meta: DatasetMeta, e: int, rows: int, data_path: Path, key: str,
             stream = container.streams.video[0]
             width, height = stream.codec_context.width, stream.codec_context.height
             frames = stream_frames(container, stream)
+            timing: StreamTiming | Exception | None = None  # None: read later, in its own open
+            if int(stream.frames or 0) > 0:  # stream_frames read the index: the packets are unread
+                try:
+                    timing = container_timing(container, path)
+                except av.FFmpegError as exc:  # worded as stream_timing words it
+                    timing = VideoError(f"cannot read {path}: {exc}")
+                except Exception as exc:  # noqa: BLE001 - raised later, in check_video's order
+                    timing = exc
+            return width, height, frames, timing
     except DatasetError:
         raise
     except Exception as exc:  # noqa: BLE001 - any demuxer error means an unreadable file
         raise DatasetError(f"episode {e}: {path} ({key}) is not a readable MP4 (truncated, empty or "
                            f"garbage): {exc}") from exc
-    if frames != rows:
-        raise DatasetError(f"episode {e}: {path} ({key}) has {frames} frames but {data_path} has "
-                           f"{rows} rows")
-    if (height, width) != tuple(feat.shape[:2]):
-        raise DatasetError(f"episode {e}: {path} ({key}) is {width}x{height}, but {meta.root / INFO} "
-                           f"declares {feat.shape[1]}x{feat.shape[0]}")
-    # The table says frame i is shown at i / fps (checked above); a reader seeks the MP4 there.
-    try:
-        problems = timing_problems(stream_timing(path), meta.info.fps, rows, check_duration=False)
-    except Exception as exc:  # noqa: BLE001 - any demuxer error means an unreadable file
-        raise DatasetError(f"episode {e}: {path} ({key}) is not a readable MP4: {exc}") from exc
-    if problems:
-        raise DatasetError(f"episode {e}: {path} ({key}): its frame timing disagrees with {data_path} "
-                           f"(frame i at i / {meta.info.fps} s from 0): {'; '.join(problems)}")
 
 
 def check_images(meta: DatasetMeta, ep: int, data: Path) -> None:

@@ -19,6 +19,7 @@ from av.video.stream import VideoStream
 from numpy.typing import NDArray
 
 from ..errors import VideoError
+from . import video_facts
 
 
 @dataclass(frozen=True)
@@ -152,8 +153,12 @@ def count_frames(path: Path) -> int:
     sample per frame) when the file has one and its boxes tile the file, else packets demuxed.
 
     Demuxing reads the whole file; the index answers from the first few KB, which is what
-    makes verifying a hard-linked split cheap. A file cut short is refused by its boxes.
+    makes verifying a hard-linked split cheap. A file cut short is refused by its boxes. A file
+    source validation already demuxed in this process, unchanged since, is not read again.
     """
+    facts = video_facts.lookup(video_facts.file_key(path))
+    if facts is not None:
+        return facts.frames
     why = mp4_truncation(path) if path.suffix.lower() == ".mp4" else ""
     if why:
         raise VideoError(f"{path} is not a complete MP4 (truncated, empty or garbage: {why})")
@@ -213,24 +218,30 @@ class StreamTiming:
 def stream_timing(path: Path) -> StreamTiming:
     try:
         with av.open(str(path)) as container:
-            s = container.streams.video[0]
-            tb = Fraction(s.time_base or 1)
-            pts: list[Fraction] = []
-            dts: list[Fraction] = []
-            for p in container.demux(s):
-                if p.size == 0:
-                    continue
-                if p.pts is None or p.dts is None:
-                    raise VideoError(f"{path}: packet {len(pts)} has no timestamp")
-                pts.append(p.pts * tb)
-                dts.append(p.dts * tb)
-            if s.duration:
-                duration: Fraction | None = s.duration * tb
-            else:
-                duration = Fraction(container.duration, av.time_base) if container.duration else None
-            return StreamTiming(tuple(pts), tuple(dts), duration)
+            return container_timing(container, path)
     except av.FFmpegError as exc:
         raise VideoError(f"cannot read {path}: {exc}") from exc
+
+
+def container_timing(container: Any, path: Path) -> StreamTiming:
+    """``stream_timing`` of a container already open (its packets not demuxed yet); PyAV's own
+    errors are not wrapped here."""
+    s = container.streams.video[0]
+    tb = Fraction(s.time_base or 1)
+    pts: list[Fraction] = []
+    dts: list[Fraction] = []
+    for p in container.demux(s):
+        if p.size == 0:
+            continue
+        if p.pts is None or p.dts is None:
+            raise VideoError(f"{path}: packet {len(pts)} has no timestamp")
+        pts.append(p.pts * tb)
+        dts.append(p.dts * tb)
+    if s.duration:
+        duration: Fraction | None = s.duration * tb
+    else:
+        duration = Fraction(container.duration, av.time_base) if container.duration else None
+    return StreamTiming(tuple(pts), tuple(dts), duration)
 
 
 def timing_problems(t: StreamTiming, fps: int, frames: int, start: Fraction = Fraction(0),

@@ -165,14 +165,15 @@ class Hdf5Exporter:
                         opts = {"compression": "gzip", "compression_opts": self.gzip_level}
                     elif self.compression == "lzf":
                         opts = {"compression": "lzf"}
-                    ds = g.create_dataset("value", shape=(0,) + frame.shape, maxshape=(None,) + frame.shape,
+                    # Sized for the table's rows at once: a resize per frame rewrote the
+                    # chunk index each time. A short camera is still refused below.
+                    ds = g.create_dataset("value", shape=(rows,) + frame.shape, maxshape=(None,) + frame.shape,
                                           chunks=(1,) + frame.shape, dtype=np.uint8, **opts)
                 elif frame.shape != ds.shape[1:]:
                     raise ExportError(f"episode {episode_index}: {key} frame {n} has shape {frame.shape}, "
                                       f"earlier frames {ds.shape[1:]}")
                 if n >= rows:
                     raise ExportError(f"episode {episode_index}: {key} has more frames than the table's {rows} rows")
-                ds.resize(n + 1, axis=0)
                 ds[n] = frame
                 n += 1
         except VideoError as exc:

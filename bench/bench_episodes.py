@@ -1,0 +1,193 @@
+"""Many short episodes: the per-episode cost of a verified export, against copying and hashing the bytes.
+
+    python bench/bench_episodes.py [--quick] [--baseline /path/to/other/checkout]
+
+Builds 20 episodes x 30 frames x 2 cameras 64x48 with the project's writer, tiles them (real file
+copies, renumbered; bench_split.tile) to 100 and 1000 episodes, and measures, each in its own
+subprocess, in interleaved rounds (fastest of the rounds):
+
+* anchors of the same bytes: ``cp -r`` of the source, and sha256 of every source byte;
+* the full lerobot_v21 export job (validate, split, verify, publish: ExportService.run), its wall
+  time, time per episode, CPU seconds (the job and its unit workers, from wait4) and peak RSS;
+  with ``--baseline``, the same job run from another checkout (e.g. the commit before a change)
+  in the same rounds;
+* peak RSS of the lerobot_v3, hdf5 and mcap exporters on the 100- and 1000-episode subsets
+  (goal: flat in the episode count).
+
+Prints Markdown tables (with the load average) and writes bench/out/episodes.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path[:0] = [str(REPO), str(REPO / "tests"), str(HERE)]
+
+CHILD = r"""
+import hashlib, json, os, shutil, subprocess, sys, time
+from pathlib import Path
+mode, src, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+t0 = time.perf_counter()
+if mode == "cp":
+    subprocess.run(["cp", "-r", str(src), str(out)], check=True)
+elif mode == "sha256":
+    for dirpath, _d, names in sorted(os.walk(src)):
+        for n in sorted(names):
+            with open(os.path.join(dirpath, n), "rb") as fh:
+                hashlib.file_digest(fh, "sha256")
+elif mode == "job":
+    from eva_export.config import parse_config
+    from eva_export.export.runner import ExportService
+    cfg = parse_config({"collection": {"log_dir": str(src.parent.parent)}, "export": {"jobs_dir": str(out)}})
+    t0 = time.perf_counter()  # the operation, without the interpreter's imports
+    job = ExportService(cfg, background=False, recover=False).run(src, "lerobot_v21")
+    assert job.state == "completed", job.error
+else:  # an exporter on a subset carrying its quality_split.json
+    from eva_export.formats.registry import get_exporter
+    get_exporter(mode).export(src, out)
+seconds = time.perf_counter() - t0
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
+print(json.dumps({"seconds": seconds, "peak_rss_mb": int(hwm) / 1024}))
+"""
+
+
+def run_child(mode: str, src: Path, out: Path, repo: Path = REPO) -> dict[str, float]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(repo), env.get("PYTHONPATH", "")])
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, mode, str(src), str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, cwd=repo)
+    stdout, stderr = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{mode} ({repo}) failed: {stderr.decode()[-2000:]}")
+    return json.loads(stdout.decode().strip().splitlines()[-1])
+
+
+def timed_child(mode: str, src: Path, out: Path, repo: Path = REPO) -> dict[str, float]:
+    import resource
+
+    # The reaped child's CPU (with the unit workers it waited for) joins RUSAGE_CHILDREN.
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    res = run_child(mode, src, out, repo)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    res["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return res
+
+
+def build(base: Path, sizes: list[int]) -> dict[int, Path]:
+    from bench_split import build_source, tile
+
+    seed = base / "logs" / "seed" / "raw"
+    build_source(seed, 20, 30, width=64, height=48)
+    out = {}
+    for n in sizes:
+        out[n] = base / "logs" / f"n{n}" / "raw"
+        tile(seed, out[n], n // 20)
+    return out
+
+
+def marked_copy(src: Path, dst: Path) -> Path:
+    """A copy of ``src`` shaped like a staged subset (its quality_split.json), for the exporters."""
+    from eva_export.dataset.meta import read_meta
+    from eva_export.export.records import QualitySplit
+
+    shutil.copytree(src, dst)
+    meta = read_meta(dst)
+    QualitySplit(str(src), "accepted", "lerobot_v21", [e.episode_index for e in meta.episodes],
+                 episode_count=len(meta.episodes), frame_count=sum(e.length for e in meta.episodes)).write(dst)
+    return dst
+
+
+def measure_size(n: int, src: Path, base: Path, rounds: int, baseline: Path | None) -> dict[str, Any]:
+    modes = [("cp", REPO), ("sha256", REPO), ("job", REPO)] + ([("job_base", baseline)] if baseline else [])
+    best: dict[str, dict[str, float]] = {}
+    loads = []
+    for r in range(rounds):
+        order = modes[r % len(modes):] + modes[:r % len(modes)]  # rotate: no row always runs first
+        for label, repo in order:
+            out = base / f"out_{label}"
+            loads.append(os.getloadavg()[0])
+            res = timed_child("job" if label.startswith("job") else label, src, out, repo)
+            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(src.parent / "export", ignore_errors=True)
+            if label not in best or res["seconds"] < best[label]["seconds"]:
+                best[label] = res
+    size = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
+    return {"episodes": n, "bytes": size, "rows": best, "load_min": min(loads), "load_max": max(loads)}
+
+
+def exporter_memory(n: int, src: Path, base: Path) -> dict[str, float]:
+    sub = marked_copy(src, base / f"subset_{n}")
+    out = {}
+    for fmt in ("lerobot_v3", "hdf5", "mcap"):
+        dst = base / f"exp_{fmt}_{n}"
+        out[fmt] = run_child(fmt, sub, dst)["peak_rss_mb"]
+        shutil.rmtree(dst, ignore_errors=True)
+    shutil.rmtree(sub, ignore_errors=True)
+    return out
+
+
+def report(results: list[dict[str, Any]], memory: dict[int, dict[str, float]]) -> str:
+    lines = ["| episodes | size MB | cp -r s | sha256 s | job s | ms/episode | job / sha256 | job / cp | "
+             "job CPU s | job peak RSS MB | baseline job s | load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        b = r["rows"]
+        job = b["job"]
+        base = f"{b['job_base']['seconds']:.2f} ({b['job_base']['cpu_s']:.1f} CPU s)" if "job_base" in b else "-"
+        lines.append(f"| {r['episodes']} | {r['bytes'] / 1e6:.1f} | {b['cp']['seconds']:.3f} | "
+                     f"{b['sha256']['seconds']:.3f} | {job['seconds']:.2f} | {1000 * job['seconds'] / r['episodes']:.1f} | "
+                     f"{job['seconds'] / b['sha256']['seconds']:.0f}x | {job['seconds'] / b['cp']['seconds']:.0f}x | "
+                     f"{job['cpu_s']:.1f} | {job['peak_rss_mb']:.0f} | {base} | "
+                     f"{r['load_min']:.1f}-{r['load_max']:.1f} |")
+    small, big = sorted(memory)
+    lines += ["", f"| peak RSS MB | {small} episodes | {big} episodes | ratio | goal flat (<= 1.1x) |", "|---|---|---|---|---|"]
+    job_mem = {r["episodes"]: r["rows"]["job"]["peak_rss_mb"] for r in results}
+    rows = [("lerobot_v21 job", job_mem[small], job_mem[big])]
+    rows += [(f"{fmt} exporter", memory[small][fmt], memory[big][fmt]) for fmt in memory[small]]
+    for name, a, b in rows:
+        lines.append(f"| {name} | {a:.0f} | {b:.0f} | {b / a:.2f}x | {'met' if b / a <= 1.1 else 'NOT met'} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="100 and 200 episodes, one round")
+    ap.add_argument("--baseline", type=Path, default=None, help="another checkout whose job runs in the same rounds")
+    ap.add_argument("--keep", action="store_true")
+    args = ap.parse_args()
+    sizes = [100, 200] if args.quick else [100, 1000]
+    rounds = 1 if args.quick else 2
+    base = Path(tempfile.mkdtemp(prefix="bench_episodes_", dir=os.environ.get("EVA_BENCH_DIR")))
+    try:
+        t0 = time.perf_counter()
+        sources = build(base, sizes)
+        # Sources an hour old, as a recorded dataset is (and past video_facts' racy margin).
+        old = time.time() - 3600
+        for p in base.rglob("*"):
+            os.utime(p, (old, old), follow_symlinks=False)
+        print(f"built sources in {time.perf_counter() - t0:.1f} s under {base}", file=sys.stderr)
+        results = [measure_size(n, sources[n], base, rounds, args.baseline) for n in sizes]
+        memory = {n: exporter_memory(n, sources[n], base) for n in sizes}
+    finally:
+        if not args.keep:
+            shutil.rmtree(base, ignore_errors=True)
+    print(report(results, memory))
+    (HERE / "out").mkdir(exist_ok=True)
+    (HERE / "out" / "episodes.json").write_text(json.dumps({"quick": args.quick, "results": results,
+                                                            "exporter_peak_rss_mb": memory}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
