@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO / "tests"))
 import paramiko  # noqa: E402
 from sshd import SshServer  # noqa: E402
 
-from eva_export.export.manifest import write_manifest  # noqa: E402
+from eva_export.manifest import write_manifest  # noqa: E402
 from eva_export.upload.sftp import PREFERRED_CIPHERS, SftpBackend  # noqa: E402
 
 MB = 1 << 20

@@ -114,7 +114,7 @@ def test_ray_batch_one_broken_rerun_skips(tmp_path: Path, ray_local: None, capsy
 
 
 def test_ray_pool_runs_units_in_ray_workers_and_names_a_crash(ray_local: None) -> None:
-    from eva_export.export import pool
+    from eva_export import pool
     from eva_export.export.batch import RayPool
 
     rp = RayPool.connect("auto", 2)

@@ -23,15 +23,15 @@ import psutil
 import pytest
 from dsfactory import Ep, make_dataset
 
+from eva_export import pool
 from eva_export.config import parse_config
 from eva_export.errors import ConfigError
-from eva_export.export import pool
-from eva_export.export.manifest import MANIFEST_FILE, verify_manifest
 from eva_export.export.paths import ExportPaths
 from eva_export.export.runner import ExportService, verify_staged
 from eva_export.formats.card import CARD_FILE
 from eva_export.formats.registry import get_exporter
 from eva_export.jobs import COMPLETED, FAILED
+from eva_export.manifest import MANIFEST_FILE, verify_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -169,7 +169,7 @@ def _pool_workers_of(pid: int) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
-        if "eva_export.export.pool" in cmd and cmd[-1] == str(pid):
+        if "eva_export.pool" in cmd and cmd[-1] == str(pid):
             found.append(p)
     return found
 

@@ -22,9 +22,9 @@ from sshd import SshServer  # noqa: E402
 
 from eva_export.config import Config, SftpSettings, parse_config  # noqa: E402
 from eva_export.errors import ConfigError, UploadError, UploadRefused  # noqa: E402
-from eva_export.export.manifest import write_manifest  # noqa: E402
 from eva_export.export.records import QualitySplit  # noqa: E402
 from eva_export.jobs import COMPLETED, FAILED, RUNNING, Job, JobStore  # noqa: E402
+from eva_export.manifest import write_manifest  # noqa: E402
 from eva_export.upload import SftpBackend, UploadService, check_upload, publish_name  # noqa: E402
 from eva_export.upload.sftp import AttemptFn, ProgressFn, UploadResult  # noqa: E402
 

@@ -126,7 +126,7 @@ def _staging_lock(remote: Path) -> list[Path]:
 
 
 def _lock_of(exp_source: Path, accepted: Path, remote: Path) -> Path:
-    from eva_export.export.manifest import manifest_digest
+    from eva_export.manifest import manifest_digest
     from eva_export.upload.gate import publish_name
     from eva_export.upload.job import staging_name
     from eva_export.upload.remotelock import lock_path

@@ -28,7 +28,7 @@ from test_upload_core import HookBackend, make_config, remote_root, same_tree, w
 
 from eva_export.config import SftpSettings  # noqa: E402
 from eva_export.errors import UploadError  # noqa: E402
-from eva_export.export.manifest import verify_manifest, write_manifest  # noqa: E402
+from eva_export.manifest import verify_manifest, write_manifest  # noqa: E402
 from eva_export.upload import remotefs as remotefs_mod  # noqa: E402
 from eva_export.upload import transfer as transfer_mod  # noqa: E402
 from eva_export.upload.limiter import RateLimiter  # noqa: E402

@@ -32,13 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import confine
+from .. import confine, pool
 from ..config import Config, parse_config
 from ..dataset.validate import source_hash
 from ..errors import EvaError, ExportError
 from ..fsutil import atomic_write_json, read_json
 from ..jobs import COMPLETED
-from . import pool
 from .paths import ExportPaths
 from .records import QUALITY_SPLIT_FILE, QualitySplit
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ..errors import ExportError, PublicationError
 from ..fsutil import fsync_dir
-from .manifest import write_manifest
+from ..manifest import write_manifest
 from .paths import SUBSETS, ExportPaths
 from .records import QualitySplit
 from .split import Faults

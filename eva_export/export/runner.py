@@ -141,9 +141,9 @@ class ExportService:
 
     # ---- one job ---------------------------------------------------------------------------
     def _unit_pool(self) -> contextlib.AbstractContextManager[Any]:
-        """Episode units of this job run in worker processes (export.pool), unless the caller
+        """Episode units of this job run in worker processes (eva_export.pool), unless the caller
         already chose an executor (``eva-export batch`` on Ray)."""
-        from . import pool
+        from .. import pool
 
         if pool.active() is not None:
             return contextlib.nullcontext()

@@ -172,11 +172,11 @@ def build_units(plan: SplitPlan, staging: Path, progress: SplitProgress, faults:
     """Build every unit without a valid record; returns (reused, built).
 
     Units are independent (each has its own files and record), so they run on the active
-    export.pool executor (worker processes, or Ray tasks); progress is reported from this
+    eva_export.pool executor (worker processes, or Ray tasks); progress is reported from this
     thread as each finishes. A failure stops the export after the units already running
     finish: those are kept for the rerun.
     """
-    from . import pool
+    from .. import pool
 
     info = plan.check.meta.info
     ep_stats = plan.check.meta.episodes_stats

@@ -156,7 +156,7 @@ def build_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats
 
 def split_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats: dict[str, Any],
                 fail: bool) -> int:
-    """One native unit, run by export.pool (in this process or in a worker process)."""
+    """One native unit, run by eva_export.pool (in this process or in a worker process)."""
     if fail:  # fault injection (Faults "unit:N"), raised where the unit runs
         raise ExportError(f"injected failure at 'unit:{p.source.index}'")
     return build_unit(staging, p, info, source_stats)

@@ -66,7 +66,7 @@ def _unit_meta(src: Path) -> DatasetMeta:
 def episode_file_unit(src: Path, path: Path, episode_index: int, first_index: int,
                       write_episode: Callable[[Path, DatasetMeta, EpisodeRow, pa.Table], None],
                       meta: DatasetMeta | None = None) -> int:
-    """One episode file (a unit of export.pool): written as ``.partial``, renamed into place.
+    """One episode file (a unit of eva_export.pool): written as ``.partial``, renamed into place.
 
     Runs in the exporting process (``meta`` given) or in a worker process (``meta`` None:
     read from ``src``); returns the file's size.
@@ -103,11 +103,11 @@ def export_episode_files(
 
     Each episode is written under a hidden ``.partial`` name and renamed into place once
     closed, so a file that exists is a finished episode: a rerun after a kill checks it with
-    ``is_complete`` and keeps it. The episodes left run as export.pool units (worker
+    ``is_complete`` and keeps it. The episodes left run as eva_export.pool units (worker
     processes when a pool is active: ``write_episode`` must then be picklable, e.g. a bound
     method of the exporter). The common meta files and the marker are written last.
     """
-    from ..export import pool
+    from .. import pool
 
     meta = load_source(src)
     out.mkdir(parents=True, exist_ok=True)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from ..dataset.meta import INFO
 from ..dataset.records import FORMAT_V21, QUALITY_SPLIT_FILE
-from ..export.manifest import verify_manifest
 from ..fsutil import read_json
+from ..manifest import verify_manifest
 from .base import VerifyReport
 from .registry import FORMATS, get_spec
 

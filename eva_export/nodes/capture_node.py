@@ -37,8 +37,8 @@ import time
 from typing import Any
 
 import rclpy
-from eva_export_interfaces.msg import CaptureStatus, EpisodeInfo, StreamStatus
-from eva_export_interfaces.srv import (
+from eva_export_interfaces.msg import CaptureStatus, EpisodeInfo, StreamStatus  # type: ignore[import-untyped]  # no py.typed
+from eva_export_interfaces.srv import (  # type: ignore[import-untyped]  # no py.typed
     CancelCapture,
     GetJob,
     IngestBag,
@@ -52,7 +52,6 @@ from rclpy.executors import MultiThreadedExecutor
 from rclpy.node import Node
 from rclpy.publisher import Publisher
 from rclpy.service import Service
-from rclpy.timer import Timer
 
 from eva_export.capture.recorder import Recorder
 from eva_export import confine
@@ -148,9 +147,12 @@ class CaptureNode(Node):
         thread.start()
         self._moved.append((node, executor, thread))
         for h in old:
-            destroy = {Service: old_node.destroy_service, Publisher: old_node.destroy_publisher,
-                       Timer: old_node.destroy_timer}[type(h)]
-            destroy(h)
+            if isinstance(h, Service):
+                old_node.destroy_service(h)
+            elif isinstance(h, Publisher):
+                old_node.destroy_publisher(h)
+            else:
+                old_node.destroy_timer(h)
 
     def close(self) -> None:
         for node, executor, thread in reversed(self._moved):

@@ -18,8 +18,8 @@ import threading
 import time
 from typing import Any
 
-from eva_export_interfaces.msg import CaptureStatus, JobQueueStatus
-from eva_export_interfaces.srv import GetJob, ListEpisodes, ReviewEpisode, StartExport, StartUpload
+from eva_export_interfaces.msg import CaptureStatus, JobQueueStatus  # type: ignore[import-untyped]  # no py.typed
+from eva_export_interfaces.srv import GetJob, ListEpisodes, ReviewEpisode, StartExport, StartUpload  # type: ignore[import-untyped]  # no py.typed
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.node import Node
 
@@ -49,11 +49,11 @@ class RosBackend:
         self.node = node
         group = ReentrantCallbackGroup()
         c = node.create_client
-        self.list_cli = c(ListEpisodes, f"{capture}/list_episodes", callback_group=group)
-        self.review_cli = c(ReviewEpisode, f"{capture}/review", callback_group=group)
-        self.start_cli = {"export": c(StartExport, f"{export}/start", callback_group=group),
+        self.list_cli: Any = c(ListEpisodes, f"{capture}/list_episodes", callback_group=group)
+        self.review_cli: Any = c(ReviewEpisode, f"{capture}/review", callback_group=group)
+        self.start_cli: dict[str, Any] = {"export": c(StartExport, f"{export}/start", callback_group=group),
                           "upload": c(StartUpload, f"{upload}/start", callback_group=group)}
-        self.job_cli = {"export": c(GetJob, f"{export}/get_job", callback_group=group),
+        self.job_cli: dict[str, Any] = {"export": c(GetJob, f"{export}/get_job", callback_group=group),
                         "upload": c(GetJob, f"{upload}/get_job", callback_group=group)}
         self._status: dict[str, Any] = {}
         self._lock = threading.Lock()

@@ -72,7 +72,7 @@ class FrameMaker:
         base[..., 2] = ((x[None, :] // 2 + y[:, None] // 2 + 64 * cam_index) % 256).astype(np.uint8)
         self.base = base
 
-    def frame(self, m: int) -> np.ndarray:
+    def frame(self, m: int) -> np.ndarray[Any, Any]:
         x0, y0 = (4 * m) % 256, (2 * m) % 256
         img = np.ascontiguousarray(self.base[y0:y0 + self.height, x0:x0 + self.width])
         b = counter_blocks(self.width)
@@ -81,12 +81,12 @@ class FrameMaker:
         return img
 
 
-def render_frame(m: int, width: int, height: int, cam_index: int = 0) -> np.ndarray:
+def render_frame(m: int, width: int, height: int, cam_index: int = 0) -> np.ndarray[Any, Any]:
     """Frame m of a camera: moving gradient plus the counter blocks on top."""
     return FrameMaker(width, height, cam_index).frame(m)
 
 
-def decode_counter(img: np.ndarray) -> int:
+def decode_counter(img: np.ndarray[Any, Any]) -> int:
     """Read back the frame counter written by ``render_frame`` (robust to lossy coding)."""
     width = img.shape[1]
     b = counter_blocks(width)
@@ -98,7 +98,7 @@ def decode_counter(img: np.ndarray) -> int:
     return m
 
 
-def jpeg_bytes(img: np.ndarray) -> bytes:
+def jpeg_bytes(img: np.ndarray[Any, Any]) -> bytes:
     import av
 
     ctx = av.CodecContext.create("mjpeg", "w")
@@ -137,7 +137,7 @@ class Schedule:
         return k / self.rate
 
     def due(self, now: float) -> list[int]:
-        out = []
+        out: list[Any] = []
         while True:
             if self._release is None:
                 delay = float(self.rng.uniform(0.0, self.jitter_s)) if self.jitter_s > 0 else 0.0
@@ -237,7 +237,7 @@ class TeleopSim(Node):
             values = -(n + 0.25 * np.arange(len(spec.names)))
             self.pubs["action"].publish(self._vector_msg(spec, values, self._stamp_of(sched, n)))
 
-    def _vector_msg(self, spec: Any, values: np.ndarray, stamp: tuple[int, int]) -> Any:
+    def _vector_msg(self, spec: Any, values: np.ndarray[Any, Any], stamp: tuple[int, int]) -> Any:
         """A JointState (stamped, by joint name) or a Float64MultiArray, as the config says."""
         if spec.msg_type == "JointState":
             msg = ros_convert.joint_state_msg(spec.names, values, spec.field)

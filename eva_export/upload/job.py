@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..errors import UploadError
-from ..export.manifest import MANIFEST_FILE, Manifest, ManifestEntry, build_manifest, scan_tree
+from ..manifest import MANIFEST_FILE, Manifest, ManifestEntry, build_manifest, scan_tree
 from .limiter import RateLimiter
 
 #: ``progress(files_done, files_total, bytes_done, bytes_total)``

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import paramiko
 
 from ..errors import UploadError
-from ..export.manifest import MANIFEST_FILE, manifest_digest
+from ..manifest import MANIFEST_FILE, manifest_digest
 from .job import PermanentError, UploadJob
 
 

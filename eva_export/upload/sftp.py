@@ -1,7 +1,7 @@
 """Upload backends: a small Protocol and the SFTP backend (collection.storage.sftp).
 
 The SFTP backend uploads a subset described by its content manifest (meta/manifest.json,
-see export/manifest.py) into a hidden staging directory next to the target,
+see eva_export/manifest.py) into a hidden staging directory next to the target,
 ``<remote_dir>/.<name>.staging-<first 16 hex of the manifest's SHA-256>``, so the same
 version of an export always stages into the same directory and a broken upload resumes:
 
@@ -42,7 +42,7 @@ import paramiko
 
 from ..config import SftpSettings
 from ..errors import UploadError
-from ..export.manifest import MANIFEST_FILE, ManifestEntry, manifest_digest, sha256_file
+from ..manifest import MANIFEST_FILE, ManifestEntry, manifest_digest, sha256_file
 from . import connection, remotefs, remotelock, transfer
 from .bulk_openssh import ClientRun, OpensshBulk, find_client
 from .connection import PREFERRED_CIPHERS, describe_error

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UploadError
-from ..export.manifest import MANIFEST_FILE, Manifest, scan_tree, write_manifest
+from ..manifest import MANIFEST_FILE, Manifest, scan_tree, write_manifest
 
 ATTEMPTS = 3
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import paramiko
 
-from ..export.manifest import MANIFEST_FILE, sha256_file
+from ..manifest import MANIFEST_FILE, sha256_file
 from .connection import open_sftp
 from .job import PermanentError, UploadFile, UploadJob
 from .remote import RemoteHasher

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..fsutil import atomic_write_bytes
+from .fsutil import atomic_write_bytes
 
 MANIFEST_FILE = "meta/manifest.json"
 MANIFEST_VERSION = 1

@@ -13,7 +13,7 @@ The unit loops (export/split.py, formats/episode_files.py) call ``run_units``; w
 them is chosen by whoever started the export, with ``using(pool)`` (a context variable, so
 the export node's worker thread and the CLI each see their own).
 
-Why fresh interpreters (``python -m eva_export.export.pool``) rather than fork or
+Why fresh interpreters (``python -m eva_export.pool``) rather than fork or
 multiprocessing's spawn: the export node runs rclpy/DDS threads, and forking a process with
 such threads can deadlock the child; multiprocessing's spawn and forkserver re-import the
 parent's ``__main__`` (a node script, importing rclpy) in every worker. A worker here imports
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Protocol, cast
 
-from ..errors import EvaError, ExportError
+from .errors import EvaError, ExportError
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class _Worker:
         parent, child = socket.socketpair()
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "eva_export.export.pool", str(child.fileno()), str(os.getpid())],
+                [sys.executable, "-m", "eva_export.pool", str(child.fileno()), str(os.getpid())],
                 pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL, close_fds=True)
         finally:
             child.close()
