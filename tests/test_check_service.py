@@ -116,7 +116,18 @@ def test_check_refuses_what_is_not_inside_the_roots(node_factory, ros_client, co
     export_tree = log_dir / "demo" / "export" / "lerobot_v21" / "accepted"
     shutil.copytree(datasets["v21"], export_tree)
     (export_tree / "meta" / "quality_split.json").write_text("{}")
+    hostile = log_dir / "hostile" / "raw"  # inside the roots, its info.json pointing out
+    shutil.copytree(datasets["v21"], hostile)
+    info = json.loads((hostile / "meta/info.json").read_text())
+    info["video_path"] = "videos/../../../../elsewhere/raw/videos/chunk-000/{video_key}/episode_{episode_index:06d}.mp4"
+    (hostile / "meta/info.json").write_text(json.dumps(info))
+    broken = log_dir / "broken" / "raw"  # a truncated Parquet file: named, not a crash
+    shutil.copytree(datasets["v21"], broken)
+    table = broken / "data/chunk-000/episode_000001.parquet"
+    table.write_bytes(table.read_bytes()[:200])
     cases = [
+        ("hostile", True, "video_path"),
+        ("broken", True, "episode 1: cannot read "),  # the file named: checked below
         (str(outside), True, "outside the export data roots"),
         (str(link / "raw"), True, "outside the export data roots"),
         (str(log_dir / "demo" / ".." / ".." / "elsewhere" / "raw"), False, "outside the export data roots"),
@@ -133,8 +144,11 @@ def test_check_refuses_what_is_not_inside_the_roots(node_factory, ros_client, co
         r = check(ros_client, node, dataset, write=write)
         assert not r.success and why in r.message, (dataset[:60], r.message)
         assert r.episodes == [] and len(r.message) <= 400
+        if dataset == "broken":
+            assert "broken/raw/data/chunk-000/episode_000001.parquet" in r.message, r.message
     assert digest(outside) == before and not (outside / sidecar.SIDECAR).exists()
     assert not (export_tree / sidecar.SIDECAR).exists()
+    assert "quality_rules" not in (broken / "meta/episodes.jsonl").read_text()  # nothing half-written
     r = check(ros_client, node, str(export_tree))  # reading an export is fine: only writing is refused
     assert r.success and verdicts(r)[2] == (2, "red", ["frozen_signal"]), r.message
     assert node.alive, node.log_tail()
