@@ -7,6 +7,7 @@ import pytest
 from eva_export_interfaces.msg import CaptureStatus, EpisodeInfo, Job, JobQueueStatus
 from eva_export_interfaces.srv import (
     CancelCapture,
+    CheckDataset,
     GetJob,
     ListEpisodes,
     ReviewEpisode,
@@ -30,7 +31,7 @@ NODES = {
         },
         CaptureStatus,
     ),
-    "export_node": ({"start": StartExport, "get_job": GetJob}, JobQueueStatus),
+    "export_node": ({"start": StartExport, "get_job": GetJob, "check": CheckDataset}, JobQueueStatus),
     "upload_node": ({"start": StartUpload, "get_job": GetJob}, JobQueueStatus),
 }
 
