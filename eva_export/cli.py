@@ -104,7 +104,7 @@ def _review(args: argparse.Namespace) -> int:
     from .dataset.meta import read_info
     from .dataset.writer import DatasetWriter
     from .sources import sidecar
-    from .sources.base import open_source
+    from .sources.registry import open_source
 
     root = Path(args.dir)
     try:

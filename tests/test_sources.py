@@ -32,7 +32,8 @@ from eva_export.formats.verify import verify_export
 from eva_export.fsutil import iter_jsonl, read_json
 from eva_export.jobs import COMPLETED, Job
 from eva_export.sources import sidecar
-from eva_export.sources.base import SourceKind, detect_kind, validate_any
+from eva_export.sources.base import SourceKind
+from eva_export.sources.registry import detect_kind, validate_any
 from eva_export.store import open_store
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -11,7 +11,7 @@ final — late is not lost and never makes an episode red by itself).
 
 The data rules (too_short, non_finite, vector_dimension_change, non_monotonic_clock,
 duplicate_timestamp, frozen_camera, video_frame_count_mismatch and the kinematic rules) are
-``eva_export.quality.rules.evaluate``, the code ``eva-export check`` runs on files; the checker
+``eva_export.quality.judge.evaluate``, the code ``eva-export check`` runs on files; the checker
 only collects their evidence. Transport rules only capture can see stay here: dropped_frames,
 camera_skew, missing_stream, image_shape_change, intake_overflow, source_damaged.
 """
@@ -26,7 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..dataset.records import Quality, QualityIssue, Severity
-from ..quality import rules
+from ..quality import judge, rules
 from ..quality.rules import CameraSeries, EpisodeEvidence, MessageStamps, Thresholds, VectorSeries
 from .align_types import Slot, StreamTiming
 
@@ -213,7 +213,7 @@ class EpisodeChecker:
             for s, tm in zip(self.streams, timing, strict=True):
                 s.dropped = tm.dropped
         issues = self._transport(rows, stop, timing)
-        found = rules.evaluate(self.evidence(rows, video_frames), self.thresholds)
+        found = judge.evaluate(self.evidence(rows, video_frames), self.thresholds)
         issues += [f.issue("live") for f in found]
         quality = Quality.RED if any(i.severity == Severity.ERROR for i in issues) else Quality.GREEN
         return QualityResult(quality, issues, self._stats(stop, timing))

@@ -20,7 +20,8 @@ from ..dataset.records import DatasetInfo, EpisodeRow
 from ..dataset.validate import SourceEpisode
 from ..errors import DatasetError
 from ..sources import sidecar
-from ..sources.base import SlicedEpisode, SourceKind, open_source, read_table
+from ..sources.base import SlicedEpisode, SourceKind, read_table
+from ..sources.registry import open_source
 from . import data
 
 

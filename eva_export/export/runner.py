@@ -36,7 +36,7 @@ from ..formats.nonfinite import check_accepted
 from ..formats.registry import get_spec
 from ..fsutil import storage_guard
 from ..jobs import Job, JobEngine, JobKind, JobStore, QueuePolicy, ServiceStatus
-from ..sources.base import validate_any
+from ..sources.registry import validate_any
 from .paths import SUBSETS, ExportPaths
 from .publish import export_lock, publish_pair, recover_pair
 from .records import ACCEPTED, REJECTED

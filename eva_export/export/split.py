@@ -299,7 +299,7 @@ def split_dataset(source: Path, out_root: Path, job_id: str = "") -> SplitResult
     ``out_root/accepted`` and ``out_root/rejected`` are written through a staging root beside
     them (reused when rerun); no publication logic.
     """
-    from ..sources.base import validate_any
+    from ..sources.registry import validate_any
 
     check = validate_any(source, allow_empty_dataset=False)
     staging = Path(out_root) / ".staging"

@@ -49,17 +49,18 @@ from .episode_stats import dataset_stats, episode_stats, image_stats_of, missing
 from .images import camera_frames
 from .provenance import RawNames
 from .source import copy_common_meta, load_source, read_episode_table, write_quality_split
+from .v3_layout import CODEBASE_V30 as CODEBASE_V30  # re-exported: the layout's names, one home
+from .v3_layout import DATA_PATH_V30 as DATA_PATH_V30
+from .v3_layout import EPISODES_PATH_V30 as EPISODES_PATH_V30
+from .v3_layout import FORMAT as FORMAT
+from .v3_layout import TASKS_PARQUET as TASKS_PARQUET
 from .v3_video import VIDEO_PATH_V30, Locator, Numbering, VideoShards, reorder_delay, shard_timescale
 
 _VideoShards = VideoShards  # the name bench/bench_formats.py uses
 
 log = logging.getLogger(__name__)
 
-FORMAT = "lerobot_v3"
-CODEBASE_V30 = "v3.0"
-DATA_PATH_V30 = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
-EPISODES_PATH_V30 = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
-TASKS_PARQUET = "meta/tasks.parquet"
+
 MIB = 1024 * 1024
 _LOCATOR_COLUMNS = ("episode_index", "tasks", "length", "data/chunk_index", "data/file_index",
                     "dataset_from_index", "dataset_to_index")

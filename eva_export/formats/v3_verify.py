@@ -27,8 +27,8 @@ from ..fsutil import read_json
 from .base import VerifyReport
 from .checks import check_image_rows, check_sample, check_totals, start_report
 from .images import decode_png
-from .lerobot_v3 import CODEBASE_V30, FORMAT, TASKS_PARQUET
 from .source import column_numpy, state_action_keys
+from .v3_layout import CODEBASE_V30, FORMAT, TASKS_PARQUET
 
 
 def read_episodes_meta(root: Path) -> pa.Table:

@@ -6,7 +6,7 @@ Parquet file, or its slice of a shared v3.0 file) and every camera's frames deco
 (its MP4, or its frame range of a shared one). ``locate`` applies none of the export's source
 validation, which refuses exactly the damage this check exists to name (off-grid or repeated
 timestamps, a short video). One ``EpisodeEvidence`` per episode goes through
-``rules.evaluate``, the code live capture runs."""
+``judge.evaluate``, the code live capture runs."""
 
 from __future__ import annotations
 
@@ -25,8 +25,10 @@ from ..dataset.meta import read_info
 from ..dataset.records import DatasetInfo, EpisodeRow, Feature, QualityIssue, Severity
 from ..dataset.validate import SourceEpisode
 from ..errors import DatasetError
-from ..sources.base import SlicedEpisode, Source, SourceKind, open_source, read_table
+from ..sources.base import SlicedEpisode, Source, SourceKind, read_table
 from ..sources.cut import seek_to_frame
+from ..sources.registry import open_source
+from .judge import evaluate
 from .rules import (
     F64,
     OFFLINE_THRESHOLDS,
@@ -35,7 +37,6 @@ from .rules import (
     Finding,
     Thresholds,
     VectorSeries,
-    evaluate,
     frame_change,
     signature,
 )

@@ -2,7 +2,7 @@
 
 Both drivers reduce an episode to the same ``EpisodeEvidence``: per-row arrays (the rows the
 dataset holds) plus, live, the header stamps and rejected widths of the received messages.
-``evaluate`` turns it into ``Finding`` records; nothing else in the project decides these codes.
+``judge.evaluate`` turns it into ``Finding`` records; nothing else in the project decides these codes.
 Live capture (capture/checks.py) feeds it while recording; ``eva-export check`` (offline.py)
 feeds it from the files. Every threshold is a field of ``Thresholds`` (docs/quality_rules.md).
 """
@@ -229,28 +229,4 @@ def camera_rules(c: CameraSeries, rows: int, th: Thresholds) -> list[Finding]:
     if c.video_frames is not None and c.video_frames != rows:
         out.append(error("video_frame_count_mismatch", c.name, f"{c.name}: {c.video_frames} video frames "
                          f"for {rows} rows"))
-    return out
-
-
-def evaluate(ev: EpisodeEvidence, th: Thresholds = Thresholds()) -> list[Finding]:
-    """Every rule over one episode's evidence, in a fixed order."""
-    from .kinematics import kinematic_rules
-
-    out: list[Finding] = []
-    breaks = None
-    if ev.timestamps is not None and ev.timestamps.size > 1:
-        # rows after a timestamp gap start a new segment: the gap is reported once, not as a jump
-        breaks = np.flatnonzero(np.diff(ev.timestamps) > th.gap_periods / ev.fps) + 1
-    if ev.rows < th.min_frames:
-        out.append(error("too_short", "", f"{ev.rows} frames, fewer than min_frames={th.min_frames}"))
-    if ev.timestamps is not None:
-        out += timestamp_rules("timestamp", ev.timestamps, np.arange(ev.timestamps.size, dtype=np.int64),
-                               ev.fps, th, on_grid=True)
-    for m in ev.messages:
-        out += message_rules(m, ev.fps, th)
-    for v in ev.vectors:
-        out += vector_row_rules(v)
-        out += kinematic_rules(v, ev.fps, th, breaks)
-    for c in ev.cameras:
-        out += camera_rules(c, ev.rows, th)
     return out
