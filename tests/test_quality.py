@@ -17,8 +17,9 @@ from quality_corpus import CAMS, FPS, CorpusEpisode, N, corpus, feed_live, live_
 from eva_export.capture.features import capture_features
 from eva_export.dataset.meta import read_info
 from eva_export.dataset.writer import DatasetWriter
+from eva_export.quality.judge import evaluate
 from eva_export.quality.offline import check_dataset
-from eva_export.quality.rules import RULE_VERSION, EpisodeEvidence, Finding, VectorSeries, evaluate
+from eva_export.quality.rules import RULE_VERSION, EpisodeEvidence, Finding, VectorSeries
 
 pytestmark = pytest.mark.timeout(600)
 ROOT = Path(__file__).resolve().parents[1]
