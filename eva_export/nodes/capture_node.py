@@ -16,15 +16,14 @@ encodes and saves in its own threads. Unless FASTDDS_DEFAULT_PROFILES_FILE is se
 shared-memory DDS profile (config/fastdds_shm.xml) is used.
 
 After a crash (kill -9) Fast DDS leaves the dead process's shared-memory port in /dev/shm
-and the publishers keep it open. ``SILENT_CHECK_S`` seconds after start (then every
-``HEAL_CHECK_S`` until every stream with a publisher delivers) the node warns about each
-configured stream that received nothing while a publisher of its topic is on the graph (the
-"deaf restart"; see config/fastdds_shm.xml) and subscribes again on a new DDS participant
-(nodes/intake.py). The node deliberately does NOT run
-``fastdds shm clean`` at start: measured in tests/test_capture_kill.py, removing the dead
-port while the publishers still hold it made the restarted node fail to open its port
-("Failed init_port ... open_and_lock_file failed") and stay deaf on the first or second
-restart, where leaving it to Fast DDS recovered every time (after 3 to 11 s).
+and the publishers keep it open. ``SILENT_CHECK_S`` seconds after start the node warns about
+each configured stream that received nothing while a publisher of its topic is on the graph
+(the "deaf restart"; see config/fastdds_shm.xml) and, unless an episode is recording or
+saving, restarts itself on a further DDS participant id (nodes/intake.py). The node
+deliberately does NOT run ``fastdds shm clean`` at start: measured in
+tests/test_capture_kill.py, removing the dead port while the publishers still hold it made the
+restarted node fail to open its port ("Failed init_port ... open_and_lock_file failed") and
+stay deaf.
 """
 
 from __future__ import annotations
@@ -32,11 +31,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
 import time
-from typing import Any
 
-import rclpy
 from eva_export_interfaces.msg import CaptureStatus, EpisodeInfo, StreamStatus  # type: ignore[import-untyped]  # no py.typed
 from eva_export_interfaces.srv import (  # type: ignore[import-untyped]  # no py.typed
     CancelCapture,
@@ -47,11 +43,7 @@ from eva_export_interfaces.srv import (  # type: ignore[import-untyped]  # no py
     StartCapture,
     StopCapture,
 )
-from rclpy.context import Context
-from rclpy.executors import MultiThreadedExecutor
 from rclpy.node import Node
-from rclpy.publisher import Publisher
-from rclpy.service import Service
 
 from eva_export.capture.recorder import Recorder
 from eva_export import confine
@@ -72,8 +64,6 @@ from eva_export.nodes.common import (
 NODE_NAME = "eva_capture"
 #: Seconds after start-up when silent streams with a publisher on the graph are reported.
 SILENT_CHECK_S = 5.0
-#: Seconds between the checks after a new participant was made for a deaf start-up.
-HEAL_CHECK_S = 2.0
 CAPTURE_STATUS_PERIOD = 0.5
 
 
@@ -108,91 +98,62 @@ class CaptureNode(Node):
         except EvaError as exc:
             self.config_error = f"capture is unavailable: {exc}"
             self.get_logger().error(self.config_error)
-        self.intake = intake.Intake(self, self.recorder, col.capture.reliable_qos) if self.recorder else None
+        self.intake = (intake.Intake(self, self.recorder, col.capture.reliable_qos, deaf=intake.deaf_hook())
+                       if self.recorder else None)
+        self.restart = False  # set when a deaf start-up asks main() to exec a new incarnation
         self.silent_warning = ""
         self._started = time.monotonic()
         self._status_period = status_period
-        self._served = self._serve(self)
-        self._moved: list[tuple[Node, MultiThreadedExecutor, threading.Thread]] = []
+        self._serve(self)
         if self.recorder is not None:
             self._silent_timer = self.create_timer(SILENT_CHECK_S, self._check_silent_streams)
         self.get_logger().info(f"config_file={self.config_file!r} dds_profile="
                                f"{os.environ.get(ros_convert.DDS_PROFILE_ENV, '')!r}")
 
-    def _serve(self, node: Node) -> tuple[Node, list[Any]]:
-        """The services and the status topic on ``node`` (by full name, so any node can carry them)."""
+    def _serve(self, node: Node) -> None:
+        """The services and the status topic (by full name; the test hook renames them)."""
         base, group = self.get_fully_qualified_name(), service_group()
-        deaf = intake.DEAF_SUFFIX if node is self and intake.deaf_hook() else ""
-        handles: list[Any] = [
-            create_guarded_service(node, srv, f"{base}/{name}{deaf}", handler, group)
-            for srv, name, handler in (
+        deaf = intake.DEAF_SUFFIX if intake.deaf_hook() else ""
+        for srv, name, handler in (
                 (StartCapture, "start", self._on_start), (StopCapture, "stop", self._on_stop),
                 (CancelCapture, "cancel", self._on_cancel), (ListEpisodes, "list_episodes", self._on_list_episodes),
                 (ReviewEpisode, "review", self._on_review), (IngestBag, "ingest", self._on_ingest),
-                (GetJob, "get_job", self._on_get_job))]
-        pub = node.create_publisher(CaptureStatus, f"{base}/status", STATUS_QOS_DEPTH)
-        handles += [pub, create_status_timer(node, pub, self.build_status, self._status_period)]
-        return node, handles
-
-    def _move_endpoints(self, ctx: Context, gen: int) -> None:
-        """Services and status onto a node of the new participant: a deaf participant does not
-        hear requests either (seen: START unanswered after the subscriptions had healed)."""
-        node = rclpy.create_node(f"{NODE_NAME}_{gen}", namespace=self.get_namespace(), context=ctx,
-                                 use_global_arguments=False, start_parameter_services=False)
-        old_node, old = self._served
-        self._served = self._serve(node)
-        executor = MultiThreadedExecutor(context=ctx)
-        executor.add_node(node)
-        thread = threading.Thread(target=executor.spin, name=f"capture-services-{gen}", daemon=True)
-        thread.start()
-        self._moved.append((node, executor, thread))
-        for h in old:
-            if isinstance(h, Service):
-                old_node.destroy_service(h)
-            elif isinstance(h, Publisher):
-                old_node.destroy_publisher(h)
-            else:
-                old_node.destroy_timer(h)
+                (GetJob, "get_job", self._on_get_job)):
+            create_guarded_service(node, srv, f"{base}/{name}{deaf}", handler, group)
+        self.status_pub = node.create_publisher(CaptureStatus, f"{base}/status", STATUS_QOS_DEPTH)
+        self.status_timer = create_status_timer(node, self.status_pub, self.build_status, self._status_period)
 
     def close(self) -> None:
-        for node, executor, thread in reversed(self._moved):
-            executor.shutdown(timeout_sec=2.0)
-            thread.join(2.0)
-            node.destroy_node()
         if self.intake is not None:
             self.intake.close()
         if self.recorder is not None:
             self.recorder.close()
 
     def _check_silent_streams(self) -> None:
-        """Every SILENT_CHECK_S after start-up until every stream with a publisher delivers:
-        a stream with a publisher but no message is a transport fault (see nodes/intake.py)."""
-        assert self.intake is not None
-        deaf = self.intake.deaf_streams()
-        gens = len(self.intake.generations)
+        """SILENT_CHECK_S after start-up: a stream with a publisher but no message is a transport
+        fault (see nodes/intake.py); the node restarts itself on a further participant id."""
+        assert self.intake is not None and self.recorder is not None
+        self._silent_timer.cancel()
+        deaf, held = self.intake.deaf_streams(), intake.held_count()
         if not deaf:
-            self._silent_timer.cancel()
-            if gens > 1:
-                self.silent_warning = ""
-                self.get_logger().info(f"receiving on every stream with a publisher after {gens - 1} "
-                                       "reconnect(s) on a new DDS participant")
+            if held:
+                self.get_logger().info(f"receiving on every stream with a publisher after {held} restart(s) "
+                                       "on a further DDS participant")
             return
-        ctx = self.intake.heal()
-        healing = ctx is not None
-        if ctx is not None:
-            self._move_endpoints(ctx, len(self.intake.generations) - 1)
+        st = self.recorder.status()
+        busy = st.state != "IDLE" or st.save_queue_depth > 0
+        give_up = held >= intake.MAX_RESTARTS or busy
         self.silent_warning = (
             f"receiving nothing although publishers are on the graph: {intake.describe(deaf)} "
             f"after {time.monotonic() - self._started:.0f} s; "
-            + ("reconnecting on a new DDS participant (stale shared memory of a crashed capture "
-               "process is the known cause)" if healing else
-               f"gave up after {gens - 1} new participants; restart the publishing process"))
+            + ("stale shared memory of a crashed capture process is the known cause; restarting on a "
+               "further DDS participant" if not give_up else
+               "not restarting while an episode is recording or saving" if busy else
+               f"gave up after {held} restarts on further participants; restart the publishing process"))
         self.get_logger().warning(self.silent_warning)
-        self._silent_timer.cancel()
-        if healing:
-            # a fresh participant is reached in under a second; one that got a dead process's
-            # id again (that process had healed too) is deaf as well, so look again soon
-            self._silent_timer = self.create_timer(HEAL_CHECK_S, self._check_silent_streams)
+        if not give_up:
+            self.restart = True
+            self.context.try_shutdown()  # run_node tears down as for SIGINT; main() then execs
 
     # ---- status ---------------------------------------------------------------------------------
     def build_status(self) -> CaptureStatus:
@@ -316,7 +277,20 @@ def main(args: list[str] | None = None) -> int:
     """Console script ``capture_node``."""
     logging.basicConfig(level=logging.INFO, format="[%(levelname)s] [%(name)s]: %(message)s")
     ros_convert.use_shipped_dds_profile()
-    return run_node(CaptureNode, args)
+    held = intake.hold_participants(intake.held_count())
+    nodes: list[CaptureNode] = []
+
+    def make() -> CaptureNode:
+        nodes.append(CaptureNode())
+        return nodes[-1]
+
+    try:
+        rc = run_node(make, args)
+    finally:
+        intake.release(held)
+    if rc == 0 and nodes and nodes[0].restart:
+        intake.restart_with(len(held) + 1)
+    return rc
 
 
 if __name__ == "__main__":

@@ -1,33 +1,34 @@
-"""The capture node's subscriptions, and their recovery from a deaf restart.
+"""The capture node's subscriptions, and its way out of a deaf restart.
 
 Subscriptions live on a helper node spun by a SingleThreadedExecutor in its own thread:
 rclpy's MultiThreadedExecutor (which runs the services and the status timer) delivered
 messages in bursts here (gaps of 0.1 to 0.3 s at 100 Hz), which breaks grid alignment; a
 dedicated single-threaded executor kept gaps at the publisher's own jitter.
 
-Why generations: after a kill -9 the dead capture process's Fast DDS shared-memory port stays
+The deaf restart: after a kill -9 the dead capture process's Fast DDS shared-memory port stays
 open in the publishers, and a restarted participant gets the same participant id, hence the
-same port name. Fast DDS usually replaces the zombie port (3 to 11 s measured), but now and
-then (about 1 restart in 100 here) the publishers never reconnect and the node stays deaf on
-every stream. A *new* participant created while the first one still holds its id gets the
-next free id, a port name no publisher holds, and is reached like a first start. So a deaf
-start-up is healed by a new generation: a fresh rclpy context (one participant) with the same
-subscriptions. Earlier generations stay alive (they hold their ids) but a stream's messages
-are taken from one generation only: the newest that has delivered on it.
+same port name. Fast DDS usually replaces the zombie port, but now and then (about 1 restart
+in 100 here) the publishers never reach the new participant: no message and no service
+request arrives. The node then restarts itself (exec, same pid) holding ``n`` placeholder
+participants first (``hold_participants``): they take the lowest free ids, the dead process's
+among them, so the real participant gets an id, and a port, that no publisher holds. (A first
+version kept the process and moved everything onto a second rclpy context; tearing down two
+contexts' executors on SIGINT crashed rclpy now and then, exit -11.)
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import rclpy
 from rclpy.context import Context
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+from rclpy.signals import SignalHandlerOptions
 from rclpy.node import Node
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
@@ -39,41 +40,36 @@ from eva_export.nodes import ros_convert
 #: (2 s of a 100 Hz vector stream; 10 camera frames, about 9 MB at 640x480 rgb8).
 CAMERA_QOS_DEPTH = 10
 VECTOR_QOS_DEPTH = 200
-#: New participants tried after a deaf start before the node gives up and only warns.
-MAX_GENERATIONS = 4
-#: Test hook: generation 0 subscribes to ``<topic>/__deaf`` (and the node serves its services
-#: under such names) and so hears nothing while the publishers are on the graph, the one
-#: state a deaf restart produces.
+#: Restarts on a further participant id before the node gives up and only warns.
+MAX_RESTARTS = 3
+#: How many placeholder participants this incarnation holds (set by the node's own restart).
+HOLD_ENV = "EVA_CAPTURE_HOLD_PARTICIPANTS"
+#: Test hook: a first start (no placeholders) subscribes to ``<topic>/__deaf`` and serves its
+#: services under such names, so it hears nothing while the publishers are on the graph, the
+#: one state a deaf restart produces.
 DEAF_HOOK_ENV = "EVA_TEST_DEAF_INTAKE"
 DEAF_SUFFIX = "/__deaf"
 
 
-@dataclass
-class Generation:
-    """One participant's subscriptions: its context (own_context: made for it), node, executor."""
-
-    index: int
-    context: Context
-    own_context: bool
-    node: Node
-    executor: SingleThreadedExecutor
-    thread: threading.Thread
-
-
 class Intake:
-    """Every generation of subscriptions for one recorder; ``heal`` adds one."""
+    """The subscriptions of one recorder on their own node, executor and thread."""
 
-    def __init__(self, parent: Node, rec: Recorder, reliable: bool) -> None:
+    def __init__(self, parent: Node, rec: Recorder, reliable: bool, *, deaf: bool = False) -> None:
         self.parent, self.rec = parent, rec
-        self.reliability = ReliabilityPolicy.RELIABLE if reliable else ReliabilityPolicy.BEST_EFFORT
-        self.generations: list[Generation] = []
-        #: per stream, the generation whose messages are taken (the newest that delivered)
-        self.active = [0] * len(rec.streams)
-        self._add(parent.context, own=False)
-
-    @property
-    def node(self) -> Node:
-        return self.generations[-1].node
+        reliability = ReliabilityPolicy.RELIABLE if reliable else ReliabilityPolicy.BEST_EFFORT
+        self.node = rclpy.create_node(f"{parent.get_name()}_intake", namespace=parent.get_namespace(),
+                                      context=parent.context, use_global_arguments=False,
+                                      start_parameter_services=False)
+        for i, spec in enumerate(rec.streams):
+            msg_cls, convert = ros_convert.intake_converter(spec)
+            depth = CAMERA_QOS_DEPTH if spec.is_camera else VECTOR_QOS_DEPTH
+            qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=depth, reliability=reliability)
+            topic = spec.topic + DEAF_SUFFIX if deaf else spec.topic
+            self.node.create_subscription(msg_cls, topic, self._callback(i, convert), qos)
+        self.executor = SingleThreadedExecutor(context=parent.context)
+        self.executor.add_node(self.node)
+        self.thread = threading.Thread(target=self._spin, name="capture-intake", daemon=True)
+        self.thread.start()
 
     def deaf_streams(self) -> list[tuple[StreamSpec, int]]:
         """Streams that received nothing while a publisher of their topic is on the graph."""
@@ -84,61 +80,25 @@ class Intake:
                 out.append((spec, n))
         return out
 
-    def heal(self) -> Context | None:
-        """Start one more generation on a new participant (its context; None once
-        MAX_GENERATIONS exist)."""
-        if len(self.generations) >= MAX_GENERATIONS:
-            return None
-        ctx = Context()
-        rclpy.init(args=[], context=ctx)
-        self._add(ctx, own=True)
-        return ctx
-
     def close(self) -> None:
-        for g in reversed(self.generations):
-            g.executor.shutdown(timeout_sec=2.0)
-            g.thread.join(2.0)
-            g.node.destroy_node()
-            if g.own_context:
-                g.context.try_shutdown()
-        self.generations.clear()
+        self.executor.shutdown(timeout_sec=2.0)
+        self.thread.join(2.0)
+        self.node.destroy_node()
 
-    def _add(self, ctx: Context, *, own: bool) -> None:
-        gen = len(self.generations)
-        name = f"{self.parent.get_name()}_intake" + (f"_{gen}" if gen else "")
-        node = rclpy.create_node(name, namespace=self.parent.get_namespace(), context=ctx,
-                                 use_global_arguments=False, start_parameter_services=False)
-        deaf = gen == 0 and deaf_hook()
-        for i, spec in enumerate(self.rec.streams):
-            msg_cls, convert = ros_convert.intake_converter(spec)
-            depth = CAMERA_QOS_DEPTH if spec.is_camera else VECTOR_QOS_DEPTH
-            qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=depth, reliability=self.reliability)
-            topic = spec.topic + DEAF_SUFFIX if deaf else spec.topic
-            node.create_subscription(msg_cls, topic, self._callback(gen, i, convert), qos)
-        executor = SingleThreadedExecutor(context=ctx)
-        executor.add_node(node)
-        thread = threading.Thread(target=self._spin, args=(executor, ctx), name=f"capture-intake-{gen}",
-                                  daemon=True)
-        self.generations.append(Generation(gen, ctx, own, node, executor, thread))
-        thread.start()
-
-    def _spin(self, executor: SingleThreadedExecutor, ctx: Context) -> None:
+    def _spin(self) -> None:
         try:
-            executor.spin()
+            self.executor.spin()
         except (ExternalShutdownException, KeyboardInterrupt):
             pass
         except Exception as exc:  # noqa: BLE001 - shutting down while spinning
-            if ctx.ok():
+            if self.parent.context.ok():
                 self.parent.get_logger().error(f"intake executor stopped: {exc!r}")
 
-    def _callback(self, gen: int, i: int, convert: Callable[[Any], Any]) -> Callable[[Any], None]:
+    def _callback(self, i: int, convert: Callable[[Any], Any]) -> Callable[[Any], None]:
         perf, mono = time.perf_counter, time.monotonic
-        rec, active = self.rec, self.active
+        rec = self.rec
 
         def on_message(msg: Any) -> None:
-            if gen < active[i]:
-                return  # a newer generation delivers this stream
-            active[i] = gen
             t = perf()
             recv = mono()
             stamp, payload = convert(msg)
@@ -148,8 +108,41 @@ class Intake:
         return on_message
 
 
+def held_count() -> int:
+    """Placeholder participants this incarnation holds (0: a first start)."""
+    try:
+        return max(0, min(int(os.environ.get(HOLD_ENV, "0")), MAX_RESTARTS))
+    except ValueError:
+        return 0
+
+
+def hold_participants(n: int) -> list[tuple[Context, Node]]:
+    """``n`` participants with one empty node each (rmw_fastrtps makes a context's participant
+    with its first node), created before the real one so they take the lowest free ids."""
+    held = []
+    for k in range(n):
+        ctx = Context()
+        rclpy.init(args=[], context=ctx, signal_handler_options=SignalHandlerOptions.NO)
+        held.append((ctx, rclpy.create_node(f"eva_capture_placeholder_{os.getpid()}_{k}", context=ctx,
+                                            use_global_arguments=False, start_parameter_services=False,
+                                            enable_rosout=False)))
+    return held
+
+
+def release(held: list[tuple[Context, Node]]) -> None:
+    for ctx, node in held:
+        node.destroy_node()
+        ctx.try_shutdown()
+
+
+def restart_with(n: int) -> None:
+    """Replace this process (same pid, same arguments) by one that holds ``n`` placeholders."""
+    env = {**os.environ, HOLD_ENV: str(n)}
+    os.execve(sys.executable, [sys.executable, "-m", "eva_export.nodes.capture_node", *sys.argv[1:]], env)
+
+
 def deaf_hook() -> bool:
-    return os.environ.get(DEAF_HOOK_ENV) == "1"
+    return os.environ.get(DEAF_HOOK_ENV) == "1" and held_count() == 0
 
 
 def describe(deaf: Sequence[tuple[StreamSpec, int]]) -> str:
