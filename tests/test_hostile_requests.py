@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import rosharness
 import yaml
-from capture_helpers import DDS_ENV, write_config
+from capture_helpers import DDS_ENV, wait_receiving, write_config
 from dsfactory import Ep, make_dataset
 from eva_export_interfaces.srv import (
     GetJob,
@@ -263,11 +263,14 @@ def test_hostile_request_table(world: World) -> None:
     pair = w.log / "demo" / "export" / "lerobot_v21"
     pair_before = _tree(pair)
     # One saved take (episode 0 of "pick") to review, then a take recording during the table.
+    # Data must flow first: a START before the streams are received records nothing (CI, load 9).
+    wait_receiving(w.client, _node(w, "cap"), timeout=60)
     r = _call(w, "cap", StartCapture, "start", {"dataset_name": "pick"})
     assert r.success, r.message
     w.client.spin_for(1.0)
-    assert _call(w, "cap", StopCapture, "stop", {}).success
-    _wait_episodes(w, 1)
+    stop = _call(w, "cap", StopCapture, "stop", {})
+    assert stop.success and stop.frames > 0, stop.message
+    assert len(_wait_episodes(w, 1)) == 1, _node(w, "cap").log_tail()
     r = _call(w, "cap", StartCapture, "start", {"dataset_name": "pick"})
     assert r.success, r.message
 

@@ -152,15 +152,20 @@ def run_node(
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:
-        executor.shutdown(timeout_sec=2.0)
+        # a node destroyed while its executor still runs a callback crashes rclpy: wait longer
+        # than any service of ours takes, and leave the node to the exit if that is not enough
+        stopped = executor.shutdown(timeout_sec=10.0)
         if node is not None:
             close = getattr(node, "close", None)
             if callable(close):
                 try:
-                    close()
+                    close()  # the node's own work (e.g. saving an episode) always finishes
                 except Exception as exc:  # noqa: BLE001 - still tear down ROS
                     node.get_logger().error(f"close() failed: {exc!r}")
-            node.destroy_node()
+            if stopped:
+                node.destroy_node()
+            else:
+                node.get_logger().warning("executor still running at shutdown; node left to the exit")
         rclpy.try_shutdown()
     return 0
 
