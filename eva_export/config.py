@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from . import confine
+from .confine import inside as inside  # re-exported: importers of config
 from .errors import ConfigError, UnsafeNameError
 from .formats import registry as _formats
 
@@ -26,13 +27,6 @@ IMAGE_TYPES = ("Image", "CompressedImage")
 def check_name(name: str, what: str = "dataset name") -> str:
     """Refuse a name that could leave its parent directory (see eva_export.confine)."""
     return confine.check_name(name, what)
-
-
-def inside(root: Path, path: Path) -> bool:
-    """True when ``path`` resolves (symlinks and '..' followed) inside ``root``."""
-    root_r = Path(os.path.realpath(root))
-    path_r = Path(os.path.realpath(path))
-    return path_r == root_r or root_r in path_r.parents
 
 
 @dataclass(frozen=True)

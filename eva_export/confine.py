@@ -21,9 +21,10 @@ from __future__ import annotations
 import os
 import re
 import string
+from collections.abc import Sequence
 from pathlib import Path
 
-from .errors import UnsafeNameError
+from .errors import ConfigError, UnsafeNameError
 
 #: Longest dataset name accepted (characters; the pattern is ASCII, so also bytes).
 NAME_MAX = 100
@@ -211,3 +212,22 @@ def check_request_path(path: str, what: str = "source_dir") -> str:
         raise UnsafeNameError(f"{what} is too long (a component over {COMPONENT_MAX_BYTES} bytes or the path "
                               f"over {PATH_MAX_BYTES} bytes)")
     return path
+
+
+def inside(root: Path, path: Path) -> bool:
+    """True when ``path`` resolves (symlinks and '..' followed) inside ``root``."""
+    root_r = Path(os.path.realpath(root))
+    path_r = Path(os.path.realpath(path))
+    return path_r == root_r or root_r in path_r.parents
+
+
+def resolve_in_roots(path: Path, roots: Sequence[Path], what: str, shown: str) -> Path:
+    """``path`` resolved (symlinks and '..' followed), refused unless it is a directory inside
+    one of ``roots``; messages call it ``what`` and show the request's text as ``shown``."""
+    real = Path(os.path.realpath(path))
+    if not any(inside(r, real) for r in roots):
+        raise UnsafeNameError(f"{what} {shown} (resolved {real}) is outside the export data roots "
+                              f"{[str(r) for r in roots]}; refused")
+    if not real.is_dir():
+        raise ConfigError(f"{what} {real} is not a directory")
+    return real

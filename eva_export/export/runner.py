@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import confine
-from ..config import FORMATS, Config, inside
-from ..errors import ConfigError, EvaError, ExportError, UnsafeNameError
+from ..config import FORMATS, Config
+from ..confine import resolve_in_roots
+from ..errors import ConfigError, EvaError, ExportError
 from ..formats.base import Exporter, Progress
 from ..formats.nonfinite import check_accepted
 from ..formats.registry import get_spec
@@ -85,13 +86,8 @@ class ExportService:
         if not str(source_dir):
             raise ConfigError("source_dir is required")
         confine.check_request_path(str(source_dir))  # NUL, over-long names: refused, not OSError
-        source = Path(os.path.realpath(os.path.abspath(source_dir)))
-        roots = self.config.export.data_roots
-        if not any(inside(r, source) for r in roots):
-            raise UnsafeNameError(f"source {source_dir} (resolved {source}) is outside the export data roots "
-                                  f"{[str(r) for r in roots]}; refused")
-        if not source.is_dir():
-            raise ConfigError(f"source {source} is not a directory")
+        source = resolve_in_roots(Path(os.path.abspath(source_dir)), self.config.export.data_roots, "source",
+                                  str(source_dir))
         confine.check_is_source(source)  # an export is never the source of another export
         with self.jobs.lock:
             for job in self.jobs.unfinished():

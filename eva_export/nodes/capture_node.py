@@ -104,13 +104,13 @@ class CaptureNode(Node):
         self.silent_warning = ""
         self._started = time.monotonic()
         self._status_period = status_period
-        self._serve(self)
+        self._serve()
         if self.recorder is not None:
             self._silent_timer = self.create_timer(SILENT_CHECK_S, self._check_silent_streams)
         self.get_logger().info(f"config_file={self.config_file!r} dds_profile="
                                f"{os.environ.get(ros_convert.DDS_PROFILE_ENV, '')!r}")
 
-    def _serve(self, node: Node) -> None:
+    def _serve(self) -> None:
         """The services and the status topic (by full name; the test hook renames them)."""
         base, group = self.get_fully_qualified_name(), service_group()
         deaf = intake.DEAF_SUFFIX if intake.deaf_hook() else ""
@@ -119,9 +119,9 @@ class CaptureNode(Node):
                 (CancelCapture, "cancel", self._on_cancel), (ListEpisodes, "list_episodes", self._on_list_episodes),
                 (ReviewEpisode, "review", self._on_review), (IngestBag, "ingest", self._on_ingest),
                 (GetJob, "get_job", self._on_get_job)):
-            create_guarded_service(node, srv, f"{base}/{name}{deaf}", handler, group)
-        self.status_pub = node.create_publisher(CaptureStatus, f"{base}/status", STATUS_QOS_DEPTH)
-        self.status_timer = create_status_timer(node, self.status_pub, self.build_status, self._status_period)
+            create_guarded_service(self, srv, f"{base}/{name}{deaf}", handler, group)
+        self.status_pub = self.create_publisher(CaptureStatus, f"{base}/status", STATUS_QOS_DEPTH)
+        self.status_timer = create_status_timer(self, self.status_pub, self.build_status, self._status_period)
 
     def close(self) -> None:
         if self.intake is not None:

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import confine
-from ..config import Config, inside
+from ..config import Config
+from ..confine import resolve_in_roots
 from ..dataset.records import Severity
 from ..errors import ConfigError, EvaError, UnsafeNameError
 from ..fsutil import tree_size
@@ -101,14 +102,7 @@ class CheckService:
             path = Path(dataset)
         else:
             path = self.config.collection.dataset_dir(dataset)  # name checked, kept inside log_dir
-        real = Path(os.path.realpath(path))
-        roots = self.config.export.data_roots
-        if not any(inside(r, real) for r in roots):
-            raise UnsafeNameError(f"dataset {confine.short_repr(dataset, 120)} (resolved {real}) is outside the "
-                                  f"export data roots {[str(r) for r in roots]}; refused")
-        if not real.is_dir():
-            raise ConfigError(f"dataset {real} is not a directory")
-        return real
+        return resolve_in_roots(path, self.config.export.data_roots, "dataset", confine.short_repr(dataset, 120))
 
     def check(self, dataset: str, write: bool = False, sidecar: bool = False) -> CheckResult:
         """Run the rules on one dataset; with ``write`` store the verdicts (as ``eva-export
