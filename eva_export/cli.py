@@ -13,9 +13,10 @@ import os
 import sys
 from pathlib import Path
 
-from .config import FORMATS, Config, load_config, parse_config
+from .config import Config, load_config, parse_config
 from .dataset.records import REVIEW_VERDICTS, Subset
 from .errors import EvaError
+from .formats.registry import FORMATS
 from .formats.registry import SPECS as FORMAT_SPECS
 from .jobs import COMPLETED, JobStore
 from .quality.cli import add_check_command

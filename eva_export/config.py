@@ -17,9 +17,7 @@ import yaml
 from . import confine
 from .confine import inside as inside  # re-exported: importers of config
 from .errors import ConfigError, UnsafeNameError
-from .formats import registry as _formats
 
-FORMATS = tuple(_formats.FORMATS)  # the registry is the only list of formats
 VECTOR_TYPES = ("JointState", "Float64MultiArray")
 IMAGE_TYPES = ("Image", "CompressedImage")
 

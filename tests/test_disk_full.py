@@ -16,11 +16,11 @@ import pytest
 from diskfull import fill, tmpfs, unfill
 from dsfactory import Ep, make_dataset, make_subset
 
-from eva_export.config import FORMATS, parse_config
+from eva_export.config import parse_config
 from eva_export.errors import EvaError
 from eva_export.export.paths import ExportPaths
 from eva_export.export.runner import ExportService
-from eva_export.formats.registry import get_exporter
+from eva_export.formats.registry import FORMATS, get_exporter
 from eva_export.jobs import COMPLETED, FAILED
 
 REPO = Path(__file__).resolve().parents[1]

@@ -45,7 +45,7 @@ def test_export_through_the_node(node_factory, ros_client, config_file: Path, tm
     assert not r.success and "outside the export data roots" in r.message and r.job_id == ""
     assert not (tmp_path / "elsewhere" / "export").exists()
     r = ros_client.call(StartExport, node.service("start"), StartExport.Request(source_dir=str(src), format="zip"))
-    assert not r.success and "unknown format" in r.message
+    assert not r.success and "unknown export format" in r.message
     empty = ros_client.call(GetJob, node.service("get_job"), GetJob.Request(job_id=""))
     assert not empty.success and empty.message
 

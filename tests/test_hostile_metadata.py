@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 from dsfactory import Ep, make_dataset
 
-from eva_export.config import FORMATS, parse_config
+from eva_export.config import parse_config
 from eva_export.errors import DatasetError, EvaError
 from eva_export.export.runner import ExportService
+from eva_export.formats.registry import FORMATS
 from eva_export.jobs import FAILED
 
 DEEP = 100_000

@@ -194,7 +194,7 @@ REQUESTS = [
     Req("export_pair_dir", "exp", "start", StartExport,
         lambda w: {"source_dir": str(w.log / "demo/export"), "format": "hdf5"}, "not a source"),
     Req("export_long_format", "exp", "start", StartExport,
-        lambda w: {"source_dir": str(w.log / "demo" / "raw"), "format": "f" * 10_000}, "unknown format"),
+        lambda w: {"source_dir": str(w.log / "demo" / "raw"), "format": "f" * 10_000}, "unknown export format"),
     Req("export_unicode", "exp", "start", StartExport,
         lambda w: {"source_dir": str(w.log / "d\u00e9mo\u202e" / "raw"), "format": "mcap"}, "not a directory"),
     Req("get_job_traversal", "exp", "get_job", GetJob, lambda w: {"job_id": w.secret_job}, "no job"),

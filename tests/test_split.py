@@ -16,12 +16,13 @@ from dsfactory import Ep, make_dataset, state_value
 from eva_export.config import parse_config
 from eva_export.dataset.records import EpisodeRow
 from eva_export.dataset.validate import validate_dataset, validate_source
-from eva_export.errors import ConfigError, DatasetError, ExportError, UnsafeNameError
+from eva_export.errors import DatasetError, ExportError, UnsafeNameError
 from eva_export.export.paths import ExportPaths, export_root
 from eva_export.export.records import ACCEPTED, REJECTED, QualitySplit
 from eva_export.export.runner import ExportService
 from eva_export.export.split import classify
 from eva_export.formats.lerobot_v21 import verify_v21
+from eva_export.formats.registry import UnknownFormatError
 from eva_export.fsutil import atomic_write_json, atomic_write_jsonl, iter_jsonl, read_json
 from eva_export.jobs import COMPLETED, FAILED
 
@@ -261,7 +262,7 @@ def test_refusals(tmp_path: Path) -> None:
     src = make_dataset(tmp_path / "logs" / "demo" / "raw", [Ep(frames=5)], cameras=1, width=32, height=24)
     outside = make_dataset(tmp_path / "elsewhere" / "raw", [Ep(frames=5)], cameras=1, width=32, height=24)
     svc = service(tmp_path / "logs")
-    with pytest.raises(ConfigError, match="unknown format"):
+    with pytest.raises(UnknownFormatError, match="unknown export format 'zip'"):
         svc.run(src, "zip")
     with pytest.raises(UnsafeNameError, match="outside the export data roots"):
         svc.run(outside, "lerobot_v21")

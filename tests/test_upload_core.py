@@ -342,7 +342,7 @@ def _refusal_cases(tmp_path: Path, cfg: Config) -> Export:
     ("marker_missing", r"cannot read .*quality_split.json"),
     ("marker_rejected", r"says subset 'rejected': a rejected directory is never uploaded"),
     ("no_backend", r"no upload backend is configured"),
-    ("unknown_format", r"format 'parquet' is not one of"),
+    ("unknown_format", r"unknown export format .parquet.; registered formats"),
     ("empty_accepted", r"accepted subset is empty \(0 of 2 episodes accepted\): nothing to upload; 2 episode\(s\) "
                        r"have no quality field and no verdict"),
 ])

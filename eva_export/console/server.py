@@ -30,10 +30,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..config import FORMATS
 from ..dataset.records import REVIEW_VERDICTS, Quality
 from ..errors import DatasetError, UnsafeNameError
 from ..export.paths import ExportPaths
+from ..formats.registry import FORMATS
 from . import data, pages
 from .httpio import (
     MAX_NAME,
@@ -246,7 +246,7 @@ class ConsoleHandler(BaseHTTPRequestHandler):
         shown = [r for r in rows if (not red_only or r["quality"] == Quality.RED)
                  and (not unreviewed_only or not r["qc_verdict"])]
         self._send_html(pages.episodes_page(name, ok, msg, rows, shown, red_only, unreviewed_only,
-                                            self.server.csrf_token, FORMATS, self.server.upload_configured))
+                                            self.server.csrf_token, list(FORMATS), self.server.upload_configured))
 
     def _episode_page(self, name: str, index: int) -> None:
         self._send_html(pages.episode_page(name, index, self.server.csrf_token))

@@ -3,7 +3,7 @@
 ``ExportService`` is shared by the export node (background worker) and the CLI (``run``,
 synchronous). Requests are refused at once, with a reason, when:
 
-* the format is not one of ``config.FORMATS`` (ConfigError);
+* the format is not registered in ``formats.registry`` (UnknownFormatError, the registry's own);
 * the source, after resolving symlinks and '..', is not inside ``export.data_roots``
   (UnsafeNameError), or is not a directory;
 * the same source already has an export queued or running in this service (ExportError):
@@ -21,6 +21,7 @@ publication (publish.py) -> staging removed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import shutil
@@ -29,18 +30,19 @@ from pathlib import Path
 from typing import Any
 
 from .. import confine
-from ..config import FORMATS, Config
+from ..config import Config
 from ..confine import resolve_in_roots
 from ..errors import ConfigError, EvaError, ExportError
 from ..formats.base import Exporter, Progress
 from ..formats.nonfinite import check_accepted
-from ..formats.registry import get_spec
+from ..formats.registry import FormatSpec, get_spec
 from ..fsutil import storage_guard
 from ..jobs import Job, JobEngine, JobKind, JobStore, QueuePolicy, ServiceStatus
 from ..sources.registry import validate_any
 from .paths import SUBSETS, ExportPaths
 from .publish import export_lock, publish_pair, recover_pair
 from .records import ACCEPTED, REJECTED
+from .request import ExportRequest
 from .split import Faults, NativeSplit, SplitProgress, prepare_staging
 from .units import native_dir
 
@@ -49,19 +51,15 @@ log = logging.getLogger(__name__)
 SAVE_PERIOD_S = 0.25
 
 
-def exporter_options(config: Config, fmt: str) -> dict[str, Any]:
-    """Constructor options of a format's exporter, from the export section of the config."""
-    return get_spec(fmt).options(config.export)
-
-
-def load_exporter(fmt: str, **options: Any) -> Exporter:
+def load_exporter(fmt: str | FormatSpec, **options: Any) -> Exporter:
     """The format's exporter from the registry (its module imported now, not before)."""
+    spec = fmt if isinstance(fmt, FormatSpec) else get_spec(fmt)
     try:
-        return get_spec(fmt).make(**options)
+        return spec.make(**options)
     except EvaError:
         raise
     except Exception as exc:  # noqa: BLE001 - name the format, whatever the import raised
-        raise ExportError(f"no exporter for {fmt!r}: {exc}") from exc
+        raise ExportError(f"no exporter for {spec.name!r}: {exc}") from exc
 
 
 class ExportService:
@@ -79,10 +77,9 @@ class ExportService:
             self.jobs.start_worker()
 
     # ---- requests --------------------------------------------------------------------------
-    def check_request(self, source_dir: str | os.PathLike[str], fmt: str) -> Path:
-        """Refuse a bad request (raises); returns the resolved source directory."""
-        if fmt not in FORMATS:
-            raise ConfigError(f"unknown format {fmt!r}; choose one of {list(FORMATS)}")
+    def check_request(self, source_dir: str | os.PathLike[str], fmt: str) -> ExportRequest:
+        """Refuse a bad request (raises); returns it resolved: source directory and format spec."""
+        spec = get_spec(fmt)  # the only lookup of the format name (UnknownFormatError)
         if not str(source_dir):
             raise ConfigError("source_dir is required")
         confine.check_request_path(str(source_dir))  # NUL, over-long names: refused, not OSError
@@ -94,26 +91,29 @@ class ExportService:
                 if job.source_dir == str(source):
                     raise ExportError(f"source {source} already has export {job.job_id} ({job.format}) "
                                       f"{job.state}; wait for it to finish, then start again")
-        return source
+        return ExportRequest(source, spec)
 
-    def _new_job(self, source: Path, fmt: str) -> Job:
-        paths = ExportPaths.of(source, fmt)
-        return self.jobs.add(Job.new(JobKind.EXPORT, str(source), fmt, accepted_dir=str(paths.accepted),
-                                     rejected_dir=str(paths.rejected)))
+    def _new_job(self, request: ExportRequest) -> Job:
+        paths = ExportPaths.of(request.source, request.fmt)
+        return self.jobs.add(Job.new(JobKind.EXPORT, str(request.source), request.fmt,
+                                     accepted_dir=str(paths.accepted), rejected_dir=str(paths.rejected)))
 
     def start(self, source_dir: str | os.PathLike[str], fmt: str) -> Job:
         """Queue an export; returns the queued job at once."""
         if not self.jobs.has_worker:
             raise ExportError("this ExportService has no worker; use run()")
         with self.jobs.lock:  # check and enqueue atomically: two equal requests cannot both pass
-            job = self._new_job(self.check_request(source_dir, fmt), fmt)
-            self.jobs.submit(job.job_id, self._export, self._staging_left)
+            request = self.check_request(source_dir, fmt)
+            job = self._new_job(request)
+            self.jobs.submit(job.job_id, functools.partial(self._export, spec=request.spec), self._staging_left)
             return job
 
     def run(self, source_dir: str | os.PathLike[str], fmt: str) -> Job:
         """Run an export in the calling thread (the CLI); returns the finished job."""
-        job = self._new_job(self.check_request(source_dir, fmt), fmt)
-        return self.jobs.execute(job.job_id, self._export, on_failure=self._staging_left)
+        request = self.check_request(source_dir, fmt)
+        job = self._new_job(request)
+        return self.jobs.execute(job.job_id, functools.partial(self._export, spec=request.spec),
+                                 on_failure=self._staging_left)
 
     # ---- queries ---------------------------------------------------------------------------
     def get(self, job_id: str) -> Job | None:
@@ -145,19 +145,18 @@ class ExportService:
             return contextlib.nullcontext()
         return pool.local_pool(self.config.export.workers)
 
-    def _export(self, job_id: str) -> dict[str, Any]:
+    def _export(self, job_id: str, *, spec: FormatSpec) -> dict[str, Any]:
         with self._unit_pool():
-            return self._export_job(job_id)
+            return self._export_job(job_id, spec)
 
-    def _export_job(self, job_id: str) -> dict[str, Any]:
+    def _export_job(self, job_id: str, spec: FormatSpec) -> dict[str, Any]:
         job = self.jobs.job(job_id)
         faults = Faults(self.fail_at)
-        fmt = job.format
+        fmt = spec.name
         source = Path(job.source_dir)
         paths = ExportPaths.of(source, fmt)
-        spec = get_spec(fmt)
         exporter = (self.exporters[fmt]() if fmt in self.exporters
-                    else load_exporter(fmt, **exporter_options(self.config, fmt)))
+                    else load_exporter(spec, **spec.options(self.config.export)))
         if paths.backups():
             with export_lock(paths):
                 # A kill between the two publication renames left the old pair in .backup-*:

@@ -1,8 +1,10 @@
 """The export formats: one ``FormatSpec`` each, the only place a format is defined.
 
-Everything that names formats derives from ``SPECS``: ``config.FORMATS`` (what a config and
-a request may name), the export job's exporter options, the upload gate, the CLI choices and
-help, the verifier (``eva-export verify`` and the export job's check before publication).
+Everything that names formats derives from ``SPECS`` and reads ``FORMATS`` when it runs (no
+copies): the export request (resolved once, ``export/request.py``), the exporter options, the
+upload gate, the CLI choices and help, the console, the verifier (``eva-export verify`` and the
+export job's check before publication). ``get_spec`` is the one lookup and
+``UnknownFormatError`` the one refusal of a name that is not registered.
 
 Adding a format = one module ``formats/<name>.py`` with an exporter class (``export`` and
 ``verify``, see base.Exporter) + one ``FormatSpec`` line below + its tests and docs.
@@ -28,8 +30,8 @@ from .base import Exporter, VerifyReport
 class ExportConfig(Protocol):
     """The export settings the exporters' options are read from: ``config.ExportConfig``.
 
-    A protocol, not an import: config imports this module (its FORMATS), so naming config's
-    class here would close an import circle, even one seen by the type checker only.
+    A protocol, not an import: this module stays below config in the layers (config's
+    class named here would be an import from a lower layer up, even for the type checker).
     """
 
     @property
@@ -51,7 +53,7 @@ class FormatSpec:
     """One export format and everything the rest of the code needs to know about it."""
 
     name: str  # the dataset_format value on disk and in requests
-    exporter: str  # "module:Class" inside eva_export.formats, imported on first use
+    exporter: str  # "module:Class" inside eva_export.formats (or "pkg.module:Class"), imported on first use
     description: str  # one line, for docs and CLI help
     embedded_images: bool = False  # images inside the episode files (no MP4s, total_videos 0)
     # The native split's output already is this format: its exporter only relabels the staged
@@ -63,7 +65,8 @@ class FormatSpec:
     def load(self) -> type[Exporter]:
         """The exporter class (imports its module, and with it the format's libraries)."""
         module, cls_name = self.exporter.split(":")
-        cls: type[Exporter] = getattr(importlib.import_module(f"{__package__}.{module}"), cls_name)
+        qualified = module if "." in module else f"{__package__}.{module}"
+        cls: type[Exporter] = getattr(importlib.import_module(qualified), cls_name)
         return cls
 
     def make(self, **options: Any) -> Exporter:

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Collection
 from pathlib import Path
 
-from ..config import FORMATS, SftpSettings, check_name
+from ..config import SftpSettings, check_name
 from ..errors import UnsafeNameError, UploadRefused
 from ..export.records import ACCEPTED, QUALITY_SPLIT_FILE, QualitySplit
+from ..formats.registry import UnknownFormatError, get_spec
 from ..jobs import COMPLETED, Job, JobKind, JobStore
 
 
@@ -130,8 +131,10 @@ def check_upload(
     """
     if not request_source_dir or not fmt or not accepted_dir:
         raise UploadRefused("source_dir, format and accepted_dir are all required")
-    if fmt not in FORMATS:
-        raise UploadRefused(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
+    try:
+        get_spec(fmt)  # the registry's own "unknown export format" message
+    except UnknownFormatError as exc:
+        raise UploadRefused(str(exc)) from None
     if sftp is None:
         raise UploadRefused(
             "no upload backend is configured (collection.storage.sftp is missing); nothing was started"
