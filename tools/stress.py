@@ -27,6 +27,16 @@ GROUPS = {
     "export_kill": ["tests/test_export_kill.py"],
     "console": ["tests/test_console.py"],
 }
+# export_kill: each run kills 24 exports by default (~8 min on 2 busy cores); under stress a
+# run kills STRESS_KILL_TRIALS (8) with its own seed, so 20 runs are 160 different kill points
+# instead of the same 24 twenty times.
+KILL_TRIALS = os.environ.get("STRESS_KILL_TRIALS", "8")
+
+
+def group_env(group: str, run: int) -> dict[str, str]:
+    if group == "export_kill":
+        return {"EVA_KILL_TRIALS": KILL_TRIALS, "EVA_KILL_SEED": str(1000 + run)}
+    return {}
 
 
 def start_hog() -> subprocess.Popen[bytes]:
@@ -35,11 +45,13 @@ def start_hog() -> subprocess.Popen[bytes]:
     return hog
 
 
-def run_group(paths: list[str], log: Path) -> tuple[bool, float]:
-    env = {**os.environ, "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST"}
+def run_group(paths: list[str], log: Path, extra: dict[str, str]) -> tuple[bool, float]:
+    env = {**os.environ, "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST", **extra}
     env.pop("EVA_TEST_DOMAIN_ID", None)  # each run derives its own domain id from its pid
     t0 = time.monotonic()
     with open(log, "ab") as fh:
+        fh.write(f"\n==== {time.strftime('%H:%M:%S')} {' '.join(paths)} {extra} ====\n".encode())
+        fh.flush()
         rc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *paths],
                             cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
     return rc == 0, time.monotonic() - t0
@@ -63,7 +75,7 @@ def main() -> int:
             log.unlink(missing_ok=True)
             results = []
             for i in range(args.runs):
-                ok, secs = run_group(GROUPS[group], log)
+                ok, secs = run_group(GROUPS[group], log, group_env(group, i))
                 results.append((ok, secs))
                 print(f"[stress] {group} run {i + 1}/{args.runs}: {'pass' if ok else 'FAIL'} "
                       f"({secs:.0f} s, load {os.getloadavg()[0]:.1f})", flush=True)
