@@ -109,6 +109,7 @@ MODULES = [
     "eva_export.capture.align",
     "eva_export.capture.align_types",
     "eva_export.capture.clock",
+    "eva_export.capture.track",
     "eva_export.capture.checks",
     "eva_export.capture.stream",
     "eva_export.capture.episode",

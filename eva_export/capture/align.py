@@ -18,11 +18,14 @@ The rule (one definition, used by the recorder and tested in tests/test_capture_
     and delivery jitter does not move a message on the grid.
   - a message without a stamp (Float64MultiArray) or with a zero stamp is placed by its receive
     time corrected the same way, with the stamp it does not carry replaced by its sample
-    number: message n is taken one period after message n-1, and never after it arrived
-    (``ClockOffset._follow``: the running minimum of receive time minus sample time, followed message by
-    message and kept within ``UNSTAMPED_HOLD_S`` of the arrival). A burst of late messages
-    keeps its period spacing instead of piling up in one slot, so a stall of the publisher or
-    of our callbacks does not read as lost messages.
+    number (``ReceiveTrack``, track.py): message n is taken one period after message n-1, and
+    never after it arrived. The count of messages received against the periods elapsed tells
+    lateness from loss. Messages that arrive bunched after a gap or behind a backlog (a starved
+    host, a held sample) fill the slots they missed, by order, however long the backlog grew
+    (up to ``UNSTAMPED_BACKLOG_S``, what the node's subscription keeps), so they are late, not
+    lost. Lost messages never catch up: when every arrival of the last ``LOSS_WINDOW_S`` was
+    behind the track by whole periods, the track moves up by those periods and the slots in
+    between are drops. A silence longer than ``PAUSE_S`` is a pause: the track starts over.
 
   Cases: stamps from another host's clock (a constant offset, seconds or hours) are absorbed by
   the offset estimate; a clock that steps forward is followed at once (the minimum drops), one
