@@ -39,8 +39,8 @@ def test_late_delivery_without_loss_is_green_with_every_frame_in_order(tmp_path,
     eps = wait_episodes(ros_client, cap, 1)
     root = tmp_path / "datasets" / "pick" / "raw"
     row = episode_rows(root)[0]
-    assert eps[0].quality == "green", row["quality_issues"]
     stats = row["stream_stats"]
+    assert eps[0].quality == "green", (row["quality_issues"], json.dumps(stats))  # stats: why, if red
     # stamped streams: placed by their stamps, nothing lost; the unstamped Float64MultiArray is
     # placed by its reconstructed track (a heuristic): at most a stray slot on a starved host
     assert all(stats[n]["dropped"] == 0 for n in ("state", "front", "wrist")), json.dumps(stats)

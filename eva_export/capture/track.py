@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 
 #: An unstamped message is placed at most this long before its arrival (a backlog of the
 #: receiver: the capture node's vector subscriptions keep 2 s of a 100 Hz stream, so a longer
 #: one has lost messages anyway).
 UNSTAMPED_BACKLOG_S = 2.0
-#: A track that stayed behind every arrival for this long, by whole periods, lost that many
-#: messages: it moves up to the arrivals and the slots in between become drops.
+#: A track that stayed behind every arrival for this long, steadily and by whole periods, lost
+#: that many messages: it moves up to the arrivals and the slots in between become drops.
 LOSS_WINDOW_S = 2.0
 #: A silence this long is a pause of the publisher: the track starts over at the arrivals.
 PAUSE_S = 1.0
@@ -33,7 +34,8 @@ class ReceiveTrack:
         self._arrivals: deque[float] = deque(maxlen=_PERIOD_ARRIVALS)
         self._t: float | None = None
         self._run_start = 0.0
-        self._lags: deque[tuple[float, float]] = deque()  # (recv, lag), lags increasing
+        self._lags: deque[tuple[float, float]] = deque()  # (recv, lag): the window's least lag first
+        self._highs: deque[tuple[float, float]] = deque()  # (recv, lag): its largest first
         self._moved = 0.0  # how far the track moved up since the lags were noted
 
     @property
@@ -50,6 +52,7 @@ class ReceiveTrack:
             self._arrivals.clear()
             self._run_start, self._moved = recv, 0.0
             self._lags.clear()
+            self._highs.clear()
         self._arrivals.append(recv)
         period = self.period
         if period is None or self._t is None:
@@ -61,20 +64,28 @@ class ReceiveTrack:
         return t
 
     def _lost(self, recv: float, lag: float, period: float) -> float:
-        """How far to move the track up: the whole periods every arrival of the last
-        ``LOSS_WINDOW_S`` was behind it (0 while any arrival was on the track)."""
-        lags = self._lags
+        """How far to move the track up: the whole periods by which every arrival of the last
+        ``LOSS_WINDOW_S`` was behind it, when that lag held steady (within a period). A backlog
+        of a starved host is not steady (it grows while the host is starved and shrinks when it
+        drains), loss is: the messages after it still come at the period."""
         noted = lag + self._moved
-        while lags and lags[-1][1] >= noted:
-            lags.pop()  # a windowed minimum: entries larger than a newer one never matter
-        lags.append((recv, noted))
-        while lags[0][0] < recv - LOSS_WINDOW_S:
-            lags.popleft()
-        if recv - self._run_start < LOSS_WINDOW_S:
+        _window_push(self._lags, recv, noted, lambda old: old >= noted)
+        _window_push(self._highs, recv, noted, lambda old: old <= noted)
+        if recv - self._run_start < LOSS_WINDOW_S or self._highs[0][1] - self._lags[0][1] >= period:
             return 0.0
-        behind = lags[0][1] - self._moved
-        missing = math.floor(behind / period + 1e-6)
+        missing = math.floor((self._lags[0][1] - self._moved) / period + 1e-6)
         if missing < 1:
             return 0.0
         self._moved += missing * period
         return missing * period
+
+
+def _window_push(q: deque[tuple[float, float]], recv: float, value: float,
+                 dominated: Callable[[float], bool]) -> None:
+    """A windowed extreme of the last ``LOSS_WINDOW_S``: entries a newer one dominates never
+    matter again; the extreme is ``q[0]``."""
+    while q and dominated(q[-1][1]):
+        q.pop()
+    q.append((recv, value))
+    while q[0][0] < recv - LOSS_WINDOW_S:
+        q.popleft()
