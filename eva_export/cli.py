@@ -23,10 +23,14 @@ from .quality.cli import add_check_command
 from .upload.cli import add_upload_commands  # no paramiko until an upload runs
 
 
-def standalone_config(source: str) -> Config:
+def standalone_config(source: str, *more: str) -> Config:
     """Defaults for ``export SRC`` without --config: the source's parent is the data root (and
-    holds the job records in .jobs/); nothing else of a config matters to an export."""
+    holds the job records in .jobs/); nothing else of a config matters to an export. Several
+    sources: the directory holding all their datasets (a ``raw`` source's dataset is its parent)."""
     parent = Path(os.path.realpath(os.path.abspath(source))).parent
+    if more:
+        homes = [Path(os.path.realpath(os.path.abspath(s))) for s in (source, *more)]
+        parent = Path(os.path.commonpath([(h.parent if h.name == "raw" else h).parent for h in homes]))
     return parse_config({"collection": {"log_dir": str(parent)}})
 
 
@@ -50,15 +54,17 @@ def _batch(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from .export.runner import ExportService
 
-    source = args.source or args.source_opt
-    if not source:
-        print("eva-export: export needs the source directory (eva-export export SRC --format F)", file=sys.stderr)
+    sources = list(args.source) + ([args.source_opt] if args.source_opt else [])
+    if not sources:
+        print("eva-export: export needs the source directory (eva-export export SRC [SRC ...] --format F)",
+              file=sys.stderr)
         return 2
+    source = sources[0] if len(sources) == 1 else " ".join(sources)
     try:
-        config = with_workers(load_config(args.config) if args.config else standalone_config(source),
+        config = with_workers(load_config(args.config) if args.config else standalone_config(*sources),
                               args.workers)
         svc = ExportService(config, background=False, recover=False)
-        job = svc.run(source, args.fmt)
+        job = svc.run(sources, args.fmt, args.name or "")
     except EvaError as exc:
         print(f"eva-export: refused: {exc}", file=sys.stderr)
         return 2
@@ -233,8 +239,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eva-export", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("export", help="quality-split and export a raw dataset: LeRobot v2.1, v3.0 or v2.0 (synchronous)")
-    p.add_argument("source", nargs="?", help="the raw dataset directory (LeRobot v2.1, v3.0 or v2.0)")
+    p.add_argument("source", nargs="*", help="the raw dataset directory (LeRobot v2.1, v3.0 or v2.0); several are "
+                   "merged into one accepted/rejected pair (--name required)")
     p.add_argument("--source", dest="source_opt", help="the same, as an option")
+    p.add_argument("--name", help="the merged set's name: its pair goes to <data root>/NAME/export/<format>")
     p.add_argument("--config", help="the eva_export YAML config (default: data root = the source's parent)")
     p.add_argument("--format", required=True, dest="fmt", choices=FORMATS,
                    help="; ".join(f"{s.name}: {s.description}" for s in FORMAT_SPECS))
@@ -250,6 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the episode units as Ray tasks: 'auto' joins the running cluster, 'local' starts "
                         "one on this machine, or a cluster address (needs pip install .[ray])")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
+    p.add_argument("--merge", action="store_true",
+                   help="one merged set per task (datasets grouped by their tasks), ROOT/merged_<task>/export/<format>")
     p.set_defaults(func=_batch)
     p = sub.add_parser("review", help="set or clear the operator verdict of episodes (no ROS needed)")
     p.add_argument("dir", help="the dataset directory (v2.1: its rows; v3.0 / v2.0: the meta/ sidecar)")

@@ -105,6 +105,7 @@ MODULES = [
     "eva_export.pool",
     "eva_export.export.publish",
     "eva_export.export.paths",
+    "eva_export.export.merge",
     "eva_export.export.clean",
     "eva_export.capture.align",
     "eva_export.capture.align_types",

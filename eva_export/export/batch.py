@@ -14,6 +14,10 @@ source state (``<export>/.batch-<format>.json`` records the source hash and the 
 pair's quality_split.json must carry that job id) is skipped; an interrupted one resumes from
 its staging (finished units are reused). One failing dataset is reported and never stops the
 others. Assumes every worker sees the same filesystem paths (see README, Shared storage).
+
+With ``--merge`` the datasets are grouped by their task (a dataset's set of task texts) and each
+group is one merged export (export/merge.py) named after the task, under ROOT: one verified
+set per task of the day. Its record covers every source of the group.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -34,6 +39,7 @@ from typing import Any
 
 from .. import confine, pool
 from ..config import Config, parse_config
+from ..dataset.meta import TASKS
 from ..dataset.validate import source_hash
 from ..errors import EvaError, ExportError
 from ..fsutil import atomic_write_json, read_json
@@ -81,16 +87,73 @@ def find_datasets(root: Path) -> list[Path]:
     return sorted(found)
 
 
+@dataclass(frozen=True)
+class BatchItem:
+    """One export of the batch: a dataset, or (``--merge``) a task's datasets merged as ``name``."""
+
+    label: str  # what the summary calls it: the dataset relative to ROOT, or the merged set's name
+    sources: tuple[Path, ...]
+    name: str = ""
+    error: str = ""  # why it cannot be exported (reported as failed, the others go on)
+
+    def paths(self, root: Path, fmt: str) -> ExportPaths:
+        return ExportPaths.named(root / self.name, fmt) if self.name else ExportPaths.of(self.sources[0], fmt)
+
+    def state_hash(self) -> str:
+        """The sources' state (a single dataset: its source hash, as records before --merge have)."""
+        if not self.name:
+            return source_hash(self.sources[0])
+        return "+".join(f"{os.path.realpath(s)}={source_hash(s)}" for s in self.sources)
+
+
+def dataset_tasks(src: Path) -> tuple[str, ...]:
+    """A dataset's task texts from its metadata (tasks.jsonl, or a v3.0 tasks.parquet)."""
+    if (src / TASKS).is_file():
+        rows = [json.loads(line) for line in (src / TASKS).read_text(encoding="utf-8").splitlines() if line.strip()]
+        return tuple(sorted(str(r["task"]) for r in rows))
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(src / "meta" / "tasks.parquet")
+    col = "task" if "task" in table.column_names else "__index_level_0__"
+    return tuple(sorted(str(t) for t in table.column(col).to_pylist()))
+
+
+def task_slug(tasks: tuple[str, ...]) -> str:
+    """A merged set's name from its task texts, within the dataset name rule (confine.check_name)."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", "+".join(tasks)).strip("._-")[:confine.NAME_MAX - 12] or "task"
+    return f"merged_{slug}"
+
+
+def merge_groups(root: Path, datasets: list[Path]) -> list[BatchItem]:
+    """The datasets grouped by task set (first appearance order); one item per group."""
+    groups: dict[tuple[str, ...], list[Path]] = {}
+    failed: list[BatchItem] = []
+    for src in datasets:
+        try:
+            groups.setdefault(dataset_tasks(src), []).append(src)
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # reported as a failed item
+            failed.append(BatchItem(str(src.relative_to(root)), (src,), error=f"{src / TASKS}: unreadable ({exc})"))
+    items, used = [], set()
+    for tasks, srcs in groups.items():
+        name = task_slug(tasks)
+        while name in used:
+            name += "_"
+        used.add(name)
+        items.append(BatchItem(name, tuple(srcs), name))
+    return items + failed
+
+
 def _record_path(paths: ExportPaths) -> Path:
     return paths.root / f".batch-{paths.fmt}.json"
 
 
-def is_current(src: Path, fmt: str) -> str | None:
+def is_current(src: Path | BatchItem, fmt: str, root: Path | None = None) -> str | None:
     """The job id of a published pair made by the batch from this exact source state, or None."""
-    paths = ExportPaths.of(src, fmt)
+    item = src if isinstance(src, BatchItem) else BatchItem(str(src), (src,))
+    paths = item.paths(root or item.sources[0], fmt)
     try:
         rec = read_json(_record_path(paths))
-        if rec.get("source_hash") != source_hash(src):
+        if rec.get("source_hash") != item.state_hash():
             return None
         for sub in (paths.accepted, paths.rejected):
             if not (sub / QUALITY_SPLIT_FILE).is_file() or QualitySplit.read(sub).job_id != rec.get("job_id"):
@@ -104,21 +167,26 @@ def batch_config(root: Path, workers: int) -> Config:
     return parse_config({"collection": {"log_dir": str(root)}, "export": {"workers": workers}})
 
 
-def export_one(config: Config, root: Path, src: Path, fmt: str) -> DatasetResult:
-    """Export one dataset with the active executor; never raises (the result says what failed)."""
+def export_one(config: Config, root: Path, src: Path | BatchItem, fmt: str) -> DatasetResult:
+    """Export one dataset (or merged group) with the active executor; never raises (the result
+    says what failed)."""
     from .runner import ExportService
 
-    name = str(src.relative_to(root)) if src.is_relative_to(root) else str(src)
+    item = src if isinstance(src, BatchItem) else BatchItem(
+        str(src.relative_to(root)) if src.is_relative_to(root) else str(src), (src,))
+    name = item.label
     t0 = time.monotonic()
     try:
-        done = is_current(src, fmt)
+        if item.error:
+            raise ExportError(item.error)
+        done = is_current(item, fmt, root)
         if done is not None:
-            paths = ExportPaths.of(src, fmt)
+            paths = item.paths(root, fmt)
             qa, qr = QualitySplit.read(paths.accepted), QualitySplit.read(paths.rejected)
             return DatasetResult(name, "skipped", qa.episode_count, qr.episode_count,
                                  time.monotonic() - t0, job_id=done)
-        h = source_hash(src)  # before the export: a review during it makes the record stale
-        job = ExportService(config, background=False, recover=False).run(src, fmt)
+        h = item.state_hash()  # before the export: a review during it makes the record stale
+        job = ExportService(config, background=False, recover=False).run(list(item.sources), fmt, item.name)
     except Exception as exc:  # noqa: BLE001 - one dataset never stops the others
         return DatasetResult(name, "failed", seconds=time.monotonic() - t0, error=f"{type(exc).__name__}: {exc}"
                              if not isinstance(exc, EvaError) else str(exc))
@@ -126,23 +194,25 @@ def export_one(config: Config, root: Path, src: Path, fmt: str) -> DatasetResult
                         job.rejected_episodes, time.monotonic() - t0, job.reused_episodes, job.error, job.job_id)
     if job.state == COMPLETED:
         try:
-            atomic_write_json(_record_path(ExportPaths.of(src, fmt)),
+            atomic_write_json(_record_path(item.paths(root, fmt)),
                               {"source_hash": h, "job_id": job.job_id, "format": fmt, "finished_at": time.time()})
         except OSError as exc:  # the pair is published; only the skip on rerun is lost
-            log.warning("%s: cannot record the batch result: %s", src, exc)
+            log.warning("%s: cannot record the batch result: %s", name, exc)
     return res
 
 
 def run_batch(root: Path, fmt: str, *, workers: int | None = None, ray_address: str | None = None,
               on_result: Callable[[DatasetResult], None] | None = None,
-              ray_init: dict[str, Any] | None = None) -> list[DatasetResult]:
-    """Export every dataset under ``root``; results in dataset order."""
+              ray_init: dict[str, Any] | None = None, merge: bool = False) -> list[DatasetResult]:
+    """Export every dataset under ``root`` (``merge``: one merged set per task); results in
+    dataset (group) order."""
     root = Path(os.path.realpath(root))
     if not root.is_dir():
         raise ExportError(f"batch root {root} is not a directory")
-    datasets = find_datasets(root)
+    found = find_datasets(root)
+    datasets: list[Path | BatchItem] = list(merge_groups(root, found)) if merge else list(found)
     report = on_result or (lambda r: None)
-    results: dict[Path, DatasetResult] = {}
+    results: dict[Path | BatchItem, DatasetResult] = {}
     if ray_address is None:
         n = max(1, int(workers or pool.default_workers()))
         config = batch_config(root, n)
@@ -155,7 +225,7 @@ def run_batch(root: Path, fmt: str, *, workers: int | None = None, ray_address: 
         config = batch_config(root, rp.workers)
         lock = threading.Lock()
 
-        def one(src: Path) -> None:
+        def one(src: Path | BatchItem) -> None:
             with pool.using(rp):  # a fresh thread: its context starts empty
                 r = export_one(config, root, src, fmt)
             with lock:
@@ -275,7 +345,7 @@ def main_batch(args: argparse.Namespace) -> int:
         return 2
     try:
         results = run_batch(Path(args.root), args.fmt, workers=args.workers or None, ray_address=args.ray,
-                            on_result=lambda r: print(f"eva-export batch: {r.dataset}: {r.result}", file=sys.stderr))
+                            merge=bool(getattr(args, "merge", False)), on_result=lambda r: print(f"eva-export batch: {r.dataset}: {r.result}", file=sys.stderr))
     except EvaError as exc:
         print(f"eva-export: refused: {exc}", file=sys.stderr)
         return 2

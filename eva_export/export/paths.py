@@ -1,7 +1,8 @@
 """Where an export of a source goes, and where its staging, backup and lock live.
 
 ``<log_dir>/<name>/raw`` exports to ``<log_dir>/<name>/export/<format>/{accepted,rejected}``;
-a source with another name ``S`` exports to ``S_export/<format>/{accepted,rejected}``.
+a source with another name ``S`` exports to ``S_export/<format>/{accepted,rejected}``; a named
+export (one or several sources, merge.py) to ``<data root>/<name>/export/<format>/...``.
 
 The directory ``<export>/<format>`` holds exactly the published pair and is published as one
 unit (see publish.py); its staging root, backups and lock file live beside it in ``<export>``.
@@ -42,6 +43,14 @@ class ExportPaths:
     def of(cls, source_dir: Path, fmt: str) -> ExportPaths:
         confine.check_name(fmt, "format")  # it names directories and lock files beside the pair
         return cls(Path(os.path.realpath(source_dir)), fmt, export_root(source_dir))
+
+    @classmethod
+    def named(cls, home: Path, fmt: str) -> ExportPaths:
+        """A named export (merge.py): ``<data root>/<name>/export/<format>``; ``source_dir`` is
+        the home, which no single source's export uses."""
+        confine.check_name(fmt, "format")
+        real = Path(os.path.realpath(home))
+        return cls(real, fmt, real / "export")
 
     @property
     def pair_dir(self) -> Path:

@@ -25,13 +25,14 @@ import functools
 import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from .. import confine
 from ..config import Config
 from ..confine import resolve_in_roots
+from ..dataset.validate import SourceCheck
 from ..errors import ConfigError, EvaError, ExportError
 from ..formats.base import Exporter, Progress
 from ..formats.nonfinite import check_accepted
@@ -39,6 +40,7 @@ from ..formats.registry import FormatSpec, get_spec
 from ..fsutil import storage_guard
 from ..jobs import Job, JobEngine, JobKind, JobStore, QueuePolicy, ServiceStatus
 from ..sources.registry import validate_any
+from .merge import check_agree, check_infos, combined_hash
 from .paths import SUBSETS, ExportPaths
 from .publish import export_lock, publish_pair, recover_pair
 from .records import ACCEPTED, REJECTED
@@ -49,6 +51,13 @@ from .units import native_dir
 log = logging.getLogger(__name__)
 
 SAVE_PERIOD_S = 0.25
+
+SourceArg = str | os.PathLike[str]
+
+
+def source_list(source_dir: SourceArg | Sequence[SourceArg]) -> list[SourceArg]:
+    """One source or several, as a list (a str is one source, not a sequence of them)."""
+    return [source_dir] if isinstance(source_dir, (str, os.PathLike)) else list(source_dir)
 
 
 def load_exporter(fmt: str | FormatSpec, **options: Any) -> Exporter:
@@ -71,6 +80,7 @@ class ExportService:
         self.store = JobStore(config.export.jobs_dir)
         self.fail_at = fail_at  # fault injection for tests: a step name (see Faults)
         self.exporters = dict(exporters or {})  # format -> factory; overrides the registry (tests)
+        self._requests: dict[str, ExportRequest] = {}  # job id -> its request (several sources, a name)
         self.jobs = JobEngine(self.store, name="export", policy=QueuePolicy.SERIAL, save_period_s=SAVE_PERIOD_S,
                               recover=recover, claim=True)
         if background:
@@ -91,28 +101,61 @@ class ExportService:
                 if job.source_dir == str(source):
                     raise ExportError(f"source {source} already has export {job.job_id} ({job.format}) "
                                       f"{job.state}; wait for it to finish, then start again")
-        return ExportRequest(source, spec)
+        return ExportRequest((source,), spec)
+
+    def check_export(self, sources: Sequence[SourceArg], fmt: str, name: str = "") -> ExportRequest:
+        """Refuse a bad request (raises); returns it as a typed request of resolved sources.
+        Several sources need a ``name`` (merge.py); the pair then goes to ``<data root>/<name>``."""
+        if not sources:
+            get_spec(fmt)  # an unknown format is named first, as for one source
+            raise ConfigError("source_dir is required")
+        first, *more = (self.check_request(s, fmt) for s in sources)
+        request = ExportRequest((first.source, *(r.source for r in more)), first.spec, name)
+        home = str(request.home(self.config.export.data_roots)) if request.named else ""
+        if len(request.sources) > 1:  # refused at once when the declared features disagree
+            check_infos(request.sources)
+        with self.jobs.lock:
+            for job in self.jobs.unfinished():
+                other = self._requests.get(job.job_id)
+                shared = [s for s in request.sources if other is not None and s in other.sources]
+                if shared or (home and job.source_dir == home):
+                    raise ExportError(f"{shared[0] if shared else home} is in export {job.job_id} ({job.format}) "
+                                      f"{job.state}; wait for it to finish, then start again")
+        return request
+
+    def paths(self, job: Job) -> ExportPaths:
+        """Where the job's pair, staging and lock live."""
+        request = self._requests.get(job.job_id)
+        if request is not None and request.named:
+            return ExportPaths.named(Path(job.source_dir), job.format)
+        return ExportPaths.of(Path(job.source_dir), job.format)
 
     def _new_job(self, request: ExportRequest) -> Job:
-        paths = ExportPaths.of(request.source, request.fmt)
-        return self.jobs.add(Job.new(JobKind.EXPORT, str(request.source), request.fmt,
-                                     accepted_dir=str(paths.accepted), rejected_dir=str(paths.rejected)))
+        if request.named:
+            paths = ExportPaths.named(request.home(self.config.export.data_roots), request.fmt)
+        else:
+            paths = ExportPaths.of(request.sources[0], request.fmt)
+        job = Job.new(JobKind.EXPORT, str(paths.source_dir), request.fmt, accepted_dir=str(paths.accepted),
+                      rejected_dir=str(paths.rejected))
+        self._requests[job.job_id] = request
+        return self.jobs.add(job)
 
-    def start(self, source_dir: str | os.PathLike[str], fmt: str) -> Job:
-        """Queue an export; returns the queued job at once."""
+    def start(self, source_dir: SourceArg | Sequence[SourceArg], fmt: str, name: str = "") -> Job:
+        """Queue an export of one source or several (merged, ``name`` required); returns the
+        queued job at once."""
         if not self.jobs.has_worker:
             raise ExportError("this ExportService has no worker; use run()")
         with self.jobs.lock:  # check and enqueue atomically: two equal requests cannot both pass
-            request = self.check_request(source_dir, fmt)
+            request = self.check_export(source_list(source_dir), fmt, name)
             job = self._new_job(request)
-            self.jobs.submit(job.job_id, functools.partial(self._export, spec=request.spec), self._staging_left)
+            self.jobs.submit(job.job_id, functools.partial(self._export, request=request), self._staging_left)
             return job
 
-    def run(self, source_dir: str | os.PathLike[str], fmt: str) -> Job:
+    def run(self, source_dir: SourceArg | Sequence[SourceArg], fmt: str, name: str = "") -> Job:
         """Run an export in the calling thread (the CLI); returns the finished job."""
-        request = self.check_request(source_dir, fmt)
+        request = self.check_export(source_list(source_dir), fmt, name)
         job = self._new_job(request)
-        return self.jobs.execute(job.job_id, functools.partial(self._export, spec=request.spec),
+        return self.jobs.execute(job.job_id, functools.partial(self._export, request=request),
                                  on_failure=self._staging_left)
 
     # ---- queries ---------------------------------------------------------------------------
@@ -145,16 +188,31 @@ class ExportService:
             return contextlib.nullcontext()
         return pool.local_pool(self.config.export.workers)
 
-    def _export(self, job_id: str, *, spec: FormatSpec) -> dict[str, Any]:
+    def _export(self, job_id: str, *, request: ExportRequest) -> dict[str, Any]:
         with self._unit_pool():
-            return self._export_job(job_id, spec)
+            return self._export_job(job_id, request)
 
-    def _export_job(self, job_id: str, spec: FormatSpec) -> dict[str, Any]:
+    def _validate(self, request: ExportRequest, paths: ExportPaths) -> tuple[SourceCheck, ...]:
+        """Every source validated (any kind) and checked to agree, before anything is written."""
+        try:
+            checks = tuple(validate_any(s, allow_empty_dataset=False) for s in request.sources)
+            check_agree(checks)  # several sources: one feature set, or a refusal naming the source
+        except EvaError:
+            # The source changed into something invalid: an earlier run's staging of it can
+            # never be reused. Remove it rather than keep it (it may be large).
+            if paths.staging.exists():
+                with export_lock(paths):
+                    log.warning("%s: removing stale staging %s", paths.source_dir, paths.staging)
+                    shutil.rmtree(paths.staging, ignore_errors=True)
+            raise
+        return checks
+
+    def _export_job(self, job_id: str, request: ExportRequest) -> dict[str, Any]:
         job = self.jobs.job(job_id)
         faults = Faults(self.fail_at)
+        spec = request.spec
         fmt = spec.name
-        source = Path(job.source_dir)
-        paths = ExportPaths.of(source, fmt)
+        paths = self.paths(job)
         exporter = (self.exporters[fmt]() if fmt in self.exporters
                     else load_exporter(spec, **spec.options(self.config.export)))
         if paths.backups():
@@ -162,21 +220,13 @@ class ExportService:
                 # A kill between the two publication renames left the old pair in .backup-*:
                 # put it back first, so a validation failure below cannot leave it there.
                 recover_pair(paths)
-        try:
-            check = validate_any(source, allow_empty_dataset=False)  # any source kind; before anything is written
-        except EvaError:
-            # The source changed into something invalid: an earlier run's staging of it can
-            # never be reused. Remove it rather than keep it (it may be large).
-            if paths.staging.exists():
-                with export_lock(paths):
-                    log.warning("%s: removing stale staging %s", source, paths.staging)
-                    shutil.rmtree(paths.staging, ignore_errors=True)
-            raise
+        checks = self._validate(request, paths)
         faults.check("validate")
-        n = len(check.episodes)
         # Each source episode counts once: in the split for the native format, else when the
         # format's exporter writes it (counting both phases showed 8/8 for 4 episodes).
-        self.jobs.update(job_id, episodes_total=n, files_total=check.files_total, bytes_total=check.bytes_total)
+        self.jobs.update(job_id, episodes_total=sum(len(c.episodes) for c in checks),
+                         files_total=sum(c.files_total for c in checks),
+                         bytes_total=sum(c.bytes_total for c in checks))
         self.jobs.save(job_id, force=True)
 
         def on_unit(_p: Any, files: int, nbytes: int, reused: bool) -> None:
@@ -186,9 +236,11 @@ class ExportService:
 
         with export_lock(paths), storage_guard(paths.staging, f"{fmt} export: writing"):
             recover_pair(paths)
-            prepare_staging(paths.staging, check.root, fmt, check.source_hash)
-            split = NativeSplit(check, paths.staging, job_id, progress=SplitProgress(on_unit),
-                                faults=faults).run()
+            home = paths.source_dir if request.named else None
+            # the staging is reused only for the same sources in the same state (all of them hashed)
+            prepare_staging(paths.staging, home or checks[0].root, fmt, combined_hash(checks))
+            split = NativeSplit(checks, paths.staging, job_id, progress=SplitProgress(on_unit),
+                                faults=faults, home=home).run()
             # a v3.0 source episode that could not be cut exactly was re-encoded: said in the job
             self.jobs.update(job_id, unrated_episodes=len(split.unrated), reencoded_episodes=len(split.reencoded))
             # NaN/inf in accepted episodes: refused (naming them) or kept and recorded, per export.nonfinite
@@ -205,7 +257,7 @@ class ExportService:
 
     def _staging_left(self, job: Job) -> dict[str, Any]:
         """A failed job names the staging it leaves (kept for resume) and its size."""
-        staging = ExportPaths.of(Path(job.source_dir), job.format).staging
+        staging = self.paths(job).staging
         return {"staging_dir": str(staging), "staging_bytes": tree_bytes(staging)} if staging.is_dir() else {}
 
     def _convert(self, job_id: str, exporter: Exporter, staging: Path, faults: Faults, count: bool) -> Path:

@@ -1,6 +1,8 @@
-"""The quality split: a validated raw v2.1 source -> complete native accepted/rejected datasets.
+"""The quality split: validated sources -> complete native accepted/rejected datasets.
 
-The source is any kind sources/ validates (v2.1, v3.0, v2.0); the subsets are always real v2.1.
+A source is any kind sources/ validates (v2.1, v3.0, v2.0); the subsets are always real v2.1.
+Several sources (a named export, merge.py) are split together into one pair: episodes in
+source order then episode order, tasks merged by text; one source is the N=1 case.
 The unit of work is the source episode (units.py): its files are written straight to their
 templated v2.1 paths inside ``<staging>/native/<subset>``, then its record is renamed into
 place: the commit point. A rerun after a kill reuses every unit with a
@@ -29,6 +31,8 @@ from ..dataset.validate import SourceCheck, SourceEpisode
 from ..errors import ExportError
 from ..fsutil import atomic_write_json, dumps_json, jsonl_dumps, read_json
 from ..quality.store import quality_for, read_sidecar
+from .merge import ORIGINS_KEY, SOURCE_DATASET_FIELD, SOURCES_KEY, EpisodeOrigin, SourceRef, merged_robot_type
+from .merge import provenance as source_provenance
 from .records import ACCEPTED, QUALITY_SPLIT_FILE, REJECTED, QualitySplit
 from .units import (
     REENCODED_FIELD,
@@ -81,40 +85,68 @@ class Faults:
 
 @dataclass
 class SplitPlan:
-    check: SourceCheck
+    checks: tuple[SourceCheck, ...]  # in request order; one for a classic export
     subsets: dict[str, list[PlannedEpisode]]
     tasks: dict[str, list[tuple[int, str]]]  # subset -> [(new task_index, text)]
+    home: Path | None = None  # a named export's home: its marker's source_dir, provenance in rows
+
+    @property
+    def check(self) -> SourceCheck:
+        return self.checks[0]
+
+    @property
+    def info(self) -> DatasetInfo:
+        """The subsets' info: the first source's (the sources agree on every feature, merge.py)."""
+        info = DatasetInfo.from_dict(self.check.meta.info.to_dict())
+        info.robot_type = merged_robot_type(self.checks) if len(self.checks) > 1 else info.robot_type
+        return info
 
     @property
     def unrated(self) -> list[int]:
         """Source indices of the episodes with no quality field, no verdict and no sidecar record."""
-        sidecar = read_sidecar(self.check.root)
-        return [e.index for e in self.check.episodes if is_unrated(quality_for(e.row, sidecar.get(e.index)))]
+        out = []
+        for check in self.checks:
+            sidecar = read_sidecar(check.root)
+            out += [e.index for e in check.episodes if is_unrated(quality_for(e.row, sidecar.get(e.index)))]
+        return out
 
     @property
     def in_source_order(self) -> list[PlannedEpisode]:
         items = [p for s in self.subsets.values() for p in s]
-        return sorted(items, key=lambda p: p.source.index)
+        return sorted(items, key=lambda p: (p.source_no, p.source.index))
 
 
-def plan_split(check: SourceCheck) -> SplitPlan:
+def _task_maps(checks: tuple[SourceCheck, ...], eps: list[tuple[int, SourceEpisode]]
+               ) -> tuple[list[tuple[int, str]], list[dict[int, int]]]:
+    """One subset's tasks merged by text (first use in source order, then task index) and each
+    source's old -> new task index map."""
+    texts: dict[str, int] = {}
+    maps: list[dict[int, int]] = []
+    for no, check in enumerate(checks):
+        task_text = check.meta.task_text
+        used = sorted({t for n, e in eps if n == no for t in e.task_indices})
+        maps.append({old: texts.setdefault(task_text[old], len(texts)) for old in used})
+    return [(i, t) for t, i in texts.items()], maps
+
+
+def plan_split(checks: SourceCheck | tuple[SourceCheck, ...], home: Path | None = None) -> SplitPlan:
     """Assign each source episode its subset, new index, frame offset and task remapping."""
+    checks = checks if isinstance(checks, tuple) else (checks,)
     subsets: dict[str, list[PlannedEpisode]] = {ACCEPTED: [], REJECTED: []}
     tasks: dict[str, list[tuple[int, str]]] = {}
-    task_text = check.meta.task_text
-    by_subset: dict[str, list[SourceEpisode]] = {ACCEPTED: [], REJECTED: []}
-    sidecar = read_sidecar(check.root)  # offline verdicts of rows that carry none (quality/store.py)
-    for ep in check.episodes:  # episodes.jsonl order
-        by_subset[classify(quality_for(ep.row, sidecar.get(ep.index)))].append(ep)
+    by_subset: dict[str, list[tuple[int, SourceEpisode]]] = {ACCEPTED: [], REJECTED: []}
+    for no, check in enumerate(checks):
+        sidecar = read_sidecar(check.root)  # offline verdicts of rows that carry none (quality/store.py)
+        for ep in check.episodes:  # episodes.jsonl order
+            by_subset[classify(quality_for(ep.row, sidecar.get(ep.index)))].append((no, ep))
     for name, eps in by_subset.items():
-        used = sorted({t for e in eps for t in e.task_indices})
-        remap = {old: new for new, old in enumerate(used)}
-        tasks[name] = [(remap[old], task_text[old]) for old in used]
+        tasks[name], maps = _task_maps(checks, eps)
         offset = 0
-        for new, ep in enumerate(eps):
-            subsets[name].append(PlannedEpisode(ep, name, new, offset, remap))
+        for new, (no, ep) in enumerate(eps):
+            prov = source_provenance(checks[no]) if home is not None else {}
+            subsets[name].append(PlannedEpisode(ep, name, new, offset, maps[no], no, prov))
             offset += ep.rows
-    return SplitPlan(check, subsets, tasks)
+    return SplitPlan(checks, subsets, tasks, home)
 
 
 @dataclass
@@ -178,8 +210,7 @@ def build_units(plan: SplitPlan, staging: Path, progress: SplitProgress, faults:
     """
     from .. import pool
 
-    info = plan.check.meta.info
-    ep_stats = plan.check.meta.episodes_stats
+    info = plan.info
     reused = 0
     units: list[pool.Unit] = []
     planned: dict[str, PlannedEpisode] = {}
@@ -189,6 +220,7 @@ def build_units(plan: SplitPlan, staging: Path, progress: SplitProgress, faults:
             progress.on_unit(p, 1 + len(p.source.video_paths), p.source.bytes, True)
             continue
         unit_record(staging, p).unlink(missing_ok=True)
+        ep_stats = plan.checks[p.source_no].meta.episodes_stats
         src_stats = ep_stats[p.source.index].stats if p.source.index in ep_stats else {}
         name = f"{p.subset} episode {p.new_index} (source episode {p.source.index})"
         fail = faults.fail_at == f"unit:{p.source.index}"
@@ -210,7 +242,7 @@ def build_units(plan: SplitPlan, staging: Path, progress: SplitProgress, faults:
 # ---- assembly -----------------------------------------------------------------------------------
 def assemble_subset(plan: SplitPlan, name: str, staging: Path, marker: QualitySplit) -> SubsetResult:
     """Write the meta files of the native subset whose units are in place (marker last)."""
-    src_info = plan.check.meta.info
+    src_info = plan.info
     items = plan.subsets[name]
     out = native_dir(staging, name)
     meta = out / "meta"
@@ -244,8 +276,8 @@ def assemble_subset(plan: SplitPlan, name: str, staging: Path, marker: QualitySp
 
 def judged_rows(plan: SplitPlan) -> dict[str, list[EpisodeRow]]:
     """Each side's rows as the split rule judged them (the sidecar's rating applied)."""
-    sidecar = read_sidecar(plan.check.root)
-    return {name: [quality_for(p.source.row, sidecar.get(p.source.index)) for p in items]
+    sidecars = [read_sidecar(c.root) for c in plan.checks]
+    return {name: [quality_for(p.source.row, sidecars[p.source_no].get(p.source.index)) for p in items]
             for name, items in plan.subsets.items()}
 
 
@@ -257,31 +289,38 @@ def make_marker(plan: SplitPlan, name: str, fmt: str, job_id: str,
     items = plan.subsets[name]
     judged = judged if judged is not None else judged_rows(plan)
     decisions = SplitDecisions.of(judged[ACCEPTED], judged[REJECTED])
+    # for the dataset card: why each side holds its episodes, and which tool split them
+    extra: dict[str, Any] = {DECISIONS_KEY: decisions.to_dict(), TOOL_VERSION_KEY: __version__}
+    home = plan.home if plan.home is not None else Path(os.path.realpath(plan.check.root))
+    if plan.home is not None:  # a named export: every source, and where each episode came from
+        extra[SOURCES_KEY] = [SourceRef.of(c).to_dict() for c in plan.checks]
+        extra[ORIGINS_KEY] = [EpisodeOrigin(str(p.provenance[SOURCE_DATASET_FIELD]), p.source.index).to_dict()
+                              for p in items]
     return QualitySplit(
-        source_dir=str(Path(os.path.realpath(plan.check.root))), subset=name, dataset_format=fmt,
+        source_dir=str(home), subset=name, dataset_format=fmt,
         source_episode_indices=[p.source.index for p in items],
         episode_count=len(items), frame_count=sum(p.source.rows for p in items),
         accepted_count=len(plan.subsets[ACCEPTED]), rejected_count=len(plan.subsets[REJECTED]),
         created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), job_id=job_id,
-        unrated_count=len(plan.unrated),
-        # for the dataset card: why each side holds its episodes, and which tool split them
-        extra={DECISIONS_KEY: decisions.to_dict(), TOOL_VERSION_KEY: __version__},
+        unrated_count=len(plan.unrated), extra=extra,
     )
 
 
 @dataclass
 class NativeSplit:
-    """Runs the native split of one validated source inside a staging root."""
+    """Runs the native split of validated sources (one, or several for a named export) inside a
+    staging root."""
 
-    check: SourceCheck
+    check: SourceCheck | tuple[SourceCheck, ...]
     staging: Path
     job_id: str
     marker_format: str = FORMAT_V21
     progress: SplitProgress = field(default_factory=SplitProgress)
     faults: Faults = field(default_factory=Faults)
+    home: Path | None = None  # a named export's home (merge.py)
 
     def run(self) -> SplitResult:
-        plan = plan_split(self.check)
+        plan = plan_split(self.check, self.home)
         reused, built = build_units(plan, self.staging, self.progress, self.faults)
         self.faults.check("split_units")
         out: dict[str, SubsetResult] = {}

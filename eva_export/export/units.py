@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,8 @@ class PlannedEpisode:
     new_index: int
     offset: int  # global index of its first frame within the subset
     task_map: dict[int, int]
+    source_no: int = 0  # which source of the request (merge.py); 0 for a single source
+    provenance: dict[str, Any] = field(default_factory=dict)  # row fields of a named export (merge.py)
 
 
 def native_dir(staging: Path, subset: str) -> Path:
@@ -84,6 +86,8 @@ def unit_is_complete(staging: Path, p: PlannedEpisode, info: DatasetInfo) -> boo
         u = UnitRecord.from_dict(read_json(unit_record(staging, p)))
         if (u.source_episode_index, u.episode_index, u.rows, u.offset) != (
                 p.source.index, p.new_index, p.source.rows, p.offset):
+            return False
+        if any(u.row.get(k) != v for k, v in p.provenance.items()):  # another source's unit
             return False
         data, videos = unit_files(staging, p, info)
         with pq.ParquetFile(data) as pf:
@@ -146,6 +150,7 @@ def build_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats
     row = src.row.to_dict()
     row["episode_index"] = p.new_index
     row["source_episode_index"] = src.index
+    row.update(p.provenance)  # a named export: the source dataset (and robot type) of this episode
     if reencoded:  # provenance: these cameras are not the source's bytes (no exact cut existed)
         row[REENCODED_FIELD] = reencoded
     rec = unit_record(staging, p)
