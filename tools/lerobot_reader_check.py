@@ -94,16 +94,18 @@ def import_lerobot() -> tuple[Any, str]:
 
     import torch
 
-    # The torchvision wheel available here is a CUDA build: on CPU torch its import fails with
-    # "operator torchvision::nms does not exist" unless these op schemas exist. LeRobot's
-    # dataset code never calls them.
-    try:
-        lib = torch.library.Library("torchvision", "FRAGMENT")
-        lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        import_lerobot._lib = lib  # type: ignore[attr-defined]  # keep the registration alive
-    except RuntimeError:
-        pass  # already defined (a working torchvision build)
+    # The torchvision wheel available here is a CUDA build: on CPU torch (the 0.4.4 venv) its
+    # import fails with "operator torchvision::nms does not exist" unless these op schemas
+    # exist. LeRobot's dataset code never calls them. A matching torchvision (the CUDA torch of
+    # the 0.6.1 venv) registers them itself, and a schema defined before it aborts the process.
+    if "+cpu" in torch.__version__:
+        try:
+            lib = torch.library.Library("torchvision", "FRAGMENT")
+            lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+            lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+            import_lerobot._lib = lib  # type: ignore[attr-defined]  # keep the registration alive
+        except RuntimeError:
+            pass  # already defined (a working torchvision build)
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     return LeRobotDataset, md.version("lerobot")
