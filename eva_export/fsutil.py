@@ -148,22 +148,47 @@ def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
 
 def iter_jsonl_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """``iter_jsonl`` with each object's line number."""
+    for lineno, _offset, obj in iter_jsonl_spans(path):
+        yield lineno, obj
+
+
+def iter_jsonl_spans(path: Path) -> Iterator[tuple[int, int, dict[str, Any]]]:
+    """``iter_jsonl_lines`` with each line's byte offset, so a reader can keep offsets and
+    parse a line again later (read_jsonl_line) instead of holding every object."""
     with open(path, "rb") as fh:
-        lineno = 0
+        lineno = offset = 0
         while raw := fh.readline(jsonbound.MAX_BYTES + 1):  # bounded: a 1 GB line is not read whole
             lineno += 1
-            try:
-                if len(raw) > jsonbound.MAX_BYTES:
-                    raise ValueError(f"line {lineno}: longer than {jsonbound.MAX_BYTES} bytes")
-                line = jsonbound.decode(raw, lineno).strip()
-                if not line:
-                    continue
-                obj = jsonbound.loads(line, lineno)
-            except ValueError as exc:
-                raise ValueError(f"{path}:{str(exc).removeprefix('line ')}") from None
-            if not isinstance(obj, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object")
-            yield lineno, obj
+            obj = _jsonl_object(path, raw, lineno)
+            if obj is not None:
+                yield lineno, offset, obj
+            offset += len(raw)
+
+
+def read_jsonl_line(path: Path, offset: int, lineno: int) -> dict[str, Any]:
+    """The object on the line at byte ``offset`` (line ``lineno``) of a JSON Lines file."""
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        obj = _jsonl_object(path, fh.readline(jsonbound.MAX_BYTES + 1), lineno)
+    if obj is None:
+        raise ValueError(f"{path}:{lineno}: expected a JSON object")
+    return obj
+
+
+def _jsonl_object(path: Path, raw: bytes, lineno: int) -> dict[str, Any] | None:
+    """One line's object (None for a blank line); ValueError naming ``path:line``."""
+    try:
+        if len(raw) > jsonbound.MAX_BYTES:
+            raise ValueError(f"line {lineno}: longer than {jsonbound.MAX_BYTES} bytes")
+        line = jsonbound.decode(raw, lineno).strip()
+        if not line:
+            return None
+        obj = jsonbound.loads(line, lineno)
+    except ValueError as exc:
+        raise ValueError(f"{path}:{str(exc).removeprefix('line ')}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}:{lineno}: expected a JSON object")
+    return obj
 
 
 def tree_size(root: Path) -> tuple[int, int]:
