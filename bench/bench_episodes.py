@@ -58,6 +58,10 @@ elif mode == "job":
     t0 = time.perf_counter()  # the operation, without the interpreter's imports
     job = ExportService(cfg, background=False, recover=False).run(src, "lerobot_v21")
     assert job.state == "completed", job.error
+elif mode == "validate":  # source validation alone (read_meta and every table and MP4 checked)
+    from eva_export.dataset.validate import validate_source
+    t0 = time.perf_counter()
+    validate_source(src)
 else:  # an exporter on a subset carrying its quality_split.json
     from eva_export.formats.registry import get_exporter
     get_exporter(mode).export(src, out)
@@ -166,15 +170,21 @@ def report(results: list[dict[str, Any]], memory: dict[int, dict[str, float]]) -
 
 
 def memory_rows(sizes: list[int], sources: dict[int, Path], base: Path, baseline: Path | None,
-                formats: list[str]) -> str:
-    """Peak RSS of the job and the exporters at each size, each checkout in turn."""
+                formats: list[str], job_max: int) -> str:
+    """Peak RSS of validation, the job and the exporters at each size (the job and exporters up
+    to ``job_max`` episodes), each checkout in turn."""
     repos = [("this checkout", REPO)] + ([("baseline", baseline)] if baseline else [])
     head = " | ".join(f"{n} episodes" for n in sizes)
-    lines = [f"| peak RSS MB | {head} | {sizes[-1]} / {sizes[0]} | goal <= 1.1x |",
+    lines = [f"| peak RSS MB | {head} | largest / smallest | goal <= 1.1x |",
              "|---|" + "---|" * (len(sizes) + 2)]
     for label, repo in repos:
         rows: dict[str, list[float]] = {}
         for n in sizes:
+            res = run_child("validate", sources[n], base / "out_job", repo)
+            rows.setdefault("validate_source", []).append(res["peak_rss_mb"])
+            print(f"{label} {n} validate {res['seconds']:.1f} s {res['peak_rss_mb']:.0f} MB", file=sys.stderr)
+            if n > job_max:
+                continue
             load = os.getloadavg()[0]
             res = run_child("job", sources[n], base / "out_job", repo)
             shutil.rmtree(base / "out_job", ignore_errors=True)
@@ -188,10 +198,11 @@ def memory_rows(sizes: list[int], sources: dict[int, Path], base: Path, baseline
                 rows.setdefault(f"{fmt} exporter", []).append(res["peak_rss_mb"])
                 print(f"{label} {n} {fmt} {res['seconds']:.1f} s {res['peak_rss_mb']:.0f} MB", file=sys.stderr)
             shutil.rmtree(sub, ignore_errors=True)
-        for name, mb in rows.items():
+        for name, mb in rows.items():  # the job and exporters may stop at --job-max
             ratio = mb[-1] / mb[0]
-            lines.append(f"| {name} ({label}) | " + " | ".join(f"{m:.0f}" for m in mb)
-                         + f" | {ratio:.2f}x | {'met' if ratio <= 1.1 else 'NOT met'} |")
+            cells = [f"{m:.0f}" for m in mb] + ["-"] * (len(sizes) - len(mb))
+            lines.append(f"| {name} ({label}) | " + " | ".join(cells)
+                         + f" | {ratio:.2f}x ({sizes[len(mb) - 1]} / {sizes[0]}) | {'met' if ratio <= 1.1 else 'NOT met'} |")
     return "\n".join(lines)
 
 
@@ -201,6 +212,7 @@ def main() -> int:
     ap.add_argument("--memory", action="store_true", help="peak RSS only (job and exporters), one run per size")
     ap.add_argument("--sizes", default=None, help="comma-separated episode counts (multiples of 20)")
     ap.add_argument("--formats", default="lerobot_v3,hdf5,mcap", help="exporters measured with --memory")
+    ap.add_argument("--job-max", type=int, default=0, help="--memory: job and exporters only up to this size")
     ap.add_argument("--baseline", type=Path, default=None, help="another checkout whose job runs in the same rounds")
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args()
@@ -219,7 +231,8 @@ def main() -> int:
         print(f"built sources in {time.perf_counter() - t0:.1f} s under {base}", file=sys.stderr)
         if args.memory:
             loads = [os.getloadavg()[0]]
-            table = memory_rows(sizes, sources, base, args.baseline, [f for f in args.formats.split(",") if f])
+            table = memory_rows(sizes, sources, base, args.baseline, [f for f in args.formats.split(",") if f],
+                                args.job_max or sizes[-1])
             loads.append(os.getloadavg()[0])
             print(f"load average {min(loads):.1f}-{max(loads):.1f}\n\n{table}")
             return 0

@@ -11,7 +11,7 @@ import os
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from . import jsonbound
 from .errors import StorageError
@@ -148,34 +148,25 @@ def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
 
 def iter_jsonl_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """``iter_jsonl`` with each object's line number."""
-    for lineno, _offset, obj in iter_jsonl_spans(path):
+    for lineno, _offset, _length, obj in iter_jsonl_spans(path):
         yield lineno, obj
 
 
-def iter_jsonl_spans(path: Path) -> Iterator[tuple[int, int, dict[str, Any]]]:
-    """``iter_jsonl_lines`` with each line's byte offset, so a reader can keep offsets and
-    parse a line again later (read_jsonl_line) instead of holding every object."""
-    with open(path, "rb") as fh:
+def iter_jsonl_spans(path: Path, fh: BinaryIO | None = None) -> Iterator[tuple[int, int, int, dict[str, Any]]]:
+    """``iter_jsonl_lines`` with each line's byte offset and length, so a reader can keep where
+    a row is and parse it again later (``jsonl_object``) instead of holding every object.
+    ``fh``: the file already open (read from its start); ``path`` then only names it."""
+    with contextlib.nullcontext(fh) if fh is not None else open(path, "rb") as f:
         lineno = offset = 0
-        while raw := fh.readline(jsonbound.MAX_BYTES + 1):  # bounded: a 1 GB line is not read whole
+        while raw := f.readline(jsonbound.MAX_BYTES + 1):  # bounded: a 1 GB line is not read whole
             lineno += 1
-            obj = _jsonl_object(path, raw, lineno)
+            obj = jsonl_object(path, raw, lineno)
             if obj is not None:
-                yield lineno, offset, obj
+                yield lineno, offset, len(raw), obj
             offset += len(raw)
 
 
-def read_jsonl_line(path: Path, offset: int, lineno: int) -> dict[str, Any]:
-    """The object on the line at byte ``offset`` (line ``lineno``) of a JSON Lines file."""
-    with open(path, "rb") as fh:
-        fh.seek(offset)
-        obj = _jsonl_object(path, fh.readline(jsonbound.MAX_BYTES + 1), lineno)
-    if obj is None:
-        raise ValueError(f"{path}:{lineno}: expected a JSON object")
-    return obj
-
-
-def _jsonl_object(path: Path, raw: bytes, lineno: int) -> dict[str, Any] | None:
+def jsonl_object(path: Path, raw: bytes, lineno: int) -> dict[str, Any] | None:
     """One line's object (None for a blank line); ValueError naming ``path:line``."""
     try:
         if len(raw) > jsonbound.MAX_BYTES:

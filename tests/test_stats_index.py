@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from pathlib import Path
 
 import pytest
@@ -53,16 +54,34 @@ def test_a_later_duplicate_row_wins_as_before(tmp_path: Path, raw: Path) -> None
     assert isinstance(stats, StatsIndex) and stats.line_of(0) == 3
 
 
-def test_a_file_changed_after_reading_is_refused_naming_it(tmp_path: Path) -> None:
+def test_a_file_replaced_after_reading_keeps_the_snapshot(tmp_path: Path) -> None:
+    """The capture writer replaces the file (atomically) when it commits an episode during an
+    export: the export goes on with the rows it read, as with a dict of rows."""
     root = make_dataset(tmp_path / "raw", [Ep(frames=3), Ep(frames=4)])
     meta = read_meta(root)
-    text = (root / STATS).read_text()
-    (root / STATS).write_text(text.replace('"episode_index": 0', '"episode_index":  0', 1))
+    want = _on_disk(root)
+    make_dataset(root, [Ep(frames=5)])  # a third episode committed: the file is rewritten
+    assert sorted(_on_disk(root)) == [0, 1, 2]
+    assert dict(meta.episodes_stats.items()) == want
+
+
+def test_a_file_changed_in_place_is_refused_naming_it(tmp_path: Path) -> None:
+    root = make_dataset(tmp_path / "raw", [Ep(frames=3), Ep(frames=4)])
+    meta = read_meta(root)
+    with open(root / STATS, "ab") as fh:  # in place: same inode, another size
+        fh.write(b"\n")
     with pytest.raises(DatasetError) as exc:
         meta.episodes_stats[1]
-    assert str(root / STATS) in str(exc.value) and "changed after it was read" in str(exc.value)
+    assert str(root / STATS) in str(exc.value) and "changed in place" in str(exc.value)
 
 
+def test_pickled_index_carries_its_rows(tmp_path: Path) -> None:
+    root = make_dataset(tmp_path / "raw", [Ep(frames=3), Ep(frames=4)])
+    stats = read_meta(root).episodes_stats
+    want = _on_disk(root)
+    copy = pickle.loads(pickle.dumps(stats))
+    (root / STATS).unlink()  # the copy holds its rows; the original reads its open file
+    assert isinstance(copy, StatsIndex) and dict(copy.items()) == dict(stats.items()) == want
 def test_a_mutation_holds_every_row_in_memory(tmp_path: Path) -> None:
     root = make_dataset(tmp_path / "raw", [Ep(frames=3), Ep(frames=4)])
     stats = read_meta(root).episodes_stats

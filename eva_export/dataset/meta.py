@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import confine
 from ..errors import DatasetError
-from ..fsutil import iter_jsonl_spans, read_json
+from ..fsutil import iter_jsonl_lines, read_json
 from .records import DatasetInfo, EpisodeRow, EpisodeStats, TaskRow
 from .stats_index import StatsIndex
 
@@ -70,23 +70,23 @@ def _rows(path: Path, required: bool, parse: Callable[[dict[str, Any]], T]) -> l
     """The typed rows of a JSON Lines meta file with their line numbers; every fault (decode,
     bounds, a malformed row) is a DatasetError naming ``path:line``."""
     out: list[tuple[int, T]] = []
-    _scan(path, required, parse, lambda row, _offset, lineno: out.append((lineno, row)))
+    _scan(path, required, parse, lambda row, lineno: out.append((lineno, row)))
     return out
 
 
-def _scan(path: Path, required: bool, parse: Callable[[dict[str, Any]], T],
-          keep: Callable[[T, int, int], None]) -> bool:
-    """Parse every row of a JSON Lines meta file, handing each to ``keep(row, offset, line)``;
-    False when the file is absent (and not required)."""
+def _scan(path: Path, required: bool, parse: Callable[[dict[str, Any]], T], keep: Callable[[T, int], None],
+          lines: Callable[[], Iterator[tuple[int, dict[str, Any]]]] | None = None) -> None:
+    """Parse every row of a JSON Lines meta file (``lines``: how to read them, by default
+    iter_jsonl_lines), handing each to ``keep(row, line)``; nothing when absent and not required."""
     if not path.is_file():
         if required:
             raise DatasetError(f"{path} is missing")
-        return False
+        return
     confine.confined(path.parent.parent, f"meta/{path.name}", "meta file")
     lineno = 0
     try:
-        for lineno, offset, d in iter_jsonl_spans(path):
-            keep(parse(d), offset, lineno)
+        for lineno, d in (lines() if lines is not None else iter_jsonl_lines(path)):
+            keep(parse(d), lineno)
     except OSError as exc:
         raise DatasetError(f"{path}: unreadable ({exc.strerror or exc})") from None
     except ValueError as exc:
@@ -95,18 +95,12 @@ def _scan(path: Path, required: bool, parse: Callable[[dict[str, Any]], T],
         raise DatasetError(f"{path}:{lineno}: malformed row ({exc})") from None
     except (KeyError, TypeError) as exc:
         raise DatasetError(f"{path}:{lineno}: malformed row (lacks or mistypes {exc})") from None
-    return True
 
 
 def _stats_index(path: Path) -> StatsIndex:
-    """episodes_stats.jsonl checked line by line, kept as offsets (an empty index when absent)."""
-    if not path.is_file():
-        return StatsIndex()
-    try:
-        index = StatsIndex.of_file(path)
-    except OSError as exc:
-        raise DatasetError(f"{path}: unreadable ({exc.strerror or exc})") from None
-    _scan(path, False, EpisodeStats.from_dict, index.note)
+    """episodes_stats.jsonl checked line by line, kept as spans (an empty index when absent)."""
+    index = StatsIndex()
+    _scan(path, False, EpisodeStats.from_dict, index.note, lambda: index.scan(path))
     return index
 
 
