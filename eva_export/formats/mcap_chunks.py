@@ -3,11 +3,11 @@
 mcap's own ``Writer`` copies every message three times on the caller's thread (into its
 chunk builder, out of it, into the chunk record) and compresses there, so an export of raw
 camera frames was CPU-bound at 0.18-0.28x of the disk. Here a message's parts (a MessagePack
-head and the frame's own buffer) are copied once, into the open chunk; a full chunk goes to a
-small thread pool for its CRC and compression (lz4, zstd and zlib release the GIL) while the
-next one fills; finished chunks are written in order, their compressed bytes straight to the
-file. Records other than chunks are built with mcap's own record classes, and the file is the
-layout mcap's Writer makes (schemas and channels in the data section, message indexes after
+head and the frame's own buffer) are copied once, into the open chunk (a reused buffer of fixed
+capacity); a full chunk goes to the process's small thread pool for its CRC and compression
+(lz4, zstd and zlib release the GIL) while the next one fills; finished chunks are written in
+order, their compressed bytes straight to the file. Records other than chunks are built with mcap's own record classes, and the file is the
+layout mcap's Writer makes (schemas and channels in the first chunk, message indexes after
 each chunk, a summary with schemas, channels, statistics and chunk indexes, summary offsets,
 summary CRC), so mcap's reader (``validate_crcs=True``) reads it unchanged.
 """
@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 import zlib
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
@@ -47,7 +48,7 @@ _U64 = struct.Struct("<Q")
 _FOOTER_HEAD = struct.Struct("<BQQQ")  # opcode, length, summary start, summary offset start (CRC'd)
 
 
-def _compressor(compression: str) -> Callable[[bytearray], Any]:
+def _compressor(compression: str) -> Callable[[memoryview], Any]:
     if compression == "lz4":
         import lz4.frame  # type: ignore[import-untyped]
 
@@ -66,9 +67,25 @@ def _end(b: RecordBuilder) -> bytes:
     return data
 
 
+_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}  # (pid, workers) -> the process's pool
+_POOLS_LOCK = threading.Lock()
+
+
+def _shared_pool(workers: int) -> ThreadPoolExecutor:
+    """One compression pool per process, shared by its writers: threads (and their malloc
+    arenas) are not made again for every episode file; a forked worker makes its own."""
+    key = (os.getpid(), workers)
+    with _POOLS_LOCK:
+        if key not in _POOLS:
+            _POOLS[key] = ThreadPoolExecutor(workers, thread_name_prefix="mcap-chunk")
+        return _POOLS[key]
+
+
 @dataclass
 class _Chunk:
-    data: bytearray = field(default_factory=bytearray)
+    buf: bytearray  # a reused buffer of fixed capacity: growing one by += fragmented the heap
+    size: int = 0
+    empty: bool = True
     start: int = 0
     end: int = 0
     index: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # channel -> (log_time, offset)
@@ -83,10 +100,11 @@ class ChunkWriter:
         self.compression = compression
         self._compress = _compressor(compression)
         self._workers = workers if workers is not None else min(2, os.cpu_count() or 1)
-        self._pool: ThreadPoolExecutor | None = None
+        self._free: list[bytearray] = []  # buffers of written chunks, for the next ones
+        self._capacity = chunk_size + (2 << 20)  # a chunk ends at the first message past chunk_size
         self._pending: deque[tuple[_Chunk, Future[tuple[Any, int]]]] = deque()
         self._pos = 0  # bytes written: offsets for the indexes without asking the file
-        self._chunk = _Chunk()
+        self._chunk = self._new_chunk()
         self._schemas: list[Schema] = []
         self._channels: list[Channel] = []
         self._chunk_indexes: list[ChunkIndex] = []
@@ -112,15 +130,21 @@ class ChunkWriter:
     def register_schema(self, name: str, encoding: str, data: bytes) -> int:
         schema = Schema(id=len(self._schemas) + 1, name=name, encoding=encoding, data=data)
         self._schemas.append(schema)
-        self._records(schema)
+        self._in_chunk(schema)
         return schema.id
 
     def register_channel(self, topic: str, message_encoding: str, schema_id: int, metadata: dict[str, str]) -> int:
         channel = Channel(id=len(self._channels) + 1, topic=topic, message_encoding=message_encoding,
                           schema_id=schema_id, metadata=metadata)
         self._channels.append(channel)
-        self._records(channel)
+        self._in_chunk(channel)
         return channel.id
+
+    def _in_chunk(self, record: McapRecord) -> None:
+        """Schemas and channels go into the open chunk, as mcap's Writer puts them: under its CRC."""
+        b = RecordBuilder()
+        record.write(b)
+        self._append(self._chunk, memoryview(_end(b)))
 
     # ---- messages and chunks -------------------------------------------------------------------
     def add_message(self, channel: int, log_time: int, publish_time: int, sequence: int, *parts: Any) -> None:
@@ -131,37 +155,50 @@ class ChunkWriter:
         if not ck.index:
             ck.start = ck.end = log_time
         ck.start, ck.end = min(ck.start, log_time), max(ck.end, log_time)
-        ck.index.setdefault(channel, []).append((log_time, len(ck.data)))
-        ck.data += _MESSAGE_HEAD.pack(Opcode.MESSAGE, _MESSAGE_FIXED + size, channel, sequence, log_time, publish_time)
-        for v in views:
-            ck.data += v
+        ck.index.setdefault(channel, []).append((log_time, ck.size))
+        head = _MESSAGE_HEAD.pack(Opcode.MESSAGE, _MESSAGE_FIXED + size, channel, sequence, log_time, publish_time)
+        self._append(ck, memoryview(head), *views)
         if st.message_count == 0:
             st.message_start_time = st.message_end_time = log_time
         st.message_start_time = min(st.message_start_time, log_time)
         st.message_end_time = max(st.message_end_time, log_time)
         st.message_count += 1
         st.channel_message_counts[channel] = st.channel_message_counts.get(channel, 0) + 1
-        if len(ck.data) >= self.chunk_size:
+        if ck.size >= self.chunk_size:
             self._submit(inline=False)
 
-    def _pack(self, data: bytearray) -> tuple[Any, int]:
+    @staticmethod
+    def _append(ck: _Chunk, *views: memoryview) -> None:
+        need = ck.size + sum(v.nbytes for v in views)
+        if need > len(ck.buf):  # a message larger than the slack: a new buffer (never resized in
+            grown = bytearray(max(2 * len(ck.buf), need))  # place: a worker may hold a view of it)
+            grown[:ck.size] = memoryview(ck.buf)[:ck.size]
+            ck.buf = grown
+        for v in views:
+            ck.buf[ck.size:ck.size + v.nbytes] = v  # same-length slice: a copy, no resize
+            ck.size += v.nbytes
+        ck.empty = False
+
+    def _new_chunk(self) -> _Chunk:
+        return _Chunk(self._free.pop() if self._free else bytearray(self._capacity))
+
+    def _pack(self, data: memoryview) -> tuple[Any, int]:
         return self._compress(data), zlib.crc32(data)
 
     def _submit(self, inline: bool) -> None:
-        ck, self._chunk = self._chunk, _Chunk()
-        if not ck.index:
+        ck, self._chunk = self._chunk, self._new_chunk()
+        if ck.empty:
+            self._free.append(ck.buf)
             return
         fut: Future[tuple[Any, int]]
         if inline:  # the last chunk, nothing to overlap it with
             fut = Future()
-            fut.set_result(self._pack(ck.data))
+            fut.set_result(self._pack(memoryview(ck.buf)[:ck.size]))
         else:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="mcap-chunk")
-            fut = self._pool.submit(self._pack, ck.data)
+            fut = _shared_pool(self._workers).submit(self._pack, memoryview(ck.buf)[:ck.size])
         self._pending.append((ck, fut))
-        # Bounded: one chunk per worker in flight (mcap's memory near hdf5's); done ones written now.
-        while self._pending and (len(self._pending) > self._workers or self._pending[0][1].done()):
+        # Bounded: one chunk compressing per worker while the next fills (memory near hdf5's).
+        while self._pending and (len(self._pending) >= self._workers or self._pending[0][1].done()):
             self._write_chunk(*self._pending.popleft())
 
     def _write_chunk(self, ck: _Chunk, fut: Future[tuple[Any, int]]) -> None:
@@ -170,7 +207,7 @@ class ChunkWriter:
         size = memoryview(data).nbytes
         length = 8 + 8 + 8 + 4 + 4 + len(comp) + 8 + size
         start = self._pos
-        self._out(_CHUNK_HEAD.pack(Opcode.CHUNK, length, ck.start, ck.end, len(ck.data), crc)
+        self._out(_CHUNK_HEAD.pack(Opcode.CHUNK, length, ck.start, ck.end, ck.size, crc)
                   + _U32.pack(len(comp)) + comp + _U64.pack(size))
         self._out(data)  # the compressed bytes as they are: no copy into a record buffer
         index_start = self._pos
@@ -184,8 +221,9 @@ class ChunkWriter:
             message_start_time=ck.start, message_end_time=ck.end, chunk_start_offset=start,
             chunk_length=index_start - start, message_index_offsets=offsets,
             message_index_length=self._pos - index_start, compression=self.compression,
-            compressed_size=size, uncompressed_size=len(ck.data)))
+            compressed_size=size, uncompressed_size=ck.size))
         self._stats.chunk_count += 1
+        self._free.append(ck.buf)
 
     # ---- the end -------------------------------------------------------------------------------
     def finish(self) -> None:
@@ -217,9 +255,11 @@ class ChunkWriter:
         self.close()
 
     def close(self) -> None:
-        """Stop the compression threads (chunks not yet written are dropped: the caller
-        removes a file that did not finish)."""
+        """Drop the chunks not yet written (the caller removes a file that did not finish)
+        and wait for their compression, so no worker touches this writer's buffers after."""
+        futures = [f for _, f in self._pending]
         self._pending.clear()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        for f in futures:
+            f.cancel()
+        wait(futures)
+        self._free.clear()
