@@ -1,6 +1,7 @@
 """Many short episodes: the per-episode cost of a verified export, against copying and hashing the bytes.
 
     python bench/bench_episodes.py [--quick] [--baseline /path/to/other/checkout]
+    python bench/bench_episodes.py --memory --sizes 1000,5000,10000 [--baseline ...]
 
 Builds 20 episodes x 30 frames x 2 cameras 64x48 with the project's writer, tiles them (real file
 copies, renumbered; bench_split.tile) to 100 and 1000 episodes, and measures, each in its own
@@ -13,6 +14,10 @@ subprocess, in interleaved rounds (fastest of the rounds):
   in the same rounds;
 * peak RSS of the lerobot_v3, hdf5 and mcap exporters on the 100- and 1000-episode subsets
   (goal: flat in the episode count).
+
+``--memory``: peak RSS only, one job and one run of each exporter per size (and per checkout),
+no anchors: the shape of issue 28's "10,000 short episodes within 10% of 1,000" (a 10,000-episode
+job takes about a quarter of an hour on the shared 2-core machine).
 
 Prints Markdown tables (with the load average) and writes bench/out/episodes.json.
 """
@@ -53,6 +58,10 @@ elif mode == "job":
     t0 = time.perf_counter()  # the operation, without the interpreter's imports
     job = ExportService(cfg, background=False, recover=False).run(src, "lerobot_v21")
     assert job.state == "completed", job.error
+elif mode == "validate":  # source validation alone (read_meta and every table and MP4 checked)
+    from eva_export.dataset.validate import validate_source
+    t0 = time.perf_counter()
+    validate_source(src)
 else:  # an exporter on a subset carrying its quality_split.json
     from eva_export.formats.registry import get_exporter
     get_exporter(mode).export(src, out)
@@ -160,13 +169,56 @@ def report(results: list[dict[str, Any]], memory: dict[int, dict[str, float]]) -
     return "\n".join(lines)
 
 
+def memory_rows(sizes: list[int], sources: dict[int, Path], base: Path, baseline: Path | None,
+                formats: list[str], job_max: int) -> str:
+    """Peak RSS of validation, the job and the exporters at each size (the job and exporters up
+    to ``job_max`` episodes), each checkout in turn."""
+    repos = [("this checkout", REPO)] + ([("baseline", baseline)] if baseline else [])
+    head = " | ".join(f"{n} episodes" for n in sizes)
+    lines = [f"| peak RSS MB | {head} | largest / smallest | goal <= 1.1x |",
+             "|---|" + "---|" * (len(sizes) + 2)]
+    for label, repo in repos:
+        rows: dict[str, list[float]] = {}
+        for n in sizes:
+            res = run_child("validate", sources[n], base / "out_job", repo)
+            rows.setdefault("validate_source", []).append(res["peak_rss_mb"])
+            print(f"{label} {n} validate {res['seconds']:.1f} s {res['peak_rss_mb']:.0f} MB", file=sys.stderr)
+            if n > job_max:
+                continue
+            load = os.getloadavg()[0]
+            res = run_child("job", sources[n], base / "out_job", repo)
+            shutil.rmtree(base / "out_job", ignore_errors=True)
+            shutil.rmtree(sources[n].parent / "export", ignore_errors=True)
+            rows.setdefault("lerobot_v21 job", []).append(res["peak_rss_mb"])
+            print(f"{label} {n} job {res['seconds']:.1f} s {res['peak_rss_mb']:.0f} MB load {load:.1f}", file=sys.stderr)
+            sub = marked_copy(sources[n], base / f"subset_{n}")
+            for fmt in formats:
+                res = run_child(fmt, sub, base / f"exp_{fmt}", repo)
+                shutil.rmtree(base / f"exp_{fmt}", ignore_errors=True)
+                rows.setdefault(f"{fmt} exporter", []).append(res["peak_rss_mb"])
+                print(f"{label} {n} {fmt} {res['seconds']:.1f} s {res['peak_rss_mb']:.0f} MB", file=sys.stderr)
+            shutil.rmtree(sub, ignore_errors=True)
+        for name, mb in rows.items():  # the job and exporters may stop at --job-max
+            ratio = mb[-1] / mb[0]
+            cells = [f"{m:.0f}" for m in mb] + ["-"] * (len(sizes) - len(mb))
+            lines.append(f"| {name} ({label}) | " + " | ".join(cells)
+                         + f" | {ratio:.2f}x ({sizes[len(mb) - 1]} / {sizes[0]}) | {'met' if ratio <= 1.1 else 'NOT met'} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="100 and 200 episodes, one round")
+    ap.add_argument("--memory", action="store_true", help="peak RSS only (job and exporters), one run per size")
+    ap.add_argument("--sizes", default=None, help="comma-separated episode counts (multiples of 20)")
+    ap.add_argument("--formats", default="lerobot_v3,hdf5,mcap", help="exporters measured with --memory")
+    ap.add_argument("--job-max", type=int, default=0, help="--memory: job and exporters only up to this size")
     ap.add_argument("--baseline", type=Path, default=None, help="another checkout whose job runs in the same rounds")
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args()
     sizes = [100, 200] if args.quick else [100, 1000]
+    if args.sizes:
+        sizes = sorted(int(n) for n in args.sizes.split(","))
     rounds = 1 if args.quick else 2
     base = Path(tempfile.mkdtemp(prefix="bench_episodes_", dir=os.environ.get("EVA_BENCH_DIR")))
     try:
@@ -177,6 +229,13 @@ def main() -> int:
         for p in base.rglob("*"):
             os.utime(p, (old, old), follow_symlinks=False)
         print(f"built sources in {time.perf_counter() - t0:.1f} s under {base}", file=sys.stderr)
+        if args.memory:
+            loads = [os.getloadavg()[0]]
+            table = memory_rows(sizes, sources, base, args.baseline, [f for f in args.formats.split(",") if f],
+                                args.job_max or sizes[-1])
+            loads.append(os.getloadavg()[0])
+            print(f"load average {min(loads):.1f}-{max(loads):.1f}\n\n{table}")
+            return 0
         results = [measure_size(n, sources[n], base, rounds, args.baseline) for n in sizes]
         memory = {n: exporter_memory(n, sources[n], base) for n in sizes}
     finally:

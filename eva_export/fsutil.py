@@ -11,7 +11,7 @@ import os
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from . import jsonbound
 from .errors import StorageError
@@ -148,22 +148,38 @@ def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
 
 def iter_jsonl_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """``iter_jsonl`` with each object's line number."""
-    with open(path, "rb") as fh:
-        lineno = 0
-        while raw := fh.readline(jsonbound.MAX_BYTES + 1):  # bounded: a 1 GB line is not read whole
+    for lineno, _offset, _length, obj in iter_jsonl_spans(path):
+        yield lineno, obj
+
+
+def iter_jsonl_spans(path: Path, fh: BinaryIO | None = None) -> Iterator[tuple[int, int, int, dict[str, Any]]]:
+    """``iter_jsonl_lines`` with each line's byte offset and length, so a reader can keep where
+    a row is and parse it again later (``jsonl_object``) instead of holding every object.
+    ``fh``: the file already open (read from its start); ``path`` then only names it."""
+    with contextlib.nullcontext(fh) if fh is not None else open(path, "rb") as f:
+        lineno = offset = 0
+        while raw := f.readline(jsonbound.MAX_BYTES + 1):  # bounded: a 1 GB line is not read whole
             lineno += 1
-            try:
-                if len(raw) > jsonbound.MAX_BYTES:
-                    raise ValueError(f"line {lineno}: longer than {jsonbound.MAX_BYTES} bytes")
-                line = jsonbound.decode(raw, lineno).strip()
-                if not line:
-                    continue
-                obj = jsonbound.loads(line, lineno)
-            except ValueError as exc:
-                raise ValueError(f"{path}:{str(exc).removeprefix('line ')}") from None
-            if not isinstance(obj, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object")
-            yield lineno, obj
+            obj = jsonl_object(path, raw, lineno)
+            if obj is not None:
+                yield lineno, offset, len(raw), obj
+            offset += len(raw)
+
+
+def jsonl_object(path: Path, raw: bytes, lineno: int) -> dict[str, Any] | None:
+    """One line's object (None for a blank line); ValueError naming ``path:line``."""
+    try:
+        if len(raw) > jsonbound.MAX_BYTES:
+            raise ValueError(f"line {lineno}: longer than {jsonbound.MAX_BYTES} bytes")
+        line = jsonbound.decode(raw, lineno).strip()
+        if not line:
+            return None
+        obj = jsonbound.loads(line, lineno)
+    except ValueError as exc:
+        raise ValueError(f"{path}:{str(exc).removeprefix('line ')}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}:{lineno}: expected a JSON object")
+    return obj
 
 
 def tree_size(root: Path) -> tuple[int, int]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -13,6 +13,7 @@ from .. import confine
 from ..errors import DatasetError
 from ..fsutil import iter_jsonl_lines, read_json
 from .records import DatasetInfo, EpisodeRow, EpisodeStats, TaskRow
+from .stats_index import StatsIndex
 
 INFO = "meta/info.json"
 EPISODES = "meta/episodes.jsonl"
@@ -29,8 +30,8 @@ class DatasetMeta:
     info: DatasetInfo
     episodes: list[EpisodeRow]
     tasks: list[TaskRow]
-    episodes_stats: dict[int, EpisodeStats]
-    stats_lines: dict[int, int] = field(default_factory=dict)  # episode -> its episodes_stats.jsonl line
+    # read_meta's is a StatsIndex (offsets, rows parsed on demand: memory flat in the episodes)
+    episodes_stats: MutableMapping[int, EpisodeStats]
 
     @property
     def task_index(self) -> dict[str, int]:
@@ -68,16 +69,24 @@ def read_info(root: Path) -> DatasetInfo:
 def _rows(path: Path, required: bool, parse: Callable[[dict[str, Any]], T]) -> list[tuple[int, T]]:
     """The typed rows of a JSON Lines meta file with their line numbers; every fault (decode,
     bounds, a malformed row) is a DatasetError naming ``path:line``."""
+    out: list[tuple[int, T]] = []
+    _scan(path, required, parse, lambda row, lineno: out.append((lineno, row)))
+    return out
+
+
+def _scan(path: Path, required: bool, parse: Callable[[dict[str, Any]], T], keep: Callable[[T, int], None],
+          lines: Callable[[], Iterator[tuple[int, dict[str, Any]]]] | None = None) -> None:
+    """Parse every row of a JSON Lines meta file (``lines``: how to read them, by default
+    iter_jsonl_lines), handing each to ``keep(row, line)``; nothing when absent and not required."""
     if not path.is_file():
         if required:
             raise DatasetError(f"{path} is missing")
-        return []
+        return
     confine.confined(path.parent.parent, f"meta/{path.name}", "meta file")
-    out: list[tuple[int, T]] = []
     lineno = 0
     try:
-        for lineno, d in iter_jsonl_lines(path):
-            out.append((lineno, parse(d)))
+        for lineno, d in (lines() if lines is not None else iter_jsonl_lines(path)):
+            keep(parse(d), lineno)
     except OSError as exc:
         raise DatasetError(f"{path}: unreadable ({exc.strerror or exc})") from None
     except ValueError as exc:
@@ -86,15 +95,22 @@ def _rows(path: Path, required: bool, parse: Callable[[dict[str, Any]], T]) -> l
         raise DatasetError(f"{path}:{lineno}: malformed row ({exc})") from None
     except (KeyError, TypeError) as exc:
         raise DatasetError(f"{path}:{lineno}: malformed row (lacks or mistypes {exc})") from None
-    return out
+
+
+def _stats_index(path: Path) -> StatsIndex:
+    """episodes_stats.jsonl checked line by line, kept as spans (an empty index when absent)."""
+    index = StatsIndex()
+    _scan(path, False, EpisodeStats.from_dict, index.note, lambda: index.scan(path))
+    return index
 
 
 def check_stats_shapes(meta: DatasetMeta) -> None:
     """Each numeric feature's min/max/mean/std vector has the feature's element count (a
     3-element vector for a 7-element feature would fail deep inside the statistics merge)."""
     root, info = meta.root, meta.info
-    for episode, st in meta.episodes_stats.items():
-        lineno = meta.stats_lines.get(episode, 0)
+    stats = meta.episodes_stats
+    for episode, st in stats.items():
+        lineno = stats.line_of(episode) if isinstance(stats, StatsIndex) else 0
         for key, feat in info.features.items():
             entry = st.stats.get(key)
             if feat.is_visual or not isinstance(entry, dict):
@@ -119,7 +135,5 @@ def read_meta(root: Path) -> DatasetMeta:
     info = read_info(root)
     episodes = [r for _, r in _rows(root / EPISODES, True, EpisodeRow.from_dict)]
     tasks = [r for _, r in _rows(root / TASKS, False, TaskRow.from_dict)]
-    stats_rows = _rows(root / EPISODES_STATS, False, EpisodeStats.from_dict)
-    ep_stats = {s.episode_index: s for _, s in stats_rows}
-    return DatasetMeta(root=root, info=info, episodes=episodes, tasks=tasks, episodes_stats=ep_stats,
-                       stats_lines={s.episode_index: n for n, s in stats_rows})
+    return DatasetMeta(root=root, info=info, episodes=episodes, tasks=tasks,
+                       episodes_stats=_stats_index(root / EPISODES_STATS))

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import confine
@@ -111,8 +112,9 @@ def validate_source(root: Path, *, allow_empty_dataset: bool = True, as_source: 
     task_ids = meta.task_index
     check = SourceCheck(root=root, meta=meta, source_hash=source_hash(root))
     offset = 0
+    shared = _Shared()
     for row in meta.episodes:
-        ep = _check_episode(root, meta, row, task_text, task_ids, offset, camera_stats_computed)
+        ep = shared.adopt(_check_episode(root, meta, row, task_text, task_ids, offset, camera_stats_computed))
         check_images(meta, ep.index, ep.data_path)
         for key, vp in ep.video_paths.items():
             check_video(meta, ep.index, ep.rows, ep.data_path, key, vp)
@@ -120,6 +122,23 @@ def validate_source(root: Path, *, allow_empty_dataset: bool = True, as_source: 
         check.episodes.append(ep)
     check_stats_shapes(meta)  # after the tables: a declared-vs-stored mismatch names the Parquet file first
     return check
+
+
+class _Shared:
+    """One schema and column list for every episode whose table has the same ones: a pyarrow
+    schema per episode (metadata included) made validation's memory grow with the episode
+    count (issue 28). Each episode's own schema is still checked; only the copy kept is shared."""
+
+    def __init__(self) -> None:
+        self.schema: pa.Schema | None = None
+        self.columns: list[str] = []
+
+    def adopt(self, ep: SourceEpisode) -> SourceEpisode:
+        if self.schema is None or ep.schema is None or not ep.schema.equals(self.schema, check_metadata=True):
+            self.schema, self.columns = ep.schema, ep.columns  # the first, or a table unlike it
+        elif ep.columns == self.columns:
+            ep.schema, ep.columns = self.schema, self.columns
+        return ep
 
 
 def _check_tasks(root: Path, meta: DatasetMeta) -> None:

@@ -25,9 +25,11 @@
   first frame at one frame period), identical for every camera at frame i; messages are
   written in time order, cameras interleaved frame by frame.
 
-Chunked (use_chunking on, 4 MiB chunks) with message indexes, summary and CRCs; chunk
-compression lz4 by default (constructor option "lz4" | "zstd" | "none"): raw RGB frames make
-the writer CPU-bound and lz4 is the fastest of the compressions that still shrinks them.
+Chunked (4 MiB chunks) with message indexes, summary and CRCs; chunk compression lz4 by
+default (constructor option "lz4" | "zstd" | "none"): raw RGB frames make the writer CPU-bound
+and lz4 is the fastest of the compressions that still shrinks them. Written by
+``mcap_chunks.ChunkWriter`` (chunks compressed off the writer's thread, each frame copied
+once), read back with mcap's own reader.
 
 Each file is written as ``.episode_NNNNNN.mcap.partial`` and renamed when closed (resumable,
 like the HDF5 exporter). A camera that ends before the table's rows, or has frames after
@@ -46,7 +48,6 @@ import msgpack
 import numpy as np
 from mcap.exceptions import McapError
 from mcap.reader import make_reader
-from mcap.writer import CompressionType, Writer
 from numpy.typing import NDArray
 
 from ..dataset.meta import DatasetMeta
@@ -56,6 +57,7 @@ from .base import Progress, VerifyReport
 from .checks import check_sample, check_totals, read_episode_rows, start_report
 from .episode_files import episode_file, export_episode_files, to_plain
 from .images import Prefetch, camera_frames
+from .mcap_chunks import ChunkWriter
 from .source import column_numpy, state_action_keys
 
 FORMAT = "mcap"
@@ -68,7 +70,7 @@ IMAGE_SCHEMA = "eva_client.image"
 EPISODE_TOPIC = "episode"
 IMAGE_TOPIC = "episode/image/{key}"
 CHUNK_SIZE = 4 * 1024 * 1024
-_COMPRESSION = {"lz4": CompressionType.LZ4, "zstd": CompressionType.ZSTD, "none": CompressionType.NONE}
+_COMPRESSION = {"lz4": "lz4", "zstd": "zstd", "none": ""}  # option -> the chunk record's compression
 
 EPISODE_JSON_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -116,15 +118,20 @@ def _bin_header(n: int) -> bytes:
     return struct.pack(">BI", 0xC6, n)
 
 
-def pack_image(frame_index: int, fps: int, frame: NDArray[Any]) -> bytearray:
-    """The MessagePack image payload, built with a single copy of the pixels."""
+def image_head(frame_index: int, fps: int, frame: NDArray[Any]) -> bytes:
+    """The MessagePack image payload up to the pixels: head + the frame's bytes is the payload."""
     h, w = frame.shape[:2]
     packer = msgpack.Packer(use_bin_type=True)
     head = packer.pack_map_header(7)
     for key, value in (("frame_index", frame_index), ("timestamp", frame_index / fps), ("height", h),
                        ("width", w), ("encoding", "rgb8"), ("step", w * 3)):
         head += packer.pack(key) + packer.pack(value)
-    head += packer.pack("data") + _bin_header(frame.nbytes)
+    return b"".join((head, packer.pack("data"), _bin_header(frame.nbytes)))
+
+
+def pack_image(frame_index: int, fps: int, frame: NDArray[Any]) -> bytearray:
+    """The MessagePack image payload, built with a single copy of the pixels."""
+    head = image_head(frame_index, fps, frame)
     out = bytearray(len(head) + frame.nbytes)
     out[:len(head)] = head
     np.copyto(np.frombuffer(out, np.uint8, offset=len(head)).reshape(frame.shape), frame)
@@ -159,53 +166,60 @@ class McapExporter:
     def _write_episode(self, tmp: Path, meta: DatasetMeta, ep: EpisodeRow, table: Any) -> None:
         fps = meta.info.fps
         keys = meta.info.visual_keys  # MP4 cameras and images stored in Parquet alike
-        with open(tmp, "wb") as fh:
-            w = Writer(fh, chunk_size=self.chunk_size, compression=_COMPRESSION[self.compression],
-                       use_chunking=True, enable_crcs=True)
-            w.start(profile=PROFILE, library=LIBRARY)
-            ep_schema = w.register_schema(EPISODE_SCHEMA, SCHEMA_ENCODING, json.dumps(EPISODE_JSON_SCHEMA).encode())
-            img_schema = w.register_schema(IMAGE_SCHEMA, SCHEMA_ENCODING, json.dumps(IMAGE_JSON_SCHEMA).encode())
-            ep_channel = w.register_channel(EPISODE_TOPIC, MESSAGE_ENCODING, ep_schema,
-                                            {"fps": str(fps), "dataset_format": FORMAT})
-            channels = {}
-            for k in keys:
-                h, wd = meta.info.features[k].shape[:2]
-                channels[k] = w.register_channel(image_topic(k), MESSAGE_ENCODING, img_schema,
-                                                 {"key": k, "height": str(h), "width": str(wd), "encoding": "rgb8"})
-            payload = {
-                "columns": {name: to_plain(column_numpy(table, name)) for name in table.column_names
-                            if name not in keys},  # images travel on episode/image/<key>
-                "images": {},
-                "metadata": {**to_plain(ep.to_dict()), "fps": fps},
-            }
-            w.add_message(ep_channel, log_time=0, publish_time=0, sequence=0,
-                          data=msgpack.packb(payload, use_bin_type=True))
-            rows = table.num_rows
-            iters = {k: Prefetch(camera_frames(meta, ep.episode_index, table, k), self.prefetch) for k in keys}
+        with open(tmp, "wb", buffering=0) as fh:  # ChunkWriter writes whole records: no second buffer
+            w = ChunkWriter(fh, self.chunk_size, _COMPRESSION[self.compression])
             try:
-                for i in range(rows + 1):
-                    t = frame_time_ns(i, fps)
-                    for k, it in iters.items():
-                        frame = next(it, None)
-                        if i == rows:
-                            if frame is not None:
-                                raise ExportError(f"episode {ep.episode_index}: camera {k} has frames after the "
-                                                  f"table's {rows} rows")
-                            continue
-                        if frame is None:
-                            raise ExportError(f"episode {ep.episode_index}: camera {k} ends early at frame {i} of {rows}")
-                        h, wd = meta.info.features[k].shape[:2]
-                        if frame.shape != (h, wd, 3):
-                            raise ExportError(f"episode {ep.episode_index}: camera {k} frame {i} has shape "
-                                              f"{frame.shape}, the feature is {(h, wd, 3)}")
-                        w.add_message(channels[k], log_time=t, publish_time=t, sequence=i,
-                                      data=pack_image(i, fps, frame))  # type: ignore[arg-type]  # any buffer
-            except VideoError as exc:
-                raise ExportError(f"episode {ep.episode_index}: {exc}") from exc
+                w.start(profile=PROFILE, library=LIBRARY)
+                ep_schema = w.register_schema(EPISODE_SCHEMA, SCHEMA_ENCODING, json.dumps(EPISODE_JSON_SCHEMA).encode())
+                img_schema = w.register_schema(IMAGE_SCHEMA, SCHEMA_ENCODING, json.dumps(IMAGE_JSON_SCHEMA).encode())
+                ep_channel = w.register_channel(EPISODE_TOPIC, MESSAGE_ENCODING, ep_schema,
+                                                {"fps": str(fps), "dataset_format": FORMAT})
+                channels = {}
+                for k in keys:
+                    h, wd = meta.info.features[k].shape[:2]
+                    channels[k] = w.register_channel(image_topic(k), MESSAGE_ENCODING, img_schema,
+                                                     {"key": k, "height": str(h), "width": str(wd), "encoding": "rgb8"})
+                payload = {
+                    "columns": {name: to_plain(column_numpy(table, name)) for name in table.column_names
+                                if name not in keys},  # images travel on episode/image/<key>
+                    "images": {},
+                    "metadata": {**to_plain(ep.to_dict()), "fps": fps},
+                }
+                w.add_message(ep_channel, 0, 0, 0, msgpack.packb(payload, use_bin_type=True))
+                self._write_frames(w, channels, meta, ep, table)
+                w.finish()
             finally:
-                for it in iters.values():
-                    it.close()
-            w.finish()  # type: ignore[no-untyped-call]  # mcap's Writer.finish has no annotations
+                w.close()
+
+    def _write_frames(self, w: ChunkWriter, channels: dict[str, int], meta: DatasetMeta, ep: EpisodeRow,
+                      table: Any) -> None:
+        """Every camera's frames in time order, interleaved frame by frame."""
+        fps, rows = meta.info.fps, table.num_rows
+        iters = {k: Prefetch(camera_frames(meta, ep.episode_index, table, k), self.prefetch) for k in channels}
+        try:
+            for i in range(rows + 1):
+                t = frame_time_ns(i, fps)
+                for k, it in iters.items():
+                    frame = next(it, None)
+                    if i == rows:
+                        if frame is not None:
+                            raise ExportError(f"episode {ep.episode_index}: camera {k} has frames after the "
+                                              f"table's {rows} rows")
+                        continue
+                    if frame is None:
+                        raise ExportError(f"episode {ep.episode_index}: camera {k} ends early at frame {i} of {rows}")
+                    h, wd = meta.info.features[k].shape[:2]
+                    if frame.shape != (h, wd, 3):
+                        raise ExportError(f"episode {ep.episode_index}: camera {k} frame {i} has shape "
+                                          f"{frame.shape}, the feature is {(h, wd, 3)}")
+                    frame = np.ascontiguousarray(frame)
+                    # head and pixels go into the chunk as they are: one copy of the frame
+                    w.add_message(channels[k], t, t, i, image_head(i, fps, frame), frame)
+        except VideoError as exc:
+            raise ExportError(f"episode {ep.episode_index}: {exc}") from exc
+        finally:
+            for it in iters.values():
+                it.close()
 
     def verify(self, out_dir: Path) -> VerifyReport:
         return verify_mcap(Path(out_dir))
