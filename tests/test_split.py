@@ -440,3 +440,11 @@ def test_cli_export_and_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str
     os.unlink(Path(job["rejected_dir"]) / "data/chunk-000/episode_000001.parquet")
     assert main(["verify", job["rejected_dir"]]) == 1
     assert main(["export", "--config", str(cfg), "--source", str(tmp_path), "--format", "lerobot_v21"]) == 2
+
+
+def test_a_long_running_service_keeps_only_the_requests_of_unfinished_jobs(tmp_path: Path) -> None:
+    src = make_dataset(tmp_path / "logs" / "demo" / "raw", [Ep(frames=5)], cameras=1, width=32, height=24)
+    svc = service(tmp_path / "logs")
+    jobs = [svc.run(src, fmt) for fmt in ("lerobot_v21", "lerobot_v3", "lerobot_v21")]
+    assert [j.state for j in jobs] == [COMPLETED] * 3
+    assert list(svc._requests) == [jobs[-1].job_id]  # earlier finished jobs' requests were let go

@@ -137,7 +137,10 @@ class ExportService:
             paths = ExportPaths.of(request.sources[0], request.fmt)
         job = Job.new(JobKind.EXPORT, str(paths.source_dir), request.fmt, accepted_dir=str(paths.accepted),
                       rejected_dir=str(paths.rejected))
-        self._requests[job.job_id] = request
+        with self.jobs.lock:  # a long-running node keeps the requests of unfinished jobs only
+            for done in [i for i in self._requests if (j := self.jobs.get(i)) is None or j.finished]:
+                del self._requests[done]  # (a job is finished after its on_failure ran)
+            self._requests[job.job_id] = request
         return self.jobs.add(job)
 
     def start(self, source_dir: SourceArg | Sequence[SourceArg], fmt: str, name: str = "") -> Job:
