@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -67,6 +68,8 @@ def main() -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = ["| group | passed | runs | median s | load (1 min) |", "|---|---|---|---|---|"]
+    # SIGTERM (a stopped stress run) ends through the finally below, so the hog goes with it
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     hog = start_hog()
     failed = False
     try:
