@@ -52,3 +52,17 @@ def test_registry_and_config_load_no_format_library() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[] []"
+
+
+def test_the_cli_imports_no_upload_library_until_an_upload_runs() -> None:
+    """`eva-export export` registers the upload command but must not pay paramiko's import."""
+    code = ("import sys, eva_export.cli\n"
+            "before = 'paramiko' in sys.modules\n"
+            "from eva_export.upload import UploadService\n"
+            "print(before, 'paramiko' in sys.modules, UploadService.__name__)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True", "UploadService"]
+    from eva_export import upload
+
+    assert sorted(upload.__all__) == sorted(upload._HOMES)  # every lazy name is exported
