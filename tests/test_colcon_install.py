@@ -288,11 +288,13 @@ IMPORT_SOURCES = {
     "numpy": "python3-numpy", "h5py": "python3-h5py", "yaml": "python3-yaml", "msgpack": "python3-msgpack",
     "paramiko": "python3-paramiko",
     "pyarrow": "pip", "av": "pip", "mcap": "pip", "mcap_ros2": "pip", "zarr": "pip", "simplejpeg": "pip",
+    # mcap's own compressors, called directly by formats/mcap_chunks.py (so pinned, not left to mcap)
+    "lz4": "pip", "zstandard": "pip",
     # `pip install .[ray]`: only eva-export batch --ray imports it, never a node (test_core_imports)
     "ray": "optional",
 }
 PIP_NAMES = {"pyarrow": "pyarrow", "av": "av", "mcap": "mcap", "mcap_ros2": "mcap-ros2-support", "zarr": "zarr",
-             "simplejpeg": "simplejpeg"}
+             "simplejpeg": "simplejpeg", "lz4": "lz4", "zstandard": "zstandard"}
 
 
 def third_party_imports() -> set[str]:
