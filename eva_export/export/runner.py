@@ -60,9 +60,8 @@ def source_list(source_dir: SourceArg | Sequence[SourceArg]) -> list[SourceArg]:
     return [source_dir] if isinstance(source_dir, (str, os.PathLike)) else list(source_dir)
 
 
-def load_exporter(fmt: str | FormatSpec, **options: Any) -> Exporter:
-    """The format's exporter from the registry (its module imported now, not before)."""
-    spec = fmt if isinstance(fmt, FormatSpec) else get_spec(fmt)
+def load_exporter(spec: FormatSpec, **options: Any) -> Exporter:
+    """The format's exporter (its module imported now, not before)."""
     try:
         return spec.make(**options)
     except EvaError:

@@ -78,10 +78,10 @@ class ExportNode(JobServiceNode):
 
     def on_start(self, request: StartExport.Request, response: StartExport.Response) -> StartExport.Response:
         # source_dir alone (one source), source_dirs (several, merged into the pair named name), or
-        # both (source_dir first); getattr: a node built against the older interface still serves
-        sources = ([request.source_dir] if request.source_dir else []) + list(getattr(request, "source_dirs", []))
+        # both (source_dir first)
+        sources = ([request.source_dir] if request.source_dir else []) + list(request.source_dirs)
         try:
-            job = self.service.start(sources, request.format, str(getattr(request, "name", "")))
+            job = self.service.start(sources, request.format, request.name)
         except EvaError as exc:
             response.success = False
             response.message = f"refused: {exc}"
