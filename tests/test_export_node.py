@@ -2,30 +2,19 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 from dsfactory import Ep, make_dataset
 from eva_export_interfaces.msg import JobQueueStatus
 from eva_export_interfaces.srv import GetJob, StartExport
+from node_jobs import wait_job
 
 from eva_export.export.records import QualitySplit
 from eva_export.formats.lerobot_v21 import verify_v21
 from eva_export.jobs import JobStore
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def _wait_job(ros_client, node, job_id: str, timeout: float = 60.0):  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        reply = ros_client.call(GetJob, node.service("get_job"), GetJob.Request(job_id=job_id))
-        assert reply.success, reply.message
-        if reply.job.state in ("completed", "failed"):
-            return reply.job
-        time.sleep(0.1)
-    raise TimeoutError(f"job {job_id} did not finish in {timeout} s")
 
 
 def test_export_through_the_node(node_factory, ros_client, config_file: Path, tmp_path: Path) -> None:
@@ -54,7 +43,7 @@ def test_export_through_the_node(node_factory, ros_client, config_file: Path, tm
     assert r.success, r.message
     assert r.job_id and r.accepted_dir == str(log_dir / "demo/export/lerobot_v21/accepted")
     assert r.rejected_dir == str(log_dir / "demo/export/lerobot_v21/rejected")
-    job = _wait_job(ros_client, node, r.job_id)
+    job = wait_job(ros_client, node, r.job_id)
     assert job.state == "completed", job.error
     assert (job.accepted_episodes, job.accepted_frames) == (3, 10 + 12 + 14)
     assert (job.rejected_episodes, job.rejected_frames) == (2, 11 + 13)
