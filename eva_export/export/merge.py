@@ -120,23 +120,24 @@ def disagreement(first: DatasetInfo, other: DatasetInfo) -> str | None:
     return None
 
 
+def _refuse_disagreement(named: list[tuple[Path, DatasetInfo]]) -> None:
+    """Raise on the first source whose info disagrees with the first one's, naming both files."""
+    (first_root, first), *rest = named
+    for root, info in rest:
+        why = disagreement(first, info)
+        if why is not None:
+            raise DatasetError(f"cannot merge {root / INFO} with {first_root / INFO}: {why}")
+
+
 def check_agree(checks: tuple[SourceCheck, ...]) -> None:
     """Refuse sources that cannot form one dataset, naming the first disagreement and its source."""
-    first = checks[0]
-    for c in checks[1:]:
-        why = disagreement(first.meta.info, c.meta.info)
-        if why is not None:
-            raise DatasetError(f"cannot merge {c.root / INFO} with {first.root / INFO}: {why}")
+    _refuse_disagreement([(c.root, c.meta.info) for c in checks])
 
 
 def check_infos(sources: tuple[Path, ...]) -> None:
     """The same check on the sources' info.json alone: a request is refused before it is queued
     (the job checks again after validation, the sources may change meanwhile)."""
-    infos = [read_info(s) for s in sources]
-    for src, info in zip(sources[1:], infos[1:], strict=True):
-        why = disagreement(infos[0], info)
-        if why is not None:
-            raise DatasetError(f"cannot merge {src / INFO} with {sources[0] / INFO}: {why}")
+    _refuse_disagreement([(s, read_info(s)) for s in sources])
 
 
 def merged_robot_type(checks: tuple[SourceCheck, ...]) -> str:
