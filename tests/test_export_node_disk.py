@@ -12,7 +12,7 @@ from diskfull import fill, tmpfs, unfill
 from dsfactory import Ep, make_dataset
 from eva_export_interfaces.msg import JobQueueStatus
 from eva_export_interfaces.srv import StartExport
-from test_export_node import _wait_job
+from node_jobs import wait_job
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -43,13 +43,13 @@ def test_export_node_on_a_full_disk(node_factory, ros_client, fs: Path, tmp_path
     fill(fs, leave=400 * 1024)  # the job record and the native split fit, the embedded frames do not
     r = ros_client.call(StartExport, node.service("start"), start)  # not "already has export ... queued"
     assert r.success, r.message
-    job = _wait_job(ros_client, node, r.job_id, timeout=120.0)
+    job = wait_job(ros_client, node, r.job_id, timeout=120.0)
     assert job.state == "failed" and "free there" in job.error and str(fs) in job.error, job.error
     assert not (log_dir / "demo" / "export" / "hdf5" / "accepted").exists()
     unfill(fs)
 
     r = ros_client.call(StartExport, node.service("start"), start)
     assert r.success, r.message
-    job = _wait_job(ros_client, node, r.job_id, timeout=120.0)
+    job = wait_job(ros_client, node, r.job_id, timeout=120.0)
     assert job.state == "completed", job.error
     assert node.stop() == 0, node.log_tail()
