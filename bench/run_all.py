@@ -43,6 +43,7 @@ def main() -> int:
     env.setdefault("ROS_DOMAIN_ID", str(150 + os.getpid() % 80))
     parts = [f"# Benchmarks\n\nMeasured {time.strftime('%Y-%m-%d %H:%M %Z')} on {machine()}.\n"]
     failed = []
+    goals: list[str] = []
     for name in BENCHES:
         script = HERE / name
         if not script.exists():
@@ -50,6 +51,7 @@ def main() -> int:
             continue
         cmd = [sys.executable, str(script)] + (["--quick"] if quick else [])
         print(f"== {' '.join(cmd)}", flush=True)
+        load0 = os.getloadavg()[0]
         t0 = time.monotonic()
         proc = subprocess.run(cmd, env=env, cwd=HERE.parent, capture_output=True, text=True)
         took = time.monotonic() - t0
@@ -59,7 +61,15 @@ def main() -> int:
         status = "ok" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
         if proc.returncode != 0:
             failed.append(name)
-        parts.append(f"## {name} ({status}, {took:.0f} s)\n\n" + "\n".join(table) + "\n")
+        load = f"load average {load0:.1f} at start, {os.getloadavg()[0]:.1f} at end"
+        parts.append(f"## {name} ({status}, {took:.0f} s, {load})\n\n" + "\n".join(table) + "\n")
+        # Every bench prints its verdicts as lines starting with "goal"; one list makes the run's
+        # met / NOT met readable at a glance, each beside the bench and the load it ran under.
+        goals += [f"| {name} | {ln.strip()} | {load0:.1f} |" for ln in proc.stdout.splitlines()
+                  if ln.lstrip().lower().startswith("goal")]
+    if goals:
+        parts.insert(1, "## Goals\n\n| bench | verdict (anchor measured in the same run) | load at start |\n"
+                        "|---|---|---|\n" + "\n".join(goals) + "\n")
     out = HERE / "RESULTS.md"
     out.write_text("\n".join(parts), encoding="utf-8")
     print(f"\nwrote {out}")
