@@ -6,6 +6,7 @@ heading with the date and the machine they were measured on.
 
     make bench            # full sizes
     make bench QUICK=1    # shorter runs where a bench supports --quick
+    python bench/run_all.py bench_upload.py bench_ingest.py   # only these
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 BENCHES = ["bench_capture.py", "bench_split.py", "bench_formats.py", "bench_upload.py", "bench_store.py",
-           "bench_ingest.py", "bench_parallel.py", "bench_episodes.py", "bench_rawformats.py"]
+           "bench_ingest.py", "bench_parallel.py", "bench_episodes.py", "bench_rawformats.py",
+           # The memory shape of issue 28: 10,000 short episodes against 1,000 (QUICK: 1,000 vs 100).
+           "bench_episodes.py --memory --sizes 1000,10000"]
+QUICK_ARGS = {"bench_episodes.py --memory --sizes 1000,10000": ["--memory", "--sizes", "100,1000"]}
 
 
 def machine() -> str:
@@ -44,12 +48,16 @@ def main() -> int:
     parts = [f"# Benchmarks\n\nMeasured {time.strftime('%Y-%m-%d %H:%M %Z')} on {machine()}.\n"]
     failed = []
     goals: list[str] = []
+    only = [a for a in sys.argv[1:] if not a.startswith("-")]  # e.g. run_all.py bench_upload.py
     for name in BENCHES:
-        script = HERE / name
+        if only and name.split()[0] not in only:
+            continue
+        script_name, *args = name.split()
+        script = HERE / script_name
         if not script.exists():
             parts.append(f"## {name}\n\n(not present)\n")
             continue
-        cmd = [sys.executable, str(script)] + (["--quick"] if quick else [])
+        cmd = [sys.executable, str(script)] + (QUICK_ARGS.get(name, ["--quick"]) if quick else args)
         print(f"== {' '.join(cmd)}", flush=True)
         load0 = os.getloadavg()[0]
         t0 = time.monotonic()
