@@ -63,7 +63,11 @@ class VideoEncoder:
                 f"{self.path.name}: frame {self.frames} has shape {rgb.shape} {rgb.dtype}, "
                 f"expected ({self.height}, {self.width}, 3) uint8"
             )
-        frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")
+        if rgb.strides[1:] != (3, 1):
+            rgb = np.ascontiguousarray(rgb)  # a channel-reordering view (bgr8): one copy, here
+        # wrap, not copy: the encoder converts to YUV inside encode(), before it returns; the
+        # bitstream is byte-identical to a copied, aligned frame (tests/test_ingest_speed.py)
+        frame = av.VideoFrame.from_numpy_buffer(rgb, format="rgb24")
         frame.pts = self.frames
         frame.time_base = Fraction(1, self.fps)
         if self._container is None:
