@@ -1,21 +1,26 @@
 """Bag ingest benchmark: 3 cameras 640x480 rgb8 at 30 Hz + JointState at 100 Hz, rosbag2 MCAP.
 
-    .venv/bin/python bench/bench_ingest.py            # bags of 20 s and 60 s (about 5.5 GB)
-    .venv/bin/python bench/bench_ingest.py --quick    # bags of 5 s and 15 s
+    .venv/bin/python bench/bench_ingest.py                 # bags of 20 s and 60 s (about 6.3 GB)
+    .venv/bin/python bench/bench_ingest.py --quick         # bags of 5 s and 15 s
+    .venv/bin/python bench/bench_ingest.py --compare /work/main   # also another checkout's ingest
 
 The bags are written by `rosbags` (an independent writer, as `ros2 bag record` would) into a
-temporary directory and removed afterwards. Per bag length:
+temporary directory and removed afterwards. Per bag length, ``--rounds`` interleaved rounds of
+whole child processes (order rotated each round), medians reported:
 
-* decode only: read the bag and turn every image message into its RGB array (the mcap stream
-  reader, CDR decoding and the same intake conversion and image decoder ingest uses), no
+* decode only (the anchor): read the bag and turn every image message into its RGB array (the
+  same bag reader, CDR decoding, intake conversion and image decoder ingest uses), no
   alignment, no encoding: the floor for ingest;
-* ingest: ``eva-export ingest`` (one episode per bag) in a child process: wall time, camera
-  frames/s, x real time (bag duration / wall time), peak RSS (VmHWM of the child) - flat
-  across lengths when memory does not grow with the bag;
-* CPU: user + system seconds of the child (load-independent).
+* ingest: ``eva-export ingest`` (one episode per bag): wall time, camera frames/s, x real time
+  (bag duration / wall time), peak RSS (VmHWM of the child) - flat across lengths when memory
+  does not grow with the bag;
+* CPU: user + system seconds of the child (load-independent), and the x real time two free
+  cores would give for that CPU (the bound when the work spreads over both);
+* ``--compare ROOT``: the same ingest run from another checkout (before/after in one run).
 
-Goal (issue 15): ingest at least 5x real time on 2 cores, peak RSS flat. The machine is shared:
-print the load average next to the numbers. Writes bench/out/ingest.json.
+Goal (issues 15, 28): ingest at least 5x real time on 2 cores, peak RSS flat. The machine may be
+shared: the load average of every round is printed next to the numbers. Writes
+bench/out/ingest.json.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -99,7 +105,7 @@ def write_bag(path: Path, seconds: float) -> tuple[int, float]:
 
 
 def decode_only(bag: Path, cfg_path: Path) -> dict:
-    """Read every image of the bag into RGB the way ingest does, nothing else."""
+    """Read every image of the bag into RGB the way ingest does, nothing else (run in a child)."""
     from eva_export.capture.ingest import BagReader, open_bag
     from eva_export.capture.intake import ImageDecoder, converter, streams_from_config
     from eva_export.config import load_config
@@ -109,47 +115,119 @@ def decode_only(bag: Path, cfg_path: Path) -> dict:
     conv = {t: converter(s) for t, s in specs.items()}
     dec = ImageDecoder()
     reader = BagReader(open_bag(bag), set(specs), lambda topic, ty: None)
-    t = time.perf_counter()
-    c = time.process_time()
     frames = 0
     for m in reader:
         _, payload = conv[m.topic](m.msg)
         if specs[m.topic].is_camera:
             img = dec.rgb(payload)
             frames += int(img.shape[0] > 0)
-    wall = time.perf_counter() - t
-    cpu = time.process_time() - c
-    return {"frames": frames, "wall_s": wall, "frames_per_s": frames / wall, "cpu_s": cpu,
-            "frames_per_cpu_s": frames / cpu if cpu else 0.0}
+    return {"frames": frames}
 
 
-def ingest(bag: Path, cfg_path: Path) -> dict:
+def _child(cmd: list[str], root: Path) -> tuple[float, float, str]:
+    """(wall s, CPU s, stdout) of one child process run from ``root``."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise SystemExit(f"{cmd[3:5]} failed in {root}: {proc.stderr[-2000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, proc.stdout
+
+
+def run_decode(bag: Path, cfg_path: Path) -> dict:
+    wall, cpu, out = _child([sys.executable, str(Path(__file__).resolve()), "--decode-only", str(bag), str(cfg_path)],
+                            ROOT)
+    res = json.loads(out)
+    return {"wall_s": wall, "cpu_s": cpu, "frames": res["frames"], "frames_per_s": res["frames"] / wall}
+
+
+def run_ingest(bag: Path, cfg_path: Path, root: Path, work: Path) -> dict:
+    shutil.rmtree(work / "datasets", ignore_errors=True)
     cmd = [sys.executable, "-c",
            "import resource, sys\nfrom eva_export.cli import main\nrc = main(sys.argv[1:])\n"
            "print('VMHWM', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\nsys.exit(rc)",
            "ingest", str(bag), "--config", str(cfg_path), "--dataset", "bench"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    wall = time.perf_counter() - t
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
-        raise SystemExit(f"ingest failed: {proc.stderr[-2000:]}")
-    text = proc.stdout
+    wall, cpu, text = _child(cmd, root)
+    shutil.rmtree(work / "datasets", ignore_errors=True)
     rss_kb = int(text.rsplit("VMHWM", 1)[1].split()[0])
     res = json.loads(text.rsplit("VMHWM", 1)[0])
     (ep,) = res["episodes"]
     return {"wall_s": wall, "rows": ep["frames"], "quality": ep["quality"], "codes": ep["codes"],
-            "camera_frames_per_s": ep["frames"] * len(CAMERAS) / wall, "peak_rss_mb": rss_kb / 1024,
-            "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)}
+            "camera_frames_per_s": ep["frames"] * len(CAMERAS) / wall, "peak_rss_mb": rss_kb / 1024, "cpu_s": cpu}
+
+
+def _median(runs: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def measure(seconds: float, work: Path, cfg: Path, rounds: int, compare: Path | None) -> dict:
+    bag = work / f"bag_{int(seconds)}s"
+    size, write_s = write_bag(bag, seconds)
+    names = ["decode", "ingest"] + (["compare"] if compare else [])
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    loads = []
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:  # rotate: no kind always first
+            if name == "decode":
+                runs[name].append(run_decode(bag, cfg))
+            else:
+                runs[name].append(run_ingest(bag, cfg, ROOT if name == "ingest" else compare, work))  # type: ignore[arg-type]
+            loads.append(os.getloadavg()[0])
+    shutil.rmtree(bag, ignore_errors=True)
+    row: dict = {"seconds": seconds, "bag_mb": size / 2**20, "write_s": write_s, "rounds": rounds,
+                 "load_min": min(loads), "load_max": max(loads), "runs": runs}
+    for name in names:
+        wall, cpu = _median(runs[name], "wall_s"), _median(runs[name], "cpu_s")
+        row[name] = {"wall_s": wall, "cpu_s": cpu, "x_realtime": seconds / wall,
+                     "x_realtime_2_free_cores": seconds / (cpu / 2) if cpu else 0.0}
+    ing = runs["ingest"]
+    row["ingest"].update(peak_rss_mb=max(r["peak_rss_mb"] for r in ing), rows=ing[0]["rows"],
+                         quality=sorted({f"{r['quality']} {r['codes']}" for r in ing}),
+                         camera_frames_per_s=_median(ing, "camera_frames_per_s"))
+    row["decode"]["frames_per_s"] = _median(runs["decode"], "frames_per_s")
+    print(json.dumps({k: v for k, v in row.items() if k != "runs"}), flush=True)
+    return row
+
+
+def report(rows: list[dict], compare: Path | None) -> None:
+    print("\n| bag | MB | decode-only (anchor): x real time, camera fps | ingest x real time (median) | ingest / "
+          "decode-only wall | x real time, 2 free cores (CPU bound) | CPU s | peak RSS MB | quality | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        i, d = r["ingest"], r["decode"]
+        print(f"| {r['seconds']:.0f} s | {r['bag_mb']:.0f} | {d['x_realtime']:.1f} ({d['frames_per_s']:.0f}) | "
+              f"{i['x_realtime']:.1f} | {i['wall_s'] / d['wall_s']:.1f}x | {i['x_realtime_2_free_cores']:.1f} | "
+              f"{i['cpu_s']:.1f} | {i['peak_rss_mb']:.0f} | {', '.join(i['quality'])} | "
+              f"{r['load_min']:.1f}-{r['load_max']:.1f} |")
+    if compare:
+        for r in rows:
+            c, i = r["compare"], r["ingest"]
+            print(f"compare {compare}: {r['seconds']:.0f} s bag {c['x_realtime']:.1f}x real time, {c['cpu_s']:.1f} "
+                  f"CPU s; this checkout {i['x_realtime']:.1f}x, {i['cpu_s']:.1f} CPU s "
+                  f"({i['cpu_s'] / c['cpu_s']:.2f}x the CPU)")
+    worst = min(r["ingest"]["x_realtime"] for r in rows)
+    loads = f"load {min(r['load_min'] for r in rows):.1f}-{max(r['load_max'] for r in rows):.1f}"
+    anchor = ", ".join(f"{r['decode']['x_realtime']:.1f}x" for r in rows)
+    print(f"goal ingest >= 5x real time: {'met' if worst >= 5 else 'NOT met'} (slowest bag {worst:.1f}x, median of "
+          f"{rows[0]['rounds']} rounds; decode-only anchor {anchor} in the same run; {loads}; "
+          f"{os.cpu_count()} cores)")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="bags of 5 s and 15 s")
     ap.add_argument("--lengths", type=float, nargs="*", help="bag lengths in seconds")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per bag (medians)")
+    ap.add_argument("--compare", type=Path, help="another checkout whose ingest runs in the same rounds")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    ap.add_argument("--decode-only", nargs=2, metavar=("BAG", "CONFIG"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.decode_only:
+        print(json.dumps(decode_only(Path(args.decode_only[0]), Path(args.decode_only[1]))))
+        return 0
     lengths = args.lengths or ([5.0, 15.0] if args.quick else [20.0, 60.0])
     OUT.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench_ingest_"))
@@ -157,32 +235,11 @@ def main() -> int:
     try:
         cfg = write_config(work)
         for seconds in lengths:
-            bag = work / f"bag_{int(seconds)}s"
-            size, write_s = write_bag(bag, seconds)
-            dec = decode_only(bag, cfg)
-            ing = ingest(bag, cfg)
-            shutil.rmtree(work / "datasets", ignore_errors=True)
-            row = {"seconds": seconds, "bag_mb": size / 2**20, "write_s": write_s, "decode_only": dec,
-                   "ingest": ing, "x_realtime": seconds / ing["wall_s"],
-                   # what 2 free cores would give if the work spread over both (an upper bound)
-                   "x_realtime_2_free_cores": seconds / (ing["cpu_s"] / 2) if ing["cpu_s"] else 0.0,
-                   "load_avg": os.getloadavg()}
-            rows.append(row)
-            shutil.rmtree(bag, ignore_errors=True)
-            print(json.dumps(row), flush=True)
+            rows.append(measure(seconds, work, cfg, max(1, args.rounds), args.compare))
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    print("\n| bag | MB | decode-only fps (per CPU s) | ingest camera fps | x real time | x real time, 2 free cores "
-          "(CPU bound) | peak RSS MB | CPU s | quality | load |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        i = r["ingest"]
-        d = r["decode_only"]
-        print(f"| {r['seconds']:.0f} s | {r['bag_mb']:.0f} | {d['frames_per_s']:.0f} ({d['frames_per_cpu_s']:.0f}) | "
-              f"{i['camera_frames_per_s']:.0f} | {r['x_realtime']:.1f} | {r['x_realtime_2_free_cores']:.1f} | "
-              f"{i['peak_rss_mb']:.0f} | {i['cpu_s']:.1f} | "
-              f"{i['quality']} {i['codes']} | {r['load_avg'][0]:.1f} |")
+    report(rows, args.compare)
     (OUT / "ingest.json").write_text(json.dumps(rows, indent=2))
     return 0
 

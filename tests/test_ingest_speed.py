@@ -129,7 +129,7 @@ def test_cdr_views_equal_the_generic_decoder_for_every_alignment(tmp_path: Path)
     msgs = _odd_messages()
     bag = _write_rosbags(tmp_path / "le", msgs)
     assert _assert_same(bag) == len(msgs)
-    raw = open(next(bag.glob("*.mcap")), "rb").read()
+    raw = next(bag.glob("*.mcap")).read_bytes()
     assert raw.count(b"kamera_\xc3\xbc") >= 3  # the non-ASCII frame id really is in the file
 
 

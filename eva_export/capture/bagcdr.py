@@ -76,7 +76,7 @@ class _Doubt(Exception):
 class _Cursor:
     """Reads aligned CDR fields; offsets count from the end of the 4-byte encapsulation header."""
 
-    __slots__ = ("buf", "pos", "end")
+    __slots__ = ("buf", "end", "pos")
 
     def __init__(self, buf: memoryview) -> None:
         self.buf, self.pos, self.end = buf, 4, len(buf)
