@@ -123,6 +123,7 @@ MODULES = [
     "eva_export.capture.writer_cache",
     "eva_export.capture.ingest",
     "eva_export.capture.bagreader",
+    "eva_export.capture.bagcdr",
     "eva_export.capture.bagfiles",
     "eva_export.capture.room",
     "eva_export.capture.intake",

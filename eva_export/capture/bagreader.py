@@ -53,7 +53,7 @@ def chunk_data(chunk: Chunk) -> bytes:
 
         data: bytes = zstandard.decompress(chunk.data, chunk.uncompressed_size)
     elif chunk.compression == "lz4":
-        import lz4.frame
+        import lz4.frame  # type: ignore[import-untyped]
 
         data = lz4.frame.decompress(chunk.data)
     elif chunk.compression == "":
