@@ -3,9 +3,9 @@
 * bag reading: our chunk walk and CDR views (bagreader.py, bagcdr.py) against mcap's own reader
   and mcap-ros2-support's decoder, on bags written by `rosbags` and re-chunked by `mcap`'s writer
   (zstd, lz4, uncompressed: independent writers), big-endian messages included;
-* video: a frame wrapped in place (unaligned, read-only, padded rows, channel-reversed) encodes
-  to the same bytes as an aligned copy, and the per-camera encoder threads write the same bytes
-  as one encoder run serially.
+* video: a frame wrapped in place (unaligned, read-only, padded rows; channel-reversed and flipped
+  views are copied first) encodes to the same bytes as an aligned copy, and the per-camera
+  encoder threads write the same bytes as one encoder run serially.
 """
 
 from __future__ import annotations
@@ -193,8 +193,10 @@ def test_a_wrapped_frame_encodes_to_the_bytes_of_an_aligned_copy(tmp_path: Path)
 
     views = {"unaligned": [unaligned(f, 1 + k % 7) for k, f in enumerate(frames)],
              "padded": [padded(f) for f in frames],
-             "reversed": [np.ascontiguousarray(f[..., ::-1])[..., ::-1] for f in frames]}
+             "reversed": [np.ascontiguousarray(f[..., ::-1])[..., ::-1] for f in frames],
+             "flipped": [np.ascontiguousarray(f[::-1])[::-1] for f in frames]}
     assert not views["unaligned"][0].flags.writeable and views["reversed"][0].strides[2] == -1
+    assert views["flipped"][0].strides[0] < 0
     for name, vs in views.items():
         assert _encode(tmp_path / f"{name}.mp4", vs) == want, name
     with av.open(str(tmp_path / "copy.mp4")) as c:

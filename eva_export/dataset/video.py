@@ -63,8 +63,8 @@ class VideoEncoder:
                 f"{self.path.name}: frame {self.frames} has shape {rgb.shape} {rgb.dtype}, "
                 f"expected ({self.height}, {self.width}, 3) uint8"
             )
-        if rgb.strides[1:] != (3, 1):
-            rgb = np.ascontiguousarray(rgb)  # a channel-reordering view (bgr8): one copy, here
+        if rgb.strides[1:] != (3, 1) or rgb.strides[0] < 3 * self.width:
+            rgb = np.ascontiguousarray(rgb)  # a channel-reordering or flipped view: one copy, here
         # wrap, not copy: the encoder converts to YUV inside encode(), before it returns; the
         # bitstream is byte-identical to a copied, aligned frame (tests/test_ingest_speed.py)
         frame = av.VideoFrame.from_numpy_buffer(rgb, format="rgb24")
