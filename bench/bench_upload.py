@@ -4,12 +4,13 @@ One command (``python bench/bench_upload.py``): builds an export-like tree (~300
 files of a few sizes, with its meta/manifest.json) in a temp dir, starts the throwaway sshd
 of tests/sshd.py on 127.0.0.1 and measures
 
-* throughput, three rows in interleaved rounds (the order rotates each round; medians, and
+* throughput, four rows in interleaved rounds (the order rotates each round; medians, and
   the load average before every run): the project with ``bulk: paramiko``, the project with
-  ``bulk: openssh`` (OpenSSH's sftp client sends the bytes), and the anchor, OpenSSH's own
-  ``sftp -b`` ``put -r`` of the same tree (same key, known_hosts and cipher). The project's
-  uploads include their end-to-end check (every file hashed on the server against the
-  manifest) before the rename; the anchor checks nothing. Goal: median >= 0.9x the anchor.
+  ``bulk: openssh`` (OpenSSH's sftp client sends the bytes; two clients for a tree this
+  size, as configured by default) and the same with one client, and the anchor, OpenSSH's
+  own ``sftp -b`` ``put -r`` of the same tree (same key, known_hosts and cipher). The
+  project's uploads include their end-to-end check (every file hashed on the server against
+  the manifest) before the rename; the anchor checks nothing. Goal: median >= 0.9x the anchor.
 * resume: the connection is killed at 50% of the bytes; the retry resumes. Reported: the
   bytes sent beyond the tree's size (goal: at most one file's worth).
 * bandwidth cap: MB/s over the wall clock against the configured cap (goal: within 10%).
@@ -43,6 +44,7 @@ import paramiko  # noqa: E402
 from sshd import SshServer  # noqa: E402
 
 from eva_export.manifest import write_manifest  # noqa: E402
+from eva_export.upload import bulk_openssh  # noqa: E402
 from eva_export.upload.sftp import PREFERRED_CIPHERS, SftpBackend  # noqa: E402
 
 MB = 1 << 20
@@ -78,8 +80,18 @@ def build_tree(root: Path, total_mb: int) -> tuple[int, int]:
     return files, size
 
 
-def run_project(server: SshServer, tree: Path, remote_dir: Path, bulk: str = "paramiko") -> dict[str, float | str]:
-    """One upload by the backend; ``bulk=openssh`` hands the bytes to OpenSSH's sftp client."""
+def run_project(server: SshServer, tree: Path, remote_dir: Path, bulk: str = "paramiko",
+                streams: int = bulk_openssh.STREAMS) -> dict[str, float | str]:
+    """One upload by the backend; ``bulk=openssh`` hands the bytes to OpenSSH's sftp client
+    (``streams`` clients at once)."""
+    default_streams, bulk_openssh.STREAMS = bulk_openssh.STREAMS, streams
+    try:
+        return _run_project(server, tree, remote_dir, bulk)
+    finally:
+        bulk_openssh.STREAMS = default_streams
+
+
+def _run_project(server: SshServer, tree: Path, remote_dir: Path, bulk: str) -> dict[str, float | str]:
     settings = server.sftp_settings(str(remote_dir), bulk=bulk)
     backend = SftpBackend(settings)
     client = backend.connect()
@@ -182,7 +194,9 @@ def run_openssh(server: SshServer, tree: Path, remote_dir: Path, size: int) -> d
 
 LABELS = {
     "project": "eva_export SftpBackend, bulk: paramiko",
-    "project_openssh": "eva_export SftpBackend, bulk: openssh (sftp -b bytes, paramiko verify + rename)",
+    "project_openssh": f"eva_export SftpBackend, bulk: openssh ({bulk_openssh.STREAMS} sftp -b clients send, "
+                       "paramiko verifies + renames)",
+    "project_openssh_1": "eva_export SftpBackend, bulk: openssh, 1 sftp -b client",
     "openssh": "anchor: OpenSSH sftp -b put -r (no verification)",
 }
 
@@ -204,9 +218,15 @@ def _print_rows(report: dict[str, Any], files: int, size: int) -> None:
     for name, r in report["rows"].items():
         print(f"| {LABELS[name]} | {r['cipher']} | {r['median_mb_s']:.1f} | {r['best_mb_s']:.1f} "
               f"| {r['median_cpu_s_per_gb']} | {r['median_ratio']:.2f} |")
-    print(f"\ngoal median ratio >= 0.9: paramiko {'met' if report['goal_met_paramiko'] else 'NOT met'}, "
-          f"openssh bulk {'met' if report['goal_met_openssh_bulk'] else 'NOT met'}; max RSS "
-          f"{report['max_rss_kb_before_uploads'] // 1024} MiB before, "
+    lo, hi = min(loads), max(loads)
+    print()
+    for name, label in (("project_openssh", f"bulk: openssh ({bulk_openssh.STREAMS} clients, the default "
+                                             "client count)"),
+                        ("project_openssh_1", "bulk: openssh, 1 client"), ("project", "bulk: paramiko")):
+        ratio = report["rows"][name]["median_ratio"]
+        print(f"ratio {label}: {ratio:.2f}x sftp -b (medians of {report['repeats']}, load {lo}-{hi}); "
+              f"goal >= 0.9x sftp: {'met' if ratio >= 0.9 else 'NOT met'}")
+    print(f"max RSS {report['max_rss_kb_before_uploads'] // 1024} MiB before, "
           f"{report['max_rss_kb_after_uploads'] // 1024} MiB after the uploads")
 
 
@@ -225,20 +245,22 @@ def main() -> int:
         files, size = build_tree(tree, args.total_mb)
         server = SshServer.start(work / "sshd")
         remote = work / "remote"
-        names = ("openssh", "project", "project_openssh")
+        names = ("openssh", "project", "project_openssh", "project_openssh_1")
         runs: dict[str, list[dict[str, float | str]]] = {n: [] for n in names}
         loads: list[float] = []
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         for i in range(args.repeats):
             # the order rotates so that no row always runs first (or right after another)
-            for name in names[i % 3:] + names[:i % 3]:
+            for name in names[i % len(names):] + names[:i % len(names)]:
                 remote.mkdir(parents=True, exist_ok=True)
                 loads.append(os.getloadavg()[0])
                 if name == "openssh":
                     runs[name].append(run_openssh(server, tree, remote, size))
+                elif name == "project":
+                    runs[name].append(run_project(server, tree, remote, "paramiko"))
                 else:
-                    runs[name].append(run_project(server, tree, remote,
-                                                  "openssh" if name == "project_openssh" else "paramiko"))
+                    runs[name].append(run_project(server, tree, remote, "openssh",
+                                                  1 if name == "project_openssh_1" else bulk_openssh.STREAMS))
                 shutil.rmtree(remote)
         rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         remote.mkdir(parents=True, exist_ok=True)
@@ -265,6 +287,8 @@ def main() -> int:
         "goal_median_ratio": 0.9,
         "goal_met_paramiko": rows["project"]["median_ratio"] >= 0.9,
         "goal_met_openssh_bulk": rows["project_openssh"]["median_ratio"] >= 0.9,
+        "goal_met_openssh_bulk_1_client": rows["project_openssh_1"]["median_ratio"] >= 0.9,
+        "openssh_bulk_clients": bulk_openssh.STREAMS,
         "max_rss_kb_before_uploads": rss0,
         "max_rss_kb_after_uploads": rss1,
         "python": platform.python_version(),

@@ -9,6 +9,7 @@ and the cancel, and that its failures are retryable attempts with a redacted mes
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import subprocess
 import sys
@@ -25,8 +26,11 @@ from test_upload_resume import _flip_byte, make_subset, published, staged_bytes,
 
 from eva_export.config import SftpSettings  # noqa: E402
 from eva_export.errors import ConfigError, UploadError  # noqa: E402
+from eva_export.upload import bulk_openssh  # noqa: E402
 from eva_export.upload.bulk_openssh import OpensshBulk, batch_safe, find_client  # noqa: E402
+from eva_export.upload.connection import connect, open_sftp  # noqa: E402
 from eva_export.upload.job import UploadCancelled  # noqa: E402
+from eva_export.upload.remote import HashQueue, RemoteHasher  # noqa: E402
 from eva_export.upload.sftp import SftpBackend  # noqa: E402
 
 MB = 1 << 20
@@ -233,3 +237,80 @@ def test_nothing_for_the_client_stops_it(tmp_path: Path, server: SshServer) -> N
     assert _sftp_children() == []
     assert res.sent_bytes == res.bytes and res.verified == "sha256"
     assert (Path(res.remote_path) / "a b.bin").read_bytes() == (src / "a b.bin").read_bytes()
+
+
+def test_a_host_key_mismatch_refuses_the_bulk_upload(tmp_path: Path, server: SshServer) -> None:
+    """known_hosts pins another (real) key for the server: nothing is sent, no client is left."""
+    other_key = tmp_path / "other_host_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other_key)], check=True,
+                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    pub = " ".join(Path(f"{other_key}.pub").read_text().split()[:2])
+    other = tmp_path / "other_known_hosts"
+    other.write_text(f"[127.0.0.1]:{server.port} {pub}\n")
+    settings = dataclasses.replace(openssh_settings(server, tmp_path), known_hosts=str(other))
+    src = make_subset(tmp_path / "src", {"a.bin": 2 * MB, "b.bin": 5000})
+    with pytest.raises(UploadError, match="does not match") as info:
+        SftpBackend(settings).upload(src, "ds")
+    assert "refused" in str(info.value) and "nothing was published" in str(info.value)
+    root = remote_root(tmp_path)
+    assert not root.exists() or list(root.iterdir()) == []  # not even a staging directory
+    assert _sftp_children() == []
+    assert other.read_text() == f"[127.0.0.1]:{server.port} {pub}\n"  # never written back
+
+
+def _logins(server: SshServer) -> int:
+    return server.log.read_text(errors="replace").count("Accepted publickey")
+
+
+def test_two_streams_share_the_bytes(tmp_path: Path, server: SshServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bulk_openssh, "STREAM_MIN_BYTES", 1)  # this small tree gets two clients too
+    files = {"videos/a.mp4": 3 * MB, "videos/b.mp4": 2 * MB + 7, "data/c.parquet": 300_000,
+             "meta/info.json": 700, "meta/more.json": 9}
+    src = make_subset(tmp_path / "src", files)
+    before = _logins(server)
+    res = SftpBackend(openssh_settings(server, tmp_path)).upload(src, "ds")
+    assert _logins(server) - before == 3  # paramiko's control connection and two clients
+    same_tree(src, Path(res.remote_path))
+    assert res.verified == "sha256" and res.sent_bytes == subset_bytes(src)
+    assert _sftp_children() == []
+
+
+def test_two_streams_broken_at_the_server_resume(tmp_path: Path, server: SshServer,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both clients' servers stop at 2 MiB of a file; the next upload sends every byte once."""
+    monkeypatch.setattr(bulk_openssh, "STREAM_MIN_BYTES", 1)
+    src = make_subset(tmp_path / "src", {"a_big.bin": 3 * MB, "b_big.bin": 3 * MB})
+    settings = openssh_settings(server, tmp_path, max_attempts=1)
+    error = _break_off(server, settings, src, 2 * MB)
+    assert "OpenSSH's sftp client failed" in error
+    assert published(remote_root(tmp_path)) == [] and _sftp_children() == []
+    res = SftpBackend(settings).upload(src, "ds")
+    # the file whose server died holds exactly 2 MiB, an intact prefix: continued, not re-sent
+    assert res.skipped_bytes >= 2 * MB
+    assert res.sent_bytes + res.skipped_bytes == subset_bytes(src)
+    same_tree(src, Path(res.remote_path))
+
+
+def test_hash_queue_hashes_every_file_on_the_server(tmp_path: Path, server: SshServer) -> None:
+    root = tmp_path / "hashed"
+    root.mkdir()
+    want = {}
+    for i in range(40):
+        data = os.urandom(1000 + 997 * i)
+        (root / f"f{i:02d}.bin").write_bytes(data)
+        want[f"f{i:02d}.bin"] = hashlib.sha256(data).hexdigest()
+    settings = server.sftp_settings(str(tmp_path))
+    client = connect(settings)
+    try:
+        sftp = open_sftp(client, settings.transfer_timeout_s)
+        hasher = RemoteHasher(client, sftp, settings.transfer_timeout_s)
+        hasher.start()
+        queue = HashQueue(hasher, str(root))
+        for rel in [*want, "missing.bin"]:
+            queue.add(rel, 1)
+        got = queue.finish()
+        hasher.close()
+    finally:
+        client.close()
+    assert hasher.kind in ("openssl", "sha256sum")
+    assert got == want  # every file, and nothing for the missing one

@@ -2,9 +2,11 @@
 
 paramiko's Python packet loop costs about twice the CPU per GiB of OpenSSH's C client, and
 on a robot's few cores that is the upload's speed limit. So, where the client is installed,
-the files of a plan are sent by one ``sftp -b`` process per attempt while paramiko keeps the
-control: it connects first (host key, key, staging, the resume plan) and afterwards
-verifies every size and SHA-256 and publishes by one rename, exactly as in paramiko mode.
+the files of a plan are sent by one ``sftp -b`` process per attempt (one batch for all
+files, no process per file) while paramiko keeps the control: staging, the resume plan,
+the SHA-256 of every file on the server and the publication by one rename, exactly as in
+paramiko mode. The server hashes each file, in batches, while the client sends the next
+ones (remote.HashQueue), so what is left after the last byte is one short request.
 
 The client runs under the same policy: ``StrictHostKeyChecking=yes`` against the configured
 known_hosts only (never written: ``UpdateHostKeys=no``), the configured key only
@@ -12,11 +14,15 @@ known_hosts only (never written: ``UpdateHostKeys=no``), the configured key only
 file whose remote prefix the plan proved intact is continued with ``reput``; any other is
 sent with ``put`` (which truncates a corrupt copy). The bandwidth cap becomes ``-l`` (Kbit/s).
 Progress is reported per file: the client echoes each batch command as it starts it, so
-the echo of one command means the one before it is complete. The client is started right
-after paramiko's connect (batch on stdin), so its handshake overlaps the resume plan.
+the echo of one command means the one before it is complete. The client is started with
+paramiko's connect (batch on stdin, written once the plan is known), so its handshake
+overlaps paramiko's and the resume plan: both connections check the pinned host key, and
+the client learns no file or directory name before paramiko's own check passed and the
+remote lock is held. Large files go first, so the hashing of the last ones to arrive is short.
 
-Files whose path could be misread by the batch parser (quotes, spaces, glob characters) or
-that exist only in memory (a manifest built for an older export) go through paramiko.
+Files whose remote path could be misread by the batch parser (quotes, spaces, glob
+characters) go through paramiko; the manifest, held in memory, is written to a private
+temporary file for the client.
 """
 
 from __future__ import annotations
@@ -31,15 +37,16 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from ..config import SftpSettings
 from ..errors import UploadError
+from ..manifest import MANIFEST_FILE
 from .connection import PREFERRED_CIPHERS, user_of
 from .job import PermanentError, UploadFile, UploadJob
-from .remote import RemoteHasher
+from .remote import HashQueue, RemoteHasher
 from .transfer import SMALL_FILE, Plan
 
 # Paths the batch parser takes literally inside double quotes: no quote, backslash, glob
@@ -47,10 +54,20 @@ from .transfer import SMALL_FILE, Plan
 _SAFE = re.compile(r"[A-Za-z0-9._/+=,@%:~-]+\Z")
 POLL_S = 0.5  # progress (and so cancellation) is checked at least this often
 STDERR_MAX = 2000  # characters of the client's stderr kept in an error
+STREAMS = 2  # client processes (connections) of a large upload
+STREAM_MIN_BYTES = 64 << 20  # below this a second handshake costs more than it gains
 
 
 def batch_safe(path: str) -> bool:
     return bool(_SAFE.match(path)) and "\n" not in path
+
+
+def streams_for(settings: SftpSettings, total_bytes: int) -> int:
+    """How many clients share an upload: one under a bandwidth cap (``-l`` is per client) or
+    for a small upload, else ``STREAMS``."""
+    if settings.bandwidth_limit_bps or total_bytes < STREAM_MIN_BYTES:
+        return 1
+    return STREAMS
 
 
 def find_client(mode: str) -> str | None:
@@ -70,14 +87,6 @@ class OpensshBulk:
 
     settings: SftpSettings
     executable: str
-
-    def split(self, job: UploadJob, items: Plan) -> tuple[Plan, Plan]:
-        """(files for the client, files for paramiko)."""
-        if not batch_safe(job.staging):
-            return [], items
-        mine = [p for p in items if p[0].path is not None and batch_safe(p[0].rel)
-                and not p[0].rel.startswith("-")]
-        return mine, [p for p in items if p not in mine]
 
     def command(self, batch: str) -> list[str]:
         s = self.settings
@@ -104,85 +113,150 @@ class OpensshBulk:
         return text
 
 
-class ClientRun:
-    """One ``sftp -b -`` process of an attempt, started right after paramiko's connect so that
-    its SSH handshake overlaps the resume plan; the batch is written once the plan is known."""
+@dataclass
+class _Stream:
+    """One client process and the files of its batch, in batch order."""
 
-    def __init__(self, bulk: OpensshBulk, cwd: Path) -> None:
+    proc: subprocess.Popen[bytes]
+    err: IO[bytes]
+    items: Plan = field(default_factory=list)
+    done: int = 0  # files known complete
+    started: int = 0  # batch commands echoed
+    buf: bytes = b""
+    rc: int | None = None
+
+
+def balance(items: Plan, n: int) -> list[Plan]:
+    """``items`` over ``n`` batches of about equal bytes; in each, large files first, the
+    manifest last (the hashing of the last files to arrive is then short)."""
+    groups: list[Plan] = [[] for _ in range(n)]
+    load = [0] * n
+    for item in sorted(items, key=lambda p: -(p[0].size - p[1])):
+        i = load.index(min(load))
+        groups[i].append(item)
+        load[i] += item[0].size - item[1]
+    for g in groups:
+        g.sort(key=lambda p: (p[0].rel == MANIFEST_FILE, p[0].size < SMALL_FILE, p[0].rel))
+    return groups
+
+
+class ClientRun:
+    """The ``sftp -b -`` processes of an attempt, started before paramiko connects so that their
+    SSH handshakes overlap paramiko's and the resume plan; the batches are written once the
+    plan is known. ``streams`` processes (connections) share the bytes: on a small machine
+    one stream's four processes (sftp, ssh, sshd, sftp-server) leave CPU unused between them."""
+
+    def __init__(self, bulk: OpensshBulk, cwd: Path, streams: int = 1) -> None:
         self.bulk = bulk
-        self._err = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
+        self._tmp = Path(tempfile.mkdtemp(prefix="eva-upload-"))  # files held in memory, for the client
+        self._streams: list[_Stream] = []
         env = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}
         try:
-            self.proc = subprocess.Popen(bulk.command("-"), cwd=cwd, stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=self._err, env=env)
+            for _ in range(max(1, streams)):
+                err = tempfile.TemporaryFile(dir=self._tmp)  # noqa: SIM115 - closed by close()
+                try:
+                    proc = subprocess.Popen(bulk.command("-"), cwd=cwd, stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, stderr=err, env=env)
+                except BaseException:
+                    err.close()
+                    raise
+                self._streams.append(_Stream(proc, err))
         except BaseException:
-            self._err.close()
+            self.close()
             raise
 
+    @property
+    def procs(self) -> list[subprocess.Popen[bytes]]:
+        return [st.proc for st in self._streams]
+
     def close(self) -> None:
-        """Stop the client if it still runs (nothing to send, or the attempt failed)."""
-        proc = self.proc
-        if proc.poll() is None:
-            proc.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(5.0)
-        for pipe in (proc.stdin, proc.stdout):
-            if pipe is not None:
-                with contextlib.suppress(OSError):
-                    pipe.close()
-        self._err.close()
+        """Stop the clients that still run (nothing to send, or the attempt failed)."""
+        for st in self._streams:
+            proc = st.proc
+            if proc.poll() is None:
+                proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5.0)
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None:
+                    with contextlib.suppress(OSError):
+                        pipe.close()
+            st.err.close()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def split(self, job: UploadJob, items: Plan) -> tuple[Plan, Plan]:
+        """(files for the clients; files for paramiko)."""
+        if not batch_safe(job.staging) or not batch_safe(str(self._tmp)):
+            return [], items
+        mine = [p for p in items if batch_safe(p[0].rel) and not p[0].rel.startswith("-")]
+        return mine, [p for p in items if p not in mine]
+
+    def _source(self, f: UploadFile, index: int) -> str:
+        """The local path the batch names for ``f``."""
+        if f.path is not None:
+            return f"./{f.rel}"
+        tmp = self._tmp / f"data-{index}"
+        tmp.write_bytes(f.data or b"")
+        return str(tmp)
 
     def send(self, job: UploadJob, items: Plan, hasher: RemoteHasher) -> None:
-        """Send ``items`` (resuming where the plan says); raise UploadError when the client fails."""
-        lines = "".join(f'{"reput" if off else "put"} "./{f.rel}" "{posixpath.join(job.staging, f.rel)}"\n'
-                        for f, off in items)
+        """Send ``items`` (resuming where the plan says); raise UploadError when a client fails."""
         for f, _off in items:
             job.verified_remote.discard(f.rel)
-        assert self.proc.stdin is not None
+        index = 0
+        for st, group in zip(self._streams, balance(items, len(self._streams)), strict=True):
+            st.items = group
+            lines = []
+            for f, off in group:
+                lines.append(f'{"reput" if off else "put"} "{self._source(f, index)}" '
+                             f'"{posixpath.join(job.staging, f.rel)}"\n')
+                index += 1
+            assert st.proc.stdin is not None
+            try:
+                st.proc.stdin.write("".join(lines).encode("utf-8"))  # empty: the client just exits
+                st.proc.stdin.close()
+            except BrokenPipeError:
+                pass  # the client is gone already: its exit code and stderr say why
+        queue = HashQueue(hasher, job.staging)
         try:
-            self.proc.stdin.write(lines.encode("utf-8"))
-            self.proc.stdin.close()
-        except BrokenPipeError:
-            pass  # the client is gone already: its exit code and stderr say why
-        with ThreadPoolExecutor(1, thread_name_prefix="upload-hash") as pool:
-            rc, done = self._follow(job, items, lambda f: _hash_later(job, f, hasher, pool))
-        if rc != 0:
-            self._err.seek(0)
-            text = self.bulk.redact(self._err.read().decode(errors="replace").strip())[-STDERR_MAX:]
-            at = items[done][0].rel if done < len(items) else "the end"
-            raise UploadError(f"OpenSSH's sftp client failed (exit {rc}) at {at}: {text or 'no message'}")
+            failed = self._follow(job, lambda f: queue.add(f.rel, f.size))
+            if failed is None:
+                job.remote_hashes.update(queue.finish())
+        finally:
+            queue.close()
+        if failed is not None:
+            failed.err.seek(0)
+            text = self.bulk.redact(failed.err.read().decode(errors="replace").strip())[-STDERR_MAX:]
+            at = failed.items[failed.done][0].rel if failed.done < len(failed.items) else "the end"
+            raise UploadError(f"OpenSSH's sftp client failed (exit {failed.rc}) at {at}: {text or 'no message'}")
 
-    def _follow(self, job: UploadJob, items: Plan, on_file: Callable[[UploadFile], None]) -> tuple[int, int]:
-        """Follow the client's echo until it exits; return (exit code, files known complete)."""
-        out = self.proc.stdout
-        assert out is not None
-        done = started = 0
-        buf = b""
+    def _follow(self, job: UploadJob, on_file: Callable[[UploadFile], None]) -> _Stream | None:
+        """Follow the clients' echo until they exit; return the first that failed, if any."""
         with selectors.DefaultSelector() as sel:
-            sel.register(out, selectors.EVENT_READ)
-            while True:
-                if sel.select(POLL_S):
-                    data = os.read(out.fileno(), 65536)
-                    if not data:
-                        break
-                    buf += data
-                    started += buf.count(b"\n")
-                    buf = buf[buf.rfind(b"\n") + 1:]
-                while done < started - 1:  # the echo of command k+1: command k is complete
-                    _complete(job, items[done], on_file)
-                    done += 1
+            for each in self._streams:
+                assert each.proc.stdout is not None
+                sel.register(each.proc.stdout, selectors.EVENT_READ, each)
+            live = len(self._streams)
+            while live:
+                for key, _events in sel.select(POLL_S):
+                    st: _Stream = key.data
+                    data = os.read(key.fd, 65536)
+                    if not data:  # the client ended
+                        sel.unregister(key.fileobj)
+                        live -= 1
+                        st.rc = st.proc.wait()
+                        if st.rc != 0:
+                            return st  # close() stops the others
+                        st.started = len(st.items) + 1
+                    else:
+                        st.buf += data
+                        st.started += st.buf.count(b"\n")
+                        st.buf = st.buf[st.buf.rfind(b"\n") + 1:]
+                    while st.done < min(st.started - 1, len(st.items)):  # the echo of command k+1: k is complete
+                        _complete(job, st.items[st.done], on_file)
+                        st.done += 1
                 job.report()  # raises UploadCancelled when the caller stops the upload
-        rc = self.proc.wait()
-        if rc == 0:
-            while done < len(items):
-                _complete(job, items[done], on_file)
-                done += 1
-        return rc, done
-
-
-def _hash_later(job: UploadJob, f: UploadFile, hasher: RemoteHasher, pool: ThreadPoolExecutor) -> None:
-    if f.size >= SMALL_FILE:  # hashed on the server while the client sends the next files
-        job.hashes[f.rel] = pool.submit(hasher.hash_files, job.staging, [f.rel], f.size, False)
+        return None
 
 
 def _complete(job: UploadJob, item: tuple[UploadFile, int], on_file: Callable[[UploadFile], None]) -> None:

@@ -10,7 +10,6 @@ import json
 import posixpath
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -104,7 +103,7 @@ class UploadJob:
     done_files: int = 0
     done_bytes: int = 0
     inflight: dict[str, int] = field(default_factory=dict)
-    hashes: dict[str, Future[dict[str, str]]] = field(default_factory=dict)  # hashed after sending
+    remote_hashes: dict[str, str] = field(default_factory=dict)  # SHA-256 on the server, hashed while sending
 
     @property
     def total_bytes(self) -> int:

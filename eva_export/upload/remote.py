@@ -192,3 +192,62 @@ class RemoteHasher:
                 h.update(data)
                 left -= len(data)
         return h.hexdigest()
+
+
+class HashQueue:
+    """Files complete on the server, hashed there in batches while the transfer goes on.
+
+    One request per batch, not per file: every request starts one hash process on the
+    server, and on a loaded 2-core robot dozens of process starts cost as much CPU as the
+    hashing itself. A batch takes whatever completed while the previous one was hashed, so
+    the work left after the last byte is one short request. ``finish`` returns the digests
+    (and raises the worker's error); ``close`` abandons the queue (a failed attempt: its
+    connection is closed, which ends a request in flight).
+    """
+
+    def __init__(self, hasher: RemoteHasher, root: str) -> None:
+        self.hasher = hasher
+        self.root = root
+        self.results: dict[str, str] = {}
+        self._todo: list[tuple[str, int]] = []
+        self._closed = False
+        self._error: BaseException | None = None
+        self._cv = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="upload-hash", daemon=True)
+        self._thread.start()
+
+    def add(self, rel: str, size: int) -> None:
+        with self._cv:
+            self._todo.append((rel, size))
+            self._cv.notify()
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._todo.clear()
+            self._cv.notify()
+
+    def finish(self) -> dict[str, str]:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self.results
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._todo and not self._closed:
+                    self._cv.wait()
+                if not self._todo:
+                    return
+                batch, self._todo = self._todo, []
+            try:
+                got = self.hasher.hash_files(self.root, [rel for rel, _size in batch],
+                                             sum(size for _rel, size in batch), readback=False)
+            except BaseException as exc:  # noqa: BLE001 - handed to finish() in the caller's thread
+                self._error = exc
+                return
+            self.results.update(got)

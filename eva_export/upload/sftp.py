@@ -44,7 +44,7 @@ from ..config import SftpSettings
 from ..errors import UploadError
 from ..manifest import MANIFEST_FILE, ManifestEntry, manifest_digest, sha256_file
 from . import connection, remotefs, remotelock, transfer
-from .bulk_openssh import ClientRun, OpensshBulk, find_client
+from .bulk_openssh import ClientRun, OpensshBulk, find_client, streams_for
 from .connection import PREFERRED_CIPHERS, describe_error
 from .job import (
     STAGING_MARK,
@@ -106,7 +106,7 @@ class SftpBackend:
         """The bulk bytes: OpenSSH's client where configured, paramiko for the rest."""
         rest = items
         if run is not None:
-            mine, rest = run.bulk.split(job, items)
+            mine, rest = run.split(job, items)
             if mine:
                 run.send(job, mine, hasher)
         if rest:
@@ -196,15 +196,11 @@ class SftpBackend:
 
     def _attempt(self, job: UploadJob) -> UploadResult:
         """One connection's worth of work; raises UploadError (retryable) or PermanentError."""
-        client = self.connect()
+        run = self._start_client(job)
+        client = self._connect_or_stop(run)
         phase = "opening the SFTP session"
         hasher: RemoteHasher | None = None
-        run: ClientRun | None = None
         try:
-            if job.bulk_exe is not None:  # after paramiko checked the host key; its handshake overlaps
-                phase = "starting OpenSSH's sftp client"
-                run = ClientRun(OpensshBulk(self.settings, job.bulk_exe), job.local_dir)
-                phase = "opening the SFTP session"
             sftp = self._open_sftp(client)
             # the server-side hash shell starts now: its start-up overlaps what follows
             hasher = RemoteHasher(client, sftp, self.settings.transfer_timeout_s, allow_exec=not self._no_exec)
@@ -254,6 +250,26 @@ class SftpBackend:
                 hasher.close()
             client.close()
 
+    def _start_client(self, job: UploadJob) -> ClientRun | None:
+        """OpenSSH's client for the bulk bytes, started before paramiko connects: its handshake
+        overlaps paramiko's. It checks the same pinned host key and is told nothing (no batch)
+        before paramiko's own check passed and the remote lock is held."""
+        if job.bulk_exe is None:
+            return None
+        try:
+            return ClientRun(OpensshBulk(self.settings, job.bulk_exe), job.local_dir,
+                             streams_for(self.settings, job.total_bytes))
+        except OSError as exc:
+            raise UploadError(f"while starting OpenSSH's sftp client: {describe_error(exc)}") from exc
+
+    def _connect_or_stop(self, run: ClientRun | None) -> paramiko.SSHClient:
+        try:
+            return self.connect()
+        except BaseException:
+            if run is not None:  # paramiko refused (host key, key) or failed: so does the attempt
+                run.close()
+            raise
+
     @staticmethod
     def _staging(sftp: paramiko.SFTPClient, job: UploadJob) -> dict[str, int]:
         """Create (or adopt) the staging directory and its directories; return its files' sizes."""
@@ -288,37 +304,41 @@ class SftpBackend:
             job.notes.append(f"resumed into {job.staging}, left by an earlier upload of this export")
 
     def _verify(self, job: UploadJob, sftp: paramiko.SFTPClient, hasher: RemoteHasher, sent: set[str]) -> None:
-        """Every remote file's size (and hash where computed remotely) against the manifest."""
+        """Every remote file's SHA-256 (where computed remotely, else its size) against the manifest."""
+        if not hasher.remote:
+            self._check_sizes(job, sftp)
+            job.verified_kind = "size"
+            job.verified_remote.update(f.rel for f in job.files)
+            return
+        job.verified_kind = "sha256"
+        todo = [f for f in job.files if f.rel not in job.verified_remote or f.rel in sent]
+        got = {f.rel: job.remote_hashes[f.rel] for f in todo if f.rel in job.remote_hashes}  # hashed while sending
+        job.remote_hashes.clear()
+        left = [f for f in todo if f.rel not in got]
+        got.update(hasher.hash_files(job.staging, [f.rel for f in left], sum(f.size for f in left)))
+        bad = [f for f in todo if got.get(f.rel) != f.entry.sha256]
+        if not bad:  # equal digests imply equal sizes: no listing needed
+            job.verified_remote.update(f.rel for f in todo)
+            return
+        self._check_sizes(job, sftp)  # a missing or short file is named as such
+        job.verified_remote.update(f.rel for f in todo if f not in bad)
+        f = bad[0]
+        if f.path is not None and sha256_file(f.path) != f.entry.sha256:
+            raise PermanentError(f"local {f.path} does not match its manifest entry (changed after the "
+                                 "export?): export again")
+        # the next attempt sends it again: its remote copy is not the manifest's content
+        sftp.remove(posixpath.join(job.staging, f.rel))
+        raise UploadError(f"remote {job.staging}/{f.rel} has SHA-256 {got.get(f.rel)}, the manifest says "
+                          f"{f.entry.sha256}: removed, to be sent again")
+
+    @staticmethod
+    def _check_sizes(job: UploadJob, sftp: paramiko.SFTPClient) -> None:
         remote_files, _dirs = remotefs.inventory(sftp, job.staging)
         for f in job.files:
             have = remote_files.get(f.rel)
             if have != f.size:
                 raise UploadError(f"remote {job.staging}/{f.rel} has {have} bytes after the upload, "
                                   f"the manifest says {f.size}")
-        if not hasher.remote:
-            job.verified_kind = "size"
-            job.verified_remote.update(f.rel for f in job.files)
-            return
-        job.verified_kind = "sha256"
-        todo = [f for f in job.files if f.rel not in job.verified_remote or f.rel in sent]
-        got: dict[str, str] = {}
-        for f in todo:
-            fut = job.hashes.pop(f.rel, None)
-            if fut is not None:
-                got.update(fut.result())
-        got.update(hasher.hash_files(job.staging, [f.rel for f in todo if f.rel not in got],
-                                     sum(f.size for f in todo if f.rel not in got)))
-        for f in todo:
-            if got.get(f.rel) == f.entry.sha256:
-                job.verified_remote.add(f.rel)
-                continue
-            if f.path is not None and sha256_file(f.path) != f.entry.sha256:
-                raise PermanentError(f"local {f.path} does not match its manifest entry (changed after the "
-                                     "export?): export again")
-            # the next attempt sends it again: its remote copy is not the manifest's content
-            sftp.remove(posixpath.join(job.staging, f.rel))
-            raise UploadError(f"remote {job.staging}/{f.rel} has SHA-256 {got.get(f.rel)}, the manifest says "
-                              f"{f.entry.sha256}: removed, to be sent again")
 
 
 def backend_for(settings: SftpSettings | None) -> UploadBackend | None:

@@ -4,7 +4,8 @@
 SHA-256 matches are skipped, an intact remote prefix is continued from its size, anything
 else is sent from the start. Small files go over ``parallel_files`` SFTP channels at once
 (their open/close round trips overlap); large ones one after another with pipelined
-writes, each hashed on the server while the next is sent.
+writes. Every file is hashed on the server (remote.HashQueue, in batches) while the next
+ones are sent.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import paramiko
 from ..manifest import MANIFEST_FILE, sha256_file
 from .connection import open_sftp
 from .job import PermanentError, UploadFile, UploadJob
-from .remote import RemoteHasher
+from .remote import HashQueue, RemoteHasher
 
 READ_CHUNK = 1 << 20  # local read size; written as SFTP writes of one SSH packet each
 PROGRESS_EVERY = 4 << 20  # report progress at least every 4 MiB and after every file
@@ -62,7 +63,7 @@ def _triage(job: UploadJob, remote_files: dict[str, int]) -> tuple[Plan, list[Up
 
 def plan(job: UploadJob, sftp: paramiko.SFTPClient, hasher: RemoteHasher, remote_files: dict[str, int]) -> Plan:
     """Which files to send and from which offset; removes remote files not in the manifest."""
-    job.hashes.clear()  # futures of a failed attempt belong to its dead connection
+    job.remote_hashes.clear()  # an earlier attempt's digests: the plan decides afresh
     wanted = {f.rel for f in job.files}
     for rel in sorted(set(remote_files) - wanted):
         sftp.remove(posixpath.join(job.staging, rel))
@@ -106,22 +107,25 @@ def send_all(job: UploadJob, client: paramiko.SSHClient, sftp: paramiko.SFTPClie
     small = [p for p in items if p[0].size < SMALL_FILE and p[0].path is not None]
     rest = [p for p in items if not (p[0].size < SMALL_FILE and p[0].path is not None)]
     workers = min(parallel_files, len(small))
-    if workers > 1:
-        _send_parallel(job, client, small, workers, timeout_s)
-    else:
-        rest = small + rest
-    # large files are hashed on the server while the next one is sent
-    with ThreadPoolExecutor(1, thread_name_prefix="upload-hash") as pool:
+    # every file is hashed on the server (in batches) while the next ones are sent
+    queue = HashQueue(hasher, job.staging)
+    try:
+        if workers > 1:
+            _send_parallel(job, client, small, workers, timeout_s, queue)
+        else:
+            rest = small + rest
         for f, offset in rest:
             send_one(job, sftp, f, offset)
-            if f.size >= SMALL_FILE:
-                job.hashes[f.rel] = pool.submit(hasher.hash_files, job.staging, [f.rel], f.size, False)
+            queue.add(f.rel, f.size)
+        job.remote_hashes.update(queue.finish())
+    finally:
+        queue.close()
 
 
 def _send_parallel(job: UploadJob, client: paramiko.SSHClient, items: Plan, workers: int,
-                   timeout_s: float) -> None:
+                   timeout_s: float, queue: HashQueue) -> None:
     """Small files over ``workers`` SFTP channels of the same connection."""
-    queue = list(reversed(items))
+    todo = list(reversed(items))
     qlock = threading.Lock()
     stop = threading.Event()
 
@@ -130,10 +134,11 @@ def _send_parallel(job: UploadJob, client: paramiko.SSHClient, items: Plan, work
         try:
             while not stop.is_set():
                 with qlock:
-                    if not queue:
+                    if not todo:
                         return
-                    f, offset = queue.pop()
+                    f, offset = todo.pop()
                 send_one(job, own, f, offset)
+                queue.add(f.rel, f.size)
         except BaseException:
             stop.set()
             raise
