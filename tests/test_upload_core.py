@@ -279,8 +279,9 @@ def test_whole_server_killed_leftovers_resumed_by_next_upload(tmp_path: Path, se
     assert staging_dirs(tmp_path) == []
 
 
-def test_frozen_server_is_retried_instead_of_hanging(tmp_path: Path, server: SshServer) -> None:
-    settings = server.sftp_settings(str(remote_root(tmp_path)), transfer_timeout_s=1.0)
+@pytest.mark.parametrize("bulk", ["paramiko", "auto"])  # auto: OpenSSH's client sends the bytes
+def test_frozen_server_is_retried_instead_of_hanging(tmp_path: Path, server: SshServer, bulk: str) -> None:
+    settings = server.sftp_settings(str(remote_root(tmp_path)), transfer_timeout_s=1.0, bulk=bulk)
     cfg = make_config(tmp_path, settings)
     exp = big_export(tmp_path, cfg)
     frozen: list[int] = []

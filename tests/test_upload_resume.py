@@ -132,8 +132,10 @@ def test_random_kills_then_resume(tmp_path: Path, server: SshServer, fine_progre
     for trial in range(TRIALS):
         kind = ("session", "server", "process")[trial % 3]
         remote = remote_root(tmp_path) / f"t{trial}"
+        # paramiko's sending: kills at any byte of its progress (bulk: openssh, whose progress
+        # is per file, has its own break tests in test_upload_openssh.py)
         settings = server.sftp_settings(str(remote), max_attempts=1 if kind == "server" else 4,
-                                        connect_timeout_s=3.0, transfer_timeout_s=5.0)
+                                        connect_timeout_s=3.0, transfer_timeout_s=5.0, bulk="paramiko")
         at = rng.randrange(1, total)
         sent_before = 0
         if kind == "session":  # the connection's sshd dies: the job's next attempt resumes
@@ -218,7 +220,8 @@ def test_corrupt_remote_prefix_and_copy_are_sent_again(tmp_path: Path, fine_prog
     server = SshServer.start(tmp_path / "sshd", sftp_only=sftp_only)
     try:
         src = make_subset(tmp_path / "src", {"a_big.bin": 2 * MB, "b_big.bin": 3 * MB, "c_big.bin": 2 * MB})
-        settings = server.sftp_settings(str(remote_root(tmp_path)), max_attempts=1, parallel_files=1)
+        settings = server.sftp_settings(str(remote_root(tmp_path)), max_attempts=1, parallel_files=1,
+                                        bulk="paramiko")  # the client's counterpart: test_upload_openssh.py
         # a_big (2 MiB) fits under the limit, b_big stops at it, c_big is never started
         staging = _break_off(server, settings, src, 5 * MB // 2)
         a, b = staging / "a_big.bin", staging / "b_big.bin"
@@ -250,7 +253,8 @@ def dataclasses_replace(settings: SftpSettings, **kw: object) -> SftpSettings:
 
 def test_intact_prefix_is_continued_not_resent(tmp_path: Path, server: SshServer, fine_progress: None) -> None:
     src = make_subset(tmp_path / "src", {"a_big.bin": 2 * MB, "b_big.bin": 3 * MB})
-    settings = server.sftp_settings(str(remote_root(tmp_path)), max_attempts=1, parallel_files=1)
+    settings = server.sftp_settings(str(remote_root(tmp_path)), max_attempts=1, parallel_files=1,
+                                    bulk="paramiko")  # the client's counterpart: test_upload_openssh.py
     staging = _break_off(server, settings, src, 5 * MB // 2)
     on_server = staged_bytes(remote_root(tmp_path))
     assert (staging / "a_big.bin").stat().st_size == 2 * MB
@@ -353,7 +357,10 @@ def test_rate_limiter_does_not_slow_a_fast_sender() -> None:
 def test_bandwidth_cap_holds(tmp_path: Path, server: SshServer) -> None:
     cap = 1_500_000
     src = make_subset(tmp_path / "src", {"a.bin": 2 * MB, "b.bin": 600 * KB, "c.bin": 300 * KB, "d.bin": 200 * KB})
-    backend = SftpBackend(server.sftp_settings(str(remote_root(tmp_path)), bandwidth_limit_bps=cap))
+    # the project's limiter paces paramiko's writes; bulk: openssh hands the cap to the client
+    # as -l (test_bandwidth_cap_becomes_dash_l)
+    backend = SftpBackend(server.sftp_settings(str(remote_root(tmp_path)), bandwidth_limit_bps=cap,
+                                               bulk="paramiko"))
     t0 = time.monotonic()
     res = backend.upload(src, "ds")
     elapsed = time.monotonic() - t0

@@ -93,7 +93,8 @@ class OpensshBulk:
         host = f"[{s.host}]" if ":" in s.host else s.host
         # not -q: it hides ssh's own reasons ("Host key verification failed") from the error;
         # the progress meter is off anyway (stdout is not a terminal)
-        cmd = [self.executable, "-b", batch, "-o", "LogLevel=ERROR", "-F", "/dev/null", "-P", str(s.port), "-i", s.identity_file,
+        # LogLevel INFO (ssh's default): it is the level of "Timeout, server ... not responding"
+        cmd = [self.executable, "-b", batch, "-o", "LogLevel=INFO", "-F", "/dev/null", "-P", str(s.port), "-i", s.identity_file,
                "-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none", "-o", "BatchMode=yes",
                "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={s.known_hosts}",
                "-o", "GlobalKnownHostsFile=/dev/null", "-o", "UpdateHostKeys=no", "-o", "CheckHostIP=no",
@@ -228,6 +229,8 @@ class ClientRun:
             failed.err.seek(0)
             text = self.bulk.redact(failed.err.read().decode(errors="replace").strip())[-STDERR_MAX:]
             at = failed.items[failed.done][0].rel if failed.done < len(failed.items) else "the end"
+            if "Timeout, server" in text:  # ServerAlive* ended it, as the channel timeout ends paramiko
+                text = f"the server stopped answering (transfer timeout): {text}"
             raise UploadError(f"OpenSSH's sftp client failed (exit {failed.rc}) at {at}: {text or 'no message'}")
 
     def _follow(self, job: UploadJob, on_file: Callable[[UploadFile], None]) -> _Stream | None:
