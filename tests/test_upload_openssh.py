@@ -148,10 +148,10 @@ def test_sftp_only_server(tmp_path: Path) -> None:
 
 
 def test_bandwidth_cap_becomes_dash_l(tmp_path: Path, server: SshServer) -> None:
-    cap = 1_000_000  # bytes/s -> 8000 Kbit/s
+    cap = 1_000_000  # bytes/s -> 7812 units of 1024 bit/s = 999,936 bytes/s: never above the cap
     settings = openssh_settings(server, tmp_path, bandwidth_limit_bps=cap)
     cmd = OpensshBulk(settings, SFTP).command("batch")
-    assert cmd[cmd.index("-l") + 1] == "8000"
+    assert cmd[cmd.index("-l") + 1] == "7812"
     src = make_subset(tmp_path / "src", {"a.bin": 2 * MB})
     t0 = time.monotonic()
     res = SftpBackend(settings).upload(src, "ds")

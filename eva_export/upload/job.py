@@ -103,6 +103,7 @@ class UploadJob:
     done_files: int = 0
     done_bytes: int = 0
     inflight: dict[str, int] = field(default_factory=dict)
+    bulk_started_at: float | None = None  # time.monotonic() when OpenSSH's client got its batch
     remote_hashes: dict[str, str] = field(default_factory=dict)  # SHA-256 on the server, hashed while sending
 
     @property

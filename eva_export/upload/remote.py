@@ -60,6 +60,17 @@ class RemoteHasher:
         self._buf = b""
         self._lock = threading.Lock()
         self._started_at = 0.0
+        self._starter: threading.Thread | None = None
+
+    def start_in_background(self) -> None:
+        """``start`` on a thread: its two round trips (and the server's fork) overlap the caller's."""
+        self._starter = threading.Thread(target=self.start, name="upload-hash-start", daemon=True)
+        self._starter.start()
+
+    def _started(self) -> None:
+        starter, self._starter = self._starter, None
+        if starter is not None:
+            starter.join()
 
     def start(self) -> None:
         if self.kind:
@@ -78,6 +89,7 @@ class RemoteHasher:
 
     def _ready(self) -> None:
         """Wait for the shell's first line (once); fall back to read-back without one."""
+        self._started()
         if self.kind:
             return
         if self._chan is None:
@@ -120,6 +132,7 @@ class RemoteHasher:
         return self.kind != "readback"
 
     def close(self) -> None:
+        self._started()
         chan, self._chan = self._chan, None
         if chan is not None:
             try:

@@ -21,11 +21,12 @@ are removed by the next upload, and the result's notes say so. A permanent failu
 (host key, authentication, permissions, a local file that changed) removes the staging
 directory (best effort). Nothing is ever published partially.
 
-The bytes go over paramiko (transfer.py: small files over ``parallel_files`` channels at
-once, large ones pipelined) or, with ``bulk: openssh`` (or ``auto`` where the client is
-installed), over OpenSSH's ``sftp -b`` client (bulk_openssh.py); either way paramiko does
-the control, the verification and the rename. ``bandwidth_limit_bps`` caps the bytes written
-per second (limiter.py; ``-l`` for the OpenSSH client).
+The bytes go over OpenSSH's ``sftp -b`` client (bulk_openssh.py) with ``bulk: auto`` (the
+default) where it is installed and with ``bulk: openssh``, else over paramiko
+(transfer.py: small files over ``parallel_files`` channels at once, large ones
+pipelined); either way paramiko does the control, the verification and the rename.
+``bandwidth_limit_bps`` caps the bytes written per second (limiter.py; ``-l`` for the
+OpenSSH client).
 
 The rooms: job.py (an upload's files, state, result, errors), connection.py (the SSH
 connection), transfer.py (resume plan and paramiko's sending), bulk_openssh.py,
@@ -204,7 +205,7 @@ class SftpBackend:
             sftp = self._open_sftp(client)
             # the server-side hash shell starts now: its start-up overlaps what follows
             hasher = RemoteHasher(client, sftp, self.settings.transfer_timeout_s, allow_exec=not self._no_exec)
-            hasher.start()
+            hasher.start_in_background()
             remote_dir = self.settings.remote_dir
             if job.publishing:
                 phase = "checking an earlier publication"
@@ -259,7 +260,7 @@ class SftpBackend:
         try:
             return ClientRun(OpensshBulk(self.settings, job.bulk_exe), job.local_dir,
                              streams_for(self.settings, job.total_bytes))
-        except OSError as exc:
+        except OSError as exc:  # its temporary directory
             raise UploadError(f"while starting OpenSSH's sftp client: {describe_error(exc)}") from exc
 
     def _connect_or_stop(self, run: ClientRun | None) -> paramiko.SSHClient:
