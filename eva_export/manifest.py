@@ -124,6 +124,21 @@ def sha256_file(path: Path, limit: int | None = None) -> str:
     return h.hexdigest()
 
 
+_WRITTEN: dict[tuple[int, int, int, int], str] = {}  # (device, inode, size, mtime_ns) -> sha256 (issue 28)
+
+
+def record_written(path: Path, sha256: str) -> None:
+    """An exporter hashed ``path``'s bytes as it wrote them: ``build_manifest`` takes this
+    digest instead of reading the file again, while (device, inode, size, mtime_ns) still match."""
+    st = os.stat(path)
+    _WRITTEN[(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)] = sha256
+
+
+def _digest(path: Path) -> str:
+    st = os.stat(path)
+    return _WRITTEN.get((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)) or sha256_file(path)
+
+
 def scan_tree(root: Path) -> tuple[list[str], list[tuple[str, Path]]]:
     """Directories and regular files (relative POSIX path, path) of ``root``, sorted."""
     dirs: list[str] = []
@@ -144,7 +159,7 @@ def scan_tree(root: Path) -> tuple[list[str], list[tuple[str, Path]]]:
 def build_manifest(subset_dir: Path) -> Manifest:
     """Hash every file of ``subset_dir`` except an existing manifest."""
     dirs, files = scan_tree(Path(subset_dir))
-    entries = tuple(ManifestEntry(rel, p.stat().st_size, sha256_file(p))
+    entries = tuple(ManifestEntry(rel, p.stat().st_size, _digest(p))
                     for rel, p in files if rel != MANIFEST_FILE)
     return Manifest(entries, tuple(dirs))
 

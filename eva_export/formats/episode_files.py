@@ -15,9 +15,12 @@ from ..dataset.meta import EPISODES, INFO, DatasetMeta
 from ..dataset.records import DatasetInfo, EpisodeRow
 from ..errors import ExportError
 from ..fsutil import atomic_write_json, fsync_dir, storage_guard
+from ..manifest import record_written
 from .base import Progress
 from .source import copy_common_meta, load_source, read_episode_table, write_quality_split
+from .written import WrittenFile
 
+WriteEpisode = Callable[[Path, DatasetMeta, EpisodeRow, pa.Table], str | None]  # -> SHA-256 of the file or None
 EPISODE_CHUNK_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}"
 
 def embedded_info(info: DatasetInfo, dataset_format: str, extension: str) -> dict[str, Any]:
@@ -64,12 +67,11 @@ def _unit_meta(src: Path) -> DatasetMeta:
 
 
 def episode_file_unit(src: Path, path: Path, episode_index: int, first_index: int,
-                      write_episode: Callable[[Path, DatasetMeta, EpisodeRow, pa.Table], None],
-                      meta: DatasetMeta | None = None) -> int:
+                      write_episode: WriteEpisode, meta: DatasetMeta | None = None) -> WrittenFile:
     """One episode file (a unit of eva_export.pool): written as ``.partial``, renamed into place.
 
     Runs in the exporting process (``meta`` given) or in a worker process (``meta`` None:
-    read from ``src``); returns the file's size.
+    read from ``src``); returns the file's size and the digest ``write_episode`` took of it.
     """
     meta = meta if meta is not None else _unit_meta(src)
     ep = next((e for e in meta.episodes if e.episode_index == episode_index), None)
@@ -81,13 +83,20 @@ def episode_file_unit(src: Path, path: Path, episode_index: int, first_index: in
     tmp.unlink(missing_ok=True)
     try:
         with storage_guard(tmp, f"episode {episode_index}: writing"):  # ENOSPC/EIO: a failed job naming the file
-            write_episode(tmp, meta, ep, table)
+            digest = write_episode(tmp, meta, ep, table)
             os.replace(tmp, path)
             fsync_dir(path.parent)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return path.stat().st_size
+    return WrittenFile(path.stat().st_size, digest)
+
+
+def _done(progress: Progress, path: Path, episode_index: int, written: WrittenFile) -> None:
+    """A unit finished (here or in a worker): its digest for the manifest, then progress."""
+    if written.sha256 is not None:
+        record_written(path, written.sha256)
+    progress.on_episode(episode_index, written.size)
 
 
 def export_episode_files(
@@ -96,13 +105,14 @@ def export_episode_files(
     progress: Progress,
     dataset_format: str,
     extension: str,
-    write_episode: Callable[[Path, DatasetMeta, EpisodeRow, pa.Table], None],
+    write_episode: WriteEpisode,
     is_complete: Callable[[Path, DatasetMeta, EpisodeRow], bool],
 ) -> list[int]:
     """The loop of the one-file-per-episode formats (hdf5, mcap); returns the resumed episodes.
 
     Each episode is written under a hidden ``.partial`` name and renamed into place once
-    closed, so a file that exists is a finished episode: a rerun after a kill checks it with
+    closed, so a file that exists is a finished episode (``write_episode`` returns the SHA-256 of
+    the bytes it wrote, or None; a digest goes to ``manifest.record_written``): a rerun after a kill checks it with
     ``is_complete`` and keeps it. The episodes left run as eva_export.pool units (worker
     processes when a pool is active: ``write_episode`` must then be picklable, e.g. a bound
     method of the exporter). The common meta files and the marker are written last.
@@ -126,7 +136,7 @@ def export_episode_files(
             continue
         units.append(pool.Unit(f"episode {ep.episode_index}", episode_file_unit,
                                (src, path, ep.episode_index, first, write_episode, meta if in_process else None)))
-    pool.run_units(units, lambda u, size: progress.on_episode(u.args[2], size))
+    pool.run_units(units, lambda u, written: _done(progress, u.args[1], u.args[2], written))
     copy_common_meta(src, out)
     atomic_write_json(out / INFO, info)
     write_quality_split(src, out, dataset_format)

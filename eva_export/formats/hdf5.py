@@ -39,8 +39,10 @@ from ..fsutil import read_json, require_free, storage_error
 from .base import Progress, VerifyReport
 from .checks import check_sample, check_totals, read_episode_rows, start_report
 from .episode_files import episode_file, export_episode_files, to_plain
+from .hdf5_frames import DirectFrames, chunk_offsets, compression_opts, create_preallocated, first_frame, write_camera
 from .images import Prefetch, camera_frames
 from .source import column_numpy, state_action_keys
+from .written import RegionHasher
 
 FORMAT = "hdf5"
 GROUPS = ("columns", "images", "metadata")
@@ -108,7 +110,7 @@ class Hdf5Exporter:
 
     name = FORMAT
 
-    def __init__(self, compression: str = "", gzip_level: int = 1, prefetch: int = 4) -> None:
+    def __init__(self, compression: str = "", gzip_level: int = 1, prefetch: int = 16) -> None:
         if compression not in COMPRESSIONS:
             raise ValueError(f"hdf5 compression {compression!r}: choose one of {COMPRESSIONS}")
         self.compression = compression
@@ -122,22 +124,25 @@ class Hdf5Exporter:
             write_episode=self._write_unit,  # a bound method: picklable for worker processes
             is_complete=lambda path, meta, ep: _complete(path, ep.length, len(meta.info.visual_keys)))
 
-    def _write_unit(self, tmp: Path, meta: DatasetMeta, ep: Any, table: Any) -> None:
-        self._write_episode(tmp, meta, ep.episode_index, ep.to_dict(), table)
+    def _write_unit(self, tmp: Path, meta: DatasetMeta, ep: Any, table: Any) -> str | None:
+        return self._write_episode(tmp, meta, ep.episode_index, ep.to_dict(), table)
 
     def _write_episode(self, tmp: Path, meta: DatasetMeta, episode_index: int, row: dict[str, Any],
-                       table: Any) -> None:
+                       table: Any) -> str | None:
+        """Write one episode file; return the SHA-256 of its bytes when they were hashed as written."""
         require_free(tmp.parent, projected_bytes(meta, table), f"hdf5 episode {episode_index}")
-        with open(tmp, "w+b") as fh:
+        with open(tmp, "w+b", buffering=0) as fh:  # unbuffered: our pwritev and h5py's writes share the fd
             sink = _Sink(fh)
-            self._write_file(sink, meta, episode_index, row, table)
-            sink.flush()
+            digest = self._write_file(sink, meta, episode_index, row, table)
         if sink.error is not None:
             raise storage_error(tmp, sink.error, f"hdf5 episode {episode_index}: writing")
+        return digest
 
     def _write_file(self, sink: _Sink, meta: DatasetMeta, episode_index: int, row: dict[str, Any],
-                    table: Any) -> None:
-        with h5py.File(sink, "w") as f:
+                    table: Any) -> str | None:
+        # libver earliest (superblock v0, no status flags): closing rewrites the superblock with
+        # the bytes it already had, so the digest taken while writing survives the close.
+        with h5py.File(sink, "w", libver="earliest") as f:
             f.attrs["dataset_format"] = FORMAT
             f.attrs["episode_index"] = episode_index
             cols, imgs, md = (f.create_group(g) for g in GROUPS)
@@ -146,12 +151,44 @@ class Hdf5Exporter:
                 _write_value(cols, i, name, column_numpy(table, name))
             for i, (key, value) in enumerate(list(row.items()) + [("fps", meta.info.fps)]):
                 _write_value(md, i, key, value)
-            for i, key in enumerate(visual):
+            if self.compression:
+                self._write_compressed(imgs, meta, episode_index, table)
+                return None
+            hasher = self._write_direct(f, imgs, sink, meta, episode_index, table)
+        return hasher.finish(sink.writes or [])
+
+    def _write_direct(self, f: h5py.File, imgs: h5py.Group, sink: _Sink, meta: DatasetMeta, episode_index: int,
+                      table: Any) -> RegionHasher:
+        """Uncompressed images: preallocated chunks written by pwritev (hdf5_frames), hashed."""
+        visual, rows = meta.info.visual_keys, int(table.num_rows)
+        iters = [Prefetch(camera_frames(meta, episode_index, table, key), self.prefetch) for key in visual]
+        try:  # every camera decodes ahead at once, each in its own thread
+            firsts = [first_frame(it, episode_index, key, rows) for key, it in zip(visual, iters)]
+            offsets = []
+            for i, (key, first) in enumerate(zip(visual, firsts)):
                 g = imgs.create_group(item_name(i))
                 g.attrs["key"] = key
                 g.attrs["kind"] = "array"
-                with Prefetch(camera_frames(meta, episode_index, table, key), self.prefetch) as frames:
-                    self._append_frames(g, episode_index, key, frames, table.num_rows)
+                ds = create_preallocated(g, rows, first.shape)
+                offsets.append(chunk_offsets(ds, rows, first.nbytes))
+            f.flush()  # every metadata byte on the file before the frames are hashed behind it
+            sink.writes = []
+            hasher = RegionHasher(sink.fh.fileno())
+            out = DirectFrames(sink.fh.fileno(), hasher)
+            for key, it, first, offs in zip(visual, iters, firsts, offsets):
+                write_camera(out, offs, first, it, episode_index, key)
+            return hasher
+        finally:
+            for it in iters:
+                it.close()
+
+    def _write_compressed(self, imgs: h5py.Group, meta: DatasetMeta, episode_index: int, table: Any) -> None:
+        for i, key in enumerate(meta.info.visual_keys):
+            g = imgs.create_group(item_name(i))
+            g.attrs["key"] = key
+            g.attrs["kind"] = "array"
+            with Prefetch(camera_frames(meta, episode_index, table, key), self.prefetch) as frames:
+                self._append_frames(g, episode_index, key, frames, table.num_rows)
 
     def _append_frames(self, g: h5py.Group, episode_index: int, key: str, frames: Iterable[NDArray[Any]],
                        rows: int) -> None:
@@ -160,11 +197,7 @@ class Hdf5Exporter:
         try:
             for frame in frames:
                 if ds is None:
-                    opts: dict[str, Any] = {}
-                    if self.compression == "gzip":
-                        opts = {"compression": "gzip", "compression_opts": self.gzip_level}
-                    elif self.compression == "lzf":
-                        opts = {"compression": "lzf"}
+                    opts = compression_opts(self.compression, self.gzip_level)
                     # Sized for the table's rows at once: a resize per frame rewrote the
                     # chunk index each time. A short camera is still refused below.
                     ds = g.create_dataset("value", shape=(rows,) + frame.shape, maxshape=(None,) + frame.shape,
@@ -206,6 +239,7 @@ class _Sink(io.RawIOBase):
         super().__init__()
         self.fh = fh
         self.error: OSError | None = None
+        self.writes: list[tuple[int, int]] | None = None  # (offset, length) of h5py's writes, once set to []
 
     def readable(self) -> bool:
         return True
@@ -220,10 +254,17 @@ class _Sink(io.RawIOBase):
         return int(self.fh.readinto(buf) or 0)
 
     def write(self, buf: Any) -> int:
-        n = memoryview(buf).nbytes
+        view = memoryview(buf).cast("B")
+        n = view.nbytes
+        if self.writes is not None:
+            self.writes.append((self.fh.tell(), n))
         if self.error is None:
             try:
-                self.fh.write(buf)
+                while view.nbytes:  # the file is unbuffered: a short write is continued
+                    k = self.fh.write(view)
+                    if not k:
+                        raise OSError(f"write returned {k}")
+                    view = view[k:]
             except OSError as exc:
                 self.error = exc
         return n

@@ -14,6 +14,7 @@ summary CRC), so mcap's reader (``validate_crcs=True``) reads it unchanged.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import struct
 import threading
@@ -104,6 +105,7 @@ class ChunkWriter:
         self._capacity = chunk_size + (2 << 20)  # a chunk ends at the first message past chunk_size
         self._pending: deque[tuple[_Chunk, Future[tuple[Any, int]]]] = deque()
         self._pos = 0  # bytes written: offsets for the indexes without asking the file
+        self._sha = hashlib.sha256()
         self._chunk = self._new_chunk()
         self._schemas: list[Schema] = []
         self._channels: list[Channel] = []
@@ -114,8 +116,19 @@ class ChunkWriter:
 
     # ---- records outside chunks ----------------------------------------------------------------
     def _out(self, data: Any) -> None:
-        self._fh.write(data)
+        view = memoryview(data).cast("B")
+        while view.nbytes:  # the file is unbuffered: a short write is continued, not lost
+            k = self._fh.write(view)
+            if not k:
+                raise OSError(f"write returned {k} at byte {self._pos}")
+            view = view[k:]
+        self._sha.update(data)  # every byte of the file passes here, in order: the manifest's digest
         self._pos += memoryview(data).nbytes
+
+    @property
+    def sha256(self) -> str:
+        """SHA-256 of the bytes written so far (the whole file after ``finish``)."""
+        return self._sha.hexdigest()
 
     def _records(self, *records: McapRecord) -> None:
         b = RecordBuilder()

@@ -163,7 +163,8 @@ class McapExporter:
             write_episode=self._write_episode,
             is_complete=lambda path, meta, ep: _complete(path, ep.length, meta.info.visual_keys))
 
-    def _write_episode(self, tmp: Path, meta: DatasetMeta, ep: EpisodeRow, table: Any) -> None:
+    def _write_episode(self, tmp: Path, meta: DatasetMeta, ep: EpisodeRow, table: Any) -> str | None:
+        """Write one episode file; return the SHA-256 of its bytes (hashed as they were written)."""
         fps = meta.info.fps
         keys = meta.info.visual_keys  # MP4 cameras and images stored in Parquet alike
         with open(tmp, "wb", buffering=0) as fh:  # ChunkWriter writes whole records: no second buffer
@@ -190,6 +191,7 @@ class McapExporter:
                 w.finish()
             finally:
                 w.close()
+        return w.sha256
 
     def _write_frames(self, w: ChunkWriter, channels: dict[str, int], meta: DatasetMeta, ep: EpisodeRow,
                       table: Any) -> None:

@@ -1,0 +1,103 @@
+"""SHA-256 of an output file computed from the bytes its exporter wrote (issue 28), so the
+manifest need not read the file back.
+
+An MCAP file is written front to back by our own writer: hashing its appends is the digest.
+An HDF5 file is not: h5py writes its metadata where and when it likes (the superblock again at
+close). ``RegionHasher`` covers that case: the exporter writes the large data regions itself,
+in increasing file order, and hashes those bytes as it writes them; the library's bytes between
+them (small) are read back from the file as the hash reaches them and kept. When the file is
+closed, the kept bytes are read again and compared, the tail is hashed from the final file,
+and any library write that touched a data region voids the digest. A void digest is ``None``:
+the manifest then hashes the file itself, as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """One finished output file of a per-episode unit: its size and, when the writer could
+    hash it while writing, the SHA-256 of its bytes (lowercase hex)."""
+
+    size: int
+    sha256: str | None
+
+
+def _pread_all(fd: int, n: int, offset: int) -> bytes:
+    parts: list[bytes] = []
+    while n > 0:
+        b = os.pread(fd, n, offset)
+        if not b:
+            break
+        parts.append(b)
+        n -= len(b)
+        offset += len(b)
+    return b"".join(parts)
+
+
+class RegionHasher:
+    """Sequential SHA-256 of a file whose data regions the caller writes, in file order."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._h = hashlib.sha256()
+        self._pos = 0  # bytes hashed so far: the file's prefix [0, pos)
+        self._gaps: list[tuple[int, bytes]] = []  # library bytes hashed from the file, kept to recheck
+        self._data: list[tuple[int, int]] = []  # [start, end) of regions hashed from our own writes
+        self.void = ""  # why the digest cannot be trusted ("" while it can)
+
+    def data(self, offset: int, views: list[Any]) -> None:
+        """The caller is about to write ``views`` (contiguous buffers) at ``offset``: hash the
+        library's bytes up to there from the file, then ``views``."""
+        if offset < self._pos:
+            self.void = self.void or f"a data region at {offset} is behind the hashed prefix {self._pos}"
+            return
+        if self.void:
+            return
+        if offset > self._pos:
+            gap = _pread_all(self._fd, offset - self._pos, self._pos)
+            if len(gap) != offset - self._pos:
+                self.void = f"the file ends before {offset}"
+                return
+            self._gaps.append((self._pos, gap))
+            self._h.update(gap)
+        n = 0
+        for v in views:
+            self._h.update(v)
+            n += memoryview(v).nbytes
+        if self._data and self._data[-1][1] == offset:
+            self._data[-1] = (self._data[-1][0], offset + n)
+        else:
+            self._data.append((offset, offset + n))
+        self._pos = offset + n
+
+    def finish(self, library_writes: list[tuple[int, int]]) -> str | None:
+        """The digest of the closed file, or None. ``library_writes``: (offset, length) of every
+        write the library made after the first data region was hashed."""
+        if self.void:
+            return None
+        for off, length in library_writes:
+            if any(off < end and start < off + length for start, end in self._data):
+                self.void = f"the library wrote {length} bytes at {off}, inside a data region"
+                return None
+        for off, kept in self._gaps:  # the library may have rewritten them (the superblock at close)
+            if _pread_all(self._fd, len(kept), off) != kept:
+                self.void = f"the library's bytes at {off} changed after they were hashed"
+                return None
+        size = os.fstat(self._fd).st_size
+        if size < self._pos:
+            self.void = f"the file was cut to {size} bytes"
+            return None
+        h, pos = self._h.copy(), self._pos
+        while pos < size:  # the library's tail: its last metadata, small
+            tail = _pread_all(self._fd, min(size - pos, 1 << 20), pos)
+            if not tail:
+                return None
+            h.update(tail)
+            pos += len(tail)
+        return h.hexdigest()
