@@ -134,9 +134,14 @@ def record_written(path: Path, sha256: str) -> None:
     _WRITTEN[(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)] = sha256
 
 
-def _digest(path: Path) -> str:
+def recorded_digest(path: Path) -> str | None:
+    """The digest ``record_written`` holds for ``path`` as it is now, or None."""
     st = os.stat(path)
-    return _WRITTEN.get((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)) or sha256_file(path)
+    return _WRITTEN.get((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+
+
+def _digest(path: Path) -> str:
+    return recorded_digest(path) or sha256_file(path)
 
 
 def scan_tree(root: Path) -> tuple[list[str], list[tuple[str, Path]]]:

@@ -39,7 +39,7 @@ from ..fsutil import read_json, require_free, storage_error
 from .base import Progress, VerifyReport
 from .checks import check_sample, check_totals, read_episode_rows, start_report
 from .episode_files import episode_file, export_episode_files, to_plain
-from .hdf5_frames import DirectFrames, chunk_offsets, compression_opts, create_preallocated, first_frame, write_camera
+from .hdf5_frames import CameraOut, chunk_offsets, compression_opts, create_preallocated, first_frame, write_cameras
 from .images import Prefetch, camera_frames
 from .source import column_numpy, state_action_keys
 from .written import RegionHasher
@@ -110,7 +110,7 @@ class Hdf5Exporter:
 
     name = FORMAT
 
-    def __init__(self, compression: str = "", gzip_level: int = 1, prefetch: int = 16) -> None:
+    def __init__(self, compression: str = "", gzip_level: int = 1, prefetch: int = 8) -> None:
         if compression not in COMPRESSIONS:
             raise ValueError(f"hdf5 compression {compression!r}: choose one of {COMPRESSIONS}")
         self.compression = compression
@@ -174,9 +174,8 @@ class Hdf5Exporter:
             f.flush()  # every metadata byte on the file before the frames are hashed behind it
             sink.writes = []
             hasher = RegionHasher(sink.fh.fileno())
-            out = DirectFrames(sink.fh.fileno(), hasher)
-            for key, it, first, offs in zip(visual, iters, firsts, offsets):
-                write_camera(out, offs, first, it, episode_index, key)
+            cams = [CameraOut(key, it, offs, first) for key, it, first, offs in zip(visual, iters, firsts, offsets)]
+            write_cameras(sink.fh.fileno(), cams, hasher, episode_index)
             return hasher
         finally:
             for it in iters:

@@ -5,12 +5,14 @@ through the fileobj driver per frame (47% of an export). Uncompressed image data
 therefore created with every chunk allocated at creation and never filled (``ALLOC_TIME_EARLY``,
 ``FILL_TIME_NEVER``): the layout stays the documented one (chunks ``(1, H, W, 3)``, maxshape
 ``(None, H, W, 3)``), the chunk index is final before the first frame, and the frames are
-written by ``pwritev`` straight to their chunks' bytes, runs of adjacent chunks in one call.
+written by ``pwritev`` straight to their chunks' bytes, runs of adjacent chunks in one call
+(``write_cameras``).
 HDF5 never reads or writes those bytes itself (no fill, no cached chunk), so the file is what
 ``ds[n] = frame`` would have made. The frames are hashed as they are written
 (``written.RegionHasher``), in file order: cameras one after the other, each camera's chunks in
-frame order. Every camera decodes ahead at once (``images.Prefetch``), so the next camera's
-decoder runs while this one's frames are written.
+frame order; every camera decodes at once (one ``images.Prefetch`` thread each: one PyAV
+decoder uses under one core here, two run at twice its rate), so a later camera's frames written
+while an earlier one was still going are hashed from the page cache when their turn comes.
 
 Compressed datasets (lzf, gzip) keep h5py's own write path and get no digest.
 """
@@ -18,7 +20,10 @@ Compressed datasets (lzf, gzip) keep h5py's own write path and get no digest.
 from __future__ import annotations
 
 import os
+import queue
+import threading
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import h5py
@@ -79,33 +84,6 @@ def pwritev_all(fd: int, views: list[Any], offset: int) -> None:
             views[0] = views[0][n:]
 
 
-class DirectFrames:
-    """Frames to their chunks by ``pwritev``, adjacent chunks batched, hashed on the way."""
-
-    def __init__(self, fd: int, hasher: RegionHasher | None) -> None:
-        self._fd = fd
-        self._hasher = hasher
-        self._batch: list[NDArray[Any]] = []
-        self._at = 0
-        self._next = 0
-
-    def add(self, offset: int, frame: NDArray[Any]) -> None:
-        if self._batch and (offset != self._next or len(self._batch) >= FRAMES_PER_WRITE):
-            self.flush()
-        if not self._batch:
-            self._at = offset
-        self._batch.append(frame)
-        self._next = offset + frame.nbytes
-
-    def flush(self) -> None:
-        if not self._batch:
-            return
-        if self._hasher is not None:
-            self._hasher.data(self._at, self._batch)
-        pwritev_all(self._fd, self._batch, self._at)
-        self._batch = []
-
-
 def first_frame(frames: Iterator[NDArray[Any]], episode_index: int, key: str, rows: int) -> NDArray[Any]:
     """A camera's first frame: it fixes H x W x C before its dataset is made."""
     try:
@@ -123,26 +101,126 @@ def as_frame(frame: NDArray[Any]) -> NDArray[Any]:
     return np.ascontiguousarray(frame, dtype=np.uint8)
 
 
-def write_camera(out: DirectFrames, offsets: list[int], first: NDArray[Any], frames: Iterator[NDArray[Any]],
-                 episode_index: int, key: str) -> None:
-    """Every frame of one camera into its preallocated chunks; the counts checked as h5py's path does."""
-    rows, n = len(offsets), 0
-    frame = first
-    try:
+class BackgroundWrites:
+    """``pwritev`` calls on a thread of their own, at most ``depth`` batches behind the caller.
+
+    The kernel's write path (page cache, dirty-page throttling) took 57% of the writer's wall
+    time and the hash 27%; both release the GIL, so the caller hashes a batch while this thread
+    writes the previous one. A failed write is raised by the next ``put`` or ``drain``.
+    """
+
+    _END = None
+
+    def __init__(self, fd: int, depth: int = 2) -> None:
+        self._fd = fd
+        self._q: queue.Queue[tuple[list[Any], int] | None] = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="hdf5-writes", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
         while True:
-            if frame.shape != first.shape:
-                raise ExportError(f"episode {episode_index}: {key} frame {n} has shape {frame.shape}, "
-                                  f"earlier frames {first.shape}")
-            if n >= rows:
-                raise ExportError(f"episode {episode_index}: {key} has more frames than the table's {rows} rows")
-            out.add(offsets[n], frame)
-            n += 1
-            nxt = next(frames, None)
-            if nxt is None:
-                break
-            frame = as_frame(nxt)
+            item = self._q.get()
+            try:
+                if item is None:
+                    return
+                if self._error is None:  # after a failure, drop the rest: the file is discarded
+                    pwritev_all(self._fd, *item)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                self._error = exc
+            finally:
+                self._q.task_done()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+
+    def put(self, views: list[Any], offset: int) -> None:
+        self._raise()
+        self._q.put((views, offset))
+
+    def drain(self) -> None:
+        """Every write put so far is in the file (the page cache)."""
+        self._q.join()
+        self._raise()
+
+    def close(self) -> None:
+        self._q.put(self._END)
+        self._thread.join()
+
+
+@dataclass
+class CameraOut:
+    """One camera of an episode on its way into its preallocated chunks."""
+
+    key: str
+    frames: Iterator[NDArray[Any]]  # after ``first``
+    offsets: list[int]  # file offset of frame i's chunk
+    first: NDArray[Any]
+    n: int = 0  # frames taken
+    batch: list[NDArray[Any]] = field(default_factory=list)  # frames for adjacent chunks, not written yet
+    at: int = 0  # file offset of the batch
+    end: int = 0  # file offset just after the last frame written
+    done: bool = False
+
+
+def _flush(out: BackgroundWrites, cam: CameraOut, hasher: RegionHasher | None, hashing: bool) -> None:
+    if not cam.batch:
+        return
+    if hasher is not None and hashing:
+        hasher.data(cam.at, cam.batch)
+    out.put(cam.batch, cam.at)
+    cam.end = cam.at + sum(f.nbytes for f in cam.batch)
+    cam.batch = []
+
+
+def _take(out: BackgroundWrites, cam: CameraOut, hasher: RegionHasher | None, hashing: bool, episode_index: int) -> bool:
+    """The camera's next frame into its batch; False once the camera has ended (counts checked)."""
+    rows = len(cam.offsets)
+    try:
+        raw = cam.first if cam.n == 0 else next(cam.frames, None)
     except VideoError as exc:
-        raise ExportError(f"episode {episode_index}: {key}: {exc}") from exc
-    out.flush()
-    if n != rows:
-        raise ExportError(f"episode {episode_index}: {key} has {n} frames, the table has {rows} rows")
+        raise ExportError(f"episode {episode_index}: {cam.key}: {exc}") from exc
+    if raw is None:
+        _flush(out, cam, hasher, hashing)
+        if cam.n != rows:
+            raise ExportError(f"episode {episode_index}: {cam.key} has {cam.n} frames, the table has {rows} rows")
+        return False
+    frame = as_frame(raw)
+    if frame.shape != cam.first.shape:
+        raise ExportError(f"episode {episode_index}: {cam.key} frame {cam.n} has shape {frame.shape}, "
+                          f"earlier frames {cam.first.shape}")
+    if cam.n >= rows:
+        raise ExportError(f"episode {episode_index}: {cam.key} has more frames than the table's {rows} rows")
+    offset = cam.offsets[cam.n]
+    if cam.batch and (offset != cam.at + len(cam.batch) * frame.nbytes or len(cam.batch) >= FRAMES_PER_WRITE):
+        _flush(out, cam, hasher, hashing)
+    if not cam.batch:
+        cam.at = offset
+    cam.batch.append(frame)
+    cam.n += 1
+    return True
+
+
+def write_cameras(fd: int, cams: list[CameraOut], hasher: RegionHasher | None, episode_index: int) -> None:
+    """Every camera's frames, one from each in turn, so all their decoders run at once.
+
+    ``cams`` are in file order. The first camera not yet finished is hashed as it is written;
+    what a later camera wrote meanwhile is hashed from the page cache when its turn comes.
+    """
+    head = 0
+    out = BackgroundWrites(fd)
+    try:
+        while head < len(cams):
+            for i, cam in enumerate(cams):
+                if not cam.done and not _take(out, cam, hasher, i == head, episode_index):
+                    cam.done = True
+            while head < len(cams) and cams[head].done:
+                head += 1
+                if head < len(cams) and hasher is not None and cams[head].end:
+                    out.drain()  # its frames must be in the file to be read back
+                    hasher.read_back(cams[head].end)
+        out.drain()
+    finally:
+        out.close()

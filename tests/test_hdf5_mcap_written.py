@@ -1,0 +1,122 @@
+"""hdf5 and mcap episode files written at the disk (issue 28): frames by pwritev into
+preallocated HDF5 chunks, cameras decoded at once, and each file hashed while it is written.
+Read back with h5py and with mcap's reader (CRCs validated) against the decoded source frames."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from dsfactory import Ep, make_subset
+from mcap.reader import make_reader
+
+from eva_export.dataset.meta import read_meta
+from eva_export.dataset.video import iter_frames
+from eva_export.formats.hdf5 import Hdf5Exporter, find_item
+from eva_export.formats.mcap_eva import McapExporter, decode_image
+from eva_export.formats.written import RegionHasher
+from eva_export.manifest import build_manifest, recorded_digest, sha256_file
+
+W, H = 64, 48
+
+
+def source_frames(src: Path, episode: int, key: str) -> list[np.ndarray]:
+    meta = read_meta(src)
+    return list(iter_frames(meta.video_path(key, episode)))
+
+
+@pytest.mark.parametrize("cameras", [1, 3])
+def test_hdf5_direct_chunks_equal_decoded_frames_and_digest(tmp_path: Path, cameras: int) -> None:
+    src = make_subset(tmp_path / "src", [Ep(frames=40), Ep(frames=23)], cameras=cameras)
+    out = tmp_path / "out"
+    ex = Hdf5Exporter()
+    ex.export(src, out)
+    assert ex.verify(out).ok
+    for ep, n in enumerate([40, 23]):
+        path = out / f"data/chunk-000/episode_{ep:06d}.hdf5"
+        with h5py.File(path, "r") as f:
+            for c in range(cameras):
+                key = f"observation.images.cam{c}"
+                item = find_item(f["images"], key)
+                assert item is not None
+                ds = item["value"]
+                assert ds.shape == (n, H, W, 3) and ds.chunks == (1, H, W, 3) and ds.maxshape == (None, H, W, 3)
+                np.testing.assert_array_equal(ds[()], np.stack(source_frames(src, ep, key)))
+        # hashed while written (later cameras partly from the page cache): exactly the file's bytes
+        assert recorded_digest(path) == sha256_file(path)
+    manifest = build_manifest(out)
+    assert all(e.sha256 == sha256_file(out / e.path) for e in manifest.files)
+
+
+def test_hdf5_compressed_gets_no_digest_and_manifest_reads_it(tmp_path: Path) -> None:
+    src = make_subset(tmp_path / "src", [Ep(frames=6)], cameras=1)
+    out = tmp_path / "out"
+    Hdf5Exporter(compression="gzip").export(src, out)
+    path = out / "data/chunk-000/episode_000000.hdf5"
+    assert recorded_digest(path) is None
+    entry = build_manifest(out).by_path()["data/chunk-000/episode_000000.hdf5"]
+    assert entry.sha256 == sha256_file(path)
+
+
+def test_recorded_digest_dropped_once_the_file_changes(tmp_path: Path) -> None:
+    src = make_subset(tmp_path / "src", [Ep(frames=5)], cameras=1)
+    out = tmp_path / "out"
+    Hdf5Exporter().export(src, out)
+    path = out / "data/chunk-000/episode_000000.hdf5"
+    assert recorded_digest(path) == sha256_file(path)
+    with open(path, "ab") as fh:  # a byte more: size (and mtime) no longer match the record
+        fh.write(b"\0")
+    assert recorded_digest(path) is None
+    assert build_manifest(out).by_path()["data/chunk-000/episode_000000.hdf5"].sha256 == sha256_file(path)
+
+
+def test_mcap_digest_and_frames_read_back_with_crcs(tmp_path: Path) -> None:
+    src = make_subset(tmp_path / "src", [Ep(frames=30), Ep(frames=11)], cameras=2)
+    out = tmp_path / "out"
+    ex = McapExporter(chunk_size=32 * 1024)  # many chunks: several compressed off the writer's thread
+    ex.export(src, out)
+    assert ex.verify(out).ok
+    for ep in range(2):
+        path = out / f"data/chunk-000/episode_{ep:06d}.mcap"
+        assert recorded_digest(path) == sha256_file(path)
+        got: dict[str, list[np.ndarray]] = {}
+        with open(path, "rb") as fh:
+            for _s, channel, message in make_reader(fh, validate_crcs=True).iter_messages():
+                if channel.topic.startswith("episode/image/"):
+                    got.setdefault(channel.topic.removeprefix("episode/image/"), []).append(decode_image(message.data)[1])
+        for key, frames in got.items():
+            np.testing.assert_array_equal(np.stack(frames), np.stack(source_frames(src, ep, key)))
+        assert sorted(got) == ["observation.images.cam0", "observation.images.cam1"]
+
+
+def _file(tmp_path: Path) -> tuple[int, bytes, bytes]:
+    """A file of library bytes 'head' at 0..99, then 'data' written by us at 100..299."""
+    fd = os.open(tmp_path / "f.bin", os.O_RDWR | os.O_CREAT)
+    head, data = bytes(range(100)), bytes(200 * [7])
+    os.pwrite(fd, head, 0)
+    return fd, head, data
+
+
+def test_region_hasher_matches_the_file_and_voids_on_rewrites(tmp_path: Path) -> None:
+    fd, head, data = _file(tmp_path)
+    try:
+        h = RegionHasher(fd)
+        h.data(100, [data])
+        os.pwrite(fd, data, 100)
+        os.pwrite(fd, head, 0)  # the library writes the same bytes again: the digest stands
+        os.pwrite(fd, b"tail", 300)
+        assert h.finish([(0, 100), (300, 4)]) == sha256_file(tmp_path / "f.bin")
+
+        h = RegionHasher(fd)
+        h.data(100, [data])
+        assert h.finish([(150, 8)]) is None and "inside a data region" in h.void
+
+        h = RegionHasher(fd)
+        h.data(100, [data])
+        os.pwrite(fd, b"X", 5)  # the library changed bytes already hashed
+        assert h.finish([(5, 1)]) is None and "changed" in h.void
+    finally:
+        os.close(fd)
