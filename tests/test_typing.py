@@ -33,6 +33,8 @@ MODULES = [
     "eva_export.formats.lerobot_v21",
     "eva_export.formats.mcap_eva",
     "eva_export.formats.mcap_chunks",
+    "eva_export.formats.hdf5_frames",
+    "eva_export.formats.written",
     "eva_export.formats.registry",
     "eva_export.formats.verify",
     "eva_export.formats.card",

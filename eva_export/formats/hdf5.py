@@ -3,7 +3,7 @@
 ``data/chunk-XXX/episode_NNNNNN.hdf5``::
 
     columns/item_NNNNNN   value = one table column (frames first), attrs key, kind
-    images/item_NNNNNN    value = (T, H, W, 3) uint8, appended frame by frame, attrs key, kind
+    images/item_NNNNNN    value = (T, H, W, 3) uint8, one chunk per frame, attrs key, kind
     metadata/item_NNNNNN  value = one field of the episode row, or fps; attrs key, kind
 
 ``kind`` says how to read ``value``: "array" (numeric or bool array/scalar), "string" (UTF-8
@@ -11,7 +11,10 @@ scalar string), "bytes" (opaque scalar, ``bytes(value[()])``), "none" (empty dat
 "msgpack" (mappings, lists, tuples: ``msgpack.unpackb(bytes(value[()]))``).
 
 Images: maxshape (None, H, W, 3), chunks (1, H, W, 3), compression "" (none, default), "lzf" or
-"gzip" (level ``gzip_level``) on image datasets only. The first frame fixes H x W x C; a later
+"gzip" (level ``gzip_level``) on image datasets only. Uncompressed, every chunk is allocated when
+the dataset is made and the frames are written straight to them (``hdf5_frames``: all cameras
+decoded at once, pwritev off the caller's thread), and the file is hashed as it is written; the
+digest goes to the manifest (``manifest.record_written``). The first frame fixes H x W x C; a later
 frame of another shape, or a final frame count different from the table's rows, raises
 ExportError naming the episode and camera.
 
@@ -115,7 +118,7 @@ class Hdf5Exporter:
             raise ValueError(f"hdf5 compression {compression!r}: choose one of {COMPRESSIONS}")
         self.compression = compression
         self.gzip_level = gzip_level
-        self.prefetch = prefetch  # frames decoded ahead in a background thread (bounded memory)
+        self.prefetch = prefetch  # frames decoded ahead per camera, each in its own thread (bounded memory)
         self.resumed: list[int] = []  # episodes kept from an interrupted run by the last export
 
     def export(self, native_subset: Path, out_dir: Path, progress: Progress | None = None) -> None:
@@ -163,18 +166,17 @@ class Hdf5Exporter:
         visual, rows = meta.info.visual_keys, int(table.num_rows)
         iters = [Prefetch(camera_frames(meta, episode_index, table, key), self.prefetch) for key in visual]
         try:  # every camera decodes ahead at once, each in its own thread
-            firsts = [first_frame(it, episode_index, key, rows) for key, it in zip(visual, iters)]
-            offsets = []
-            for i, (key, first) in enumerate(zip(visual, firsts)):
+            cams = []
+            for i, (key, it) in enumerate(zip(visual, iters, strict=True)):
+                first = first_frame(it, episode_index, key, rows)
                 g = imgs.create_group(item_name(i))
                 g.attrs["key"] = key
                 g.attrs["kind"] = "array"
                 ds = create_preallocated(g, rows, first.shape)
-                offsets.append(chunk_offsets(ds, rows, first.nbytes))
+                cams.append(CameraOut(key, it, chunk_offsets(ds, rows, first.nbytes), first))
             f.flush()  # every metadata byte on the file before the frames are hashed behind it
             sink.writes = []
             hasher = RegionHasher(sink.fh.fileno())
-            cams = [CameraOut(key, it, offs, first) for key, it, first, offs in zip(visual, iters, firsts, offsets)]
             write_cameras(sink.fh.fileno(), cams, hasher, episode_index)
             return hasher
         finally:

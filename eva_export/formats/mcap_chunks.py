@@ -6,7 +6,8 @@ camera frames was CPU-bound at 0.18-0.28x of the disk. Here a message's parts (a
 head and the frame's own buffer) are copied once, into the open chunk (a reused buffer of fixed
 capacity); a full chunk goes to the process's small thread pool for its CRC and compression
 (lz4, zstd and zlib release the GIL) while the next one fills; finished chunks are written in
-order, their compressed bytes straight to the file. Records other than chunks are built with mcap's own record classes, and the file is the
+order, their compressed bytes straight to the file, by an output thread that also hashes every
+byte of the file as it goes (``sha256``: the manifest's digest, no read-back). Records other than chunks are built with mcap's own record classes, and the file is the
 layout mcap's Writer makes (schemas and channels in the first chunk, message indexes after
 each chunk, a summary with schemas, channels, statistics and chunk indexes, summary offsets,
 summary CRC), so mcap's reader (``validate_crcs=True``) reads it unchanged.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
 import struct
 import threading
 import zlib
@@ -82,6 +84,64 @@ def _shared_pool(workers: int) -> ThreadPoolExecutor:
         return _POOLS[key]
 
 
+class _Output:
+    """The file's bytes written and hashed in order on a thread of their own, at most ``depth``
+    records behind the writer: the kernel's write path (page cache, dirty-page throttling) and
+    SHA-256 both release the GIL, so they overlap with filling the next chunk. ``release`` runs
+    once its bytes are written (a chunk buffer they were a view of goes back to the writer)."""
+
+    def __init__(self, fh: BinaryIO, depth: int = 8) -> None:
+        self._fh = fh
+        self.sha = hashlib.sha256()
+        self._q: queue.Queue[tuple[Any, Callable[[], None] | None] | None] = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="mcap-out", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            try:
+                if item is None:
+                    return
+                data, release = item
+                if self._error is None:  # after a failure the rest is dropped: the file is discarded
+                    self._write(data)
+                    self.sha.update(data)
+                if release is not None:
+                    release()
+            except BaseException as exc:  # noqa: BLE001 - raised by the writer's next put or drain
+                self._error = exc
+            finally:
+                self._q.task_done()
+
+    def _write(self, data: Any) -> None:
+        view = memoryview(data).cast("B")
+        while view.nbytes:  # the file is unbuffered: a short write is continued, not lost
+            k = self._fh.write(view)
+            if not k:
+                raise OSError(f"write returned {k}")
+            view = view[k:]
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+
+    def put(self, data: Any, release: Callable[[], None] | None = None) -> None:
+        self._raise()
+        self._q.put((data, release))
+
+    def drain(self) -> None:
+        self._q.join()
+        self._raise()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._q.put(None)
+            self._thread.join()
+
+
 @dataclass
 class _Chunk:
     buf: bytearray  # a reused buffer of fixed capacity: growing one by += fragmented the heap
@@ -105,7 +165,7 @@ class ChunkWriter:
         self._capacity = chunk_size + (2 << 20)  # a chunk ends at the first message past chunk_size
         self._pending: deque[tuple[_Chunk, Future[tuple[Any, int]]]] = deque()
         self._pos = 0  # bytes written: offsets for the indexes without asking the file
-        self._sha = hashlib.sha256()
+        self._io = _Output(fh)
         self._chunk = self._new_chunk()
         self._schemas: list[Schema] = []
         self._channels: list[Channel] = []
@@ -115,20 +175,14 @@ class ChunkWriter:
                                  schema_count=0)
 
     # ---- records outside chunks ----------------------------------------------------------------
-    def _out(self, data: Any) -> None:
-        view = memoryview(data).cast("B")
-        while view.nbytes:  # the file is unbuffered: a short write is continued, not lost
-            k = self._fh.write(view)
-            if not k:
-                raise OSError(f"write returned {k} at byte {self._pos}")
-            view = view[k:]
-        self._sha.update(data)  # every byte of the file passes here, in order: the manifest's digest
+    def _out(self, data: Any, release: Callable[[], None] | None = None) -> None:
+        self._io.put(data, release)  # every byte of the file passes here, in order: hashed as written
         self._pos += memoryview(data).nbytes
 
     @property
     def sha256(self) -> str:
-        """SHA-256 of the bytes written so far (the whole file after ``finish``)."""
-        return self._sha.hexdigest()
+        """SHA-256 of the whole file, once ``finish`` returned (the manifest's digest)."""
+        return self._io.sha.hexdigest()
 
     def _records(self, *records: McapRecord) -> None:
         b = RecordBuilder()
@@ -222,7 +276,12 @@ class ChunkWriter:
         start = self._pos
         self._out(_CHUNK_HEAD.pack(Opcode.CHUNK, length, ck.start, ck.end, ck.size, crc)
                   + _U32.pack(len(comp)) + comp + _U64.pack(size))
-        self._out(data)  # the compressed bytes as they are: no copy into a record buffer
+        buf = ck.buf
+        if self.compression:  # the compressed bytes as they are: no copy into a record buffer
+            self._out(data)
+            self._free.append(buf)
+        else:  # a view of the chunk's buffer: reused only once written
+            self._out(data, lambda: self._free.append(buf))
         index_start = self._pos
         b = RecordBuilder()
         offsets = {}
@@ -236,7 +295,6 @@ class ChunkWriter:
             message_index_length=self._pos - index_start, compression=self.compression,
             compressed_size=size, uncompressed_size=ck.size))
         self._stats.chunk_count += 1
-        self._free.append(ck.buf)
 
     # ---- the end -------------------------------------------------------------------------------
     def finish(self) -> None:
@@ -265,6 +323,7 @@ class ChunkWriter:
         self._out(summary)
         self._records(Footer(summary_start=summary_start, summary_offset_start=offsets_start, summary_crc=crc))
         self._out(MAGIC)
+        self._io.drain()
         self.close()
 
     def close(self) -> None:
@@ -275,4 +334,5 @@ class ChunkWriter:
         for f in futures:
             f.cancel()
         wait(futures)
+        self._io.close()
         self._free.clear()
