@@ -125,13 +125,16 @@ def sha256_file(path: Path, limit: int | None = None) -> str:
 
 
 _WRITTEN: dict[tuple[int, int, int, int], str] = {}  # (device, inode, size, mtime_ns) -> sha256 (issue 28)
+_WRITTEN_MAX = 100_000  # a long-running node: the oldest records (of jobs that never published) go
 
 
 def record_written(path: Path, sha256: str) -> None:
     """An exporter hashed ``path``'s bytes as it wrote them: ``build_manifest`` takes this
-    digest instead of reading the file again, while (device, inode, size, mtime_ns) still match."""
+    digest (once) instead of reading the file again, while (device, inode, size, mtime_ns) match."""
     st = os.stat(path)
     _WRITTEN[(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)] = sha256
+    while len(_WRITTEN) > _WRITTEN_MAX:
+        del _WRITTEN[next(iter(_WRITTEN))]
 
 
 def recorded_digest(path: Path) -> str | None:
@@ -141,7 +144,8 @@ def recorded_digest(path: Path) -> str | None:
 
 
 def _digest(path: Path) -> str:
-    return recorded_digest(path) or sha256_file(path)
+    st = os.stat(path)
+    return _WRITTEN.pop((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), None) or sha256_file(path)
 
 
 def scan_tree(root: Path) -> tuple[list[str], list[tuple[str, Path]]]:

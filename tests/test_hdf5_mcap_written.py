@@ -120,3 +120,33 @@ def test_region_hasher_matches_the_file_and_voids_on_rewrites(tmp_path: Path) ->
         assert h.finish([(5, 1)]) is None and "changed" in h.void
     finally:
         os.close(fd)
+
+
+def test_manifest_takes_the_recorded_digest_and_verification_still_rereads(tmp_path: Path) -> None:
+    from eva_export.manifest import record_written, verify_manifest
+
+    root = tmp_path / "subset"
+    (root / "meta").mkdir(parents=True)
+    path = root / "data.bin"
+    path.write_bytes(b"payload")
+    record_written(path, "0" * 64)  # a wrong record: only the hook can put it in the manifest
+    manifest = build_manifest(root)
+    assert manifest.by_path()["data.bin"].sha256 == "0" * 64
+    assert recorded_digest(path) is None  # taken once
+    manifest.write(root)
+    assert verify_manifest(root) == ["data.bin: SHA-256 differs from meta/manifest.json (content changed or corrupt)"]
+
+
+def test_hdf5_files_carry_no_clock(tmp_path: Path) -> None:
+    """Preallocated datasets are made through HDF5's low-level API, whose default records
+    object times; two exports a second apart must still be byte-identical."""
+    src = make_subset(tmp_path / "src", [Ep(frames=4)], cameras=1)
+    Hdf5Exporter().export(src, tmp_path / "a")
+    first = (tmp_path / "a/data/chunk-000/episode_000000.hdf5").stat().st_mtime_ns
+    tick = tmp_path / "tick"
+    tick.write_bytes(b"")
+    while tick.stat().st_mtime_ns // 10**9 <= first // 10**9:  # the next second, reached for sure
+        tick.write_bytes(b"")
+    Hdf5Exporter().export(src, tmp_path / "b")
+    rel = "data/chunk-000/episode_000000.hdf5"
+    assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes()

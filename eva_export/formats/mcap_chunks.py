@@ -42,10 +42,13 @@ from mcap.records import (
     SummaryOffset,
 )
 
+from .written import start_writeback
+
 MAGIC = b"\x89MCAP0\r\n"
 _MESSAGE_HEAD = struct.Struct("<BQHIQQ")  # opcode, record length, channel, sequence, log and publish time
 _MESSAGE_FIXED = 2 + 4 + 8 + 8
 _CHUNK_HEAD = struct.Struct("<BQQQQI")  # opcode, record length, start, end, uncompressed size and CRC
+WRITEBACK_BYTES = 8 << 20
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _FOOTER_HEAD = struct.Struct("<BQQQ")  # opcode, length, summary start, summary offset start (CRC'd)
@@ -93,6 +96,8 @@ class _Output:
     def __init__(self, fh: BinaryIO, depth: int = 8) -> None:
         self._fh = fh
         self.sha = hashlib.sha256()
+        self._written = 0  # bytes whose writeback was started
+        self._since = 0  # bytes written after those
         self._q: queue.Queue[tuple[Any, Callable[[], None] | None] | None] = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="mcap-out", daemon=True)
@@ -108,6 +113,11 @@ class _Output:
                 if self._error is None:  # after a failure the rest is dropped: the file is discarded
                     self._write(data)
                     self.sha.update(data)
+                    self._since += memoryview(data).nbytes
+                    if self._since >= WRITEBACK_BYTES:  # the disk busy while the next chunks compress
+                        start_writeback(self._fh.fileno(), self._written, self._since)
+                        self._written += self._since
+                        self._since = 0
                 if release is not None:
                     release()
             except BaseException as exc:  # noqa: BLE001 - raised by the writer's next put or drain
