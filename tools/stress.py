@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GROUPS = {
     "upload_resume": ["tests/test_upload_resume.py"],
     "upload_node": ["tests/test_upload_node.py"],
+    "upload_openssh": ["tests/test_upload_openssh.py", "tests/test_upload_core.py"],
     "capture_kill": ["tests/test_capture_kill.py"],
     "capture_timing": ["tests/test_capture_timing.py"],
     "export_kill": ["tests/test_export_kill.py"],
