@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from . import confine
 from .confine import inside as inside  # re-exported: importers of config
 from .errors import ConfigError, UnsafeNameError
@@ -383,6 +381,8 @@ def load_config(path: str | Path | None) -> Config:
     """Load the YAML config; an empty path gives the defaults."""
     if not path:
         return parse_config({})
+    import yaml  # only a config file needs it (an export without --config does not)
+
     p = Path(path)
     try:
         raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}

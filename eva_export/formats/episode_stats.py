@@ -11,7 +11,7 @@ from numpy.typing import NDArray
 
 from ..dataset import stats as stats_mod
 from ..dataset.meta import STATS, DatasetMeta
-from ..dataset.records import EpisodeRow
+from ..dataset.records import EpisodeRow, EpisodeStats
 from ..fsutil import read_json
 from .source import column_numpy
 
@@ -32,19 +32,30 @@ def dataset_stats(meta: DatasetMeta, extra: dict[int, dict[str, Any]] | None = N
             out.setdefault(key, value)
     return out
 
-def episode_stats(meta: DatasetMeta, ep: EpisodeRow, table: pa.Table) -> dict[str, Any]:
-    """The episode's statistics: from episodes_stats.jsonl, table columns filled in when missing."""
+_UNREAD: Any = object()  # "not given": read the episode's row from meta.episodes_stats
+
+
+def source_stats(meta: DatasetMeta, ep: EpisodeRow) -> EpisodeStats | None:
+    """The episode's row of episodes_stats.jsonl (parsed on each call: callers keep it)."""
+    return meta.episodes_stats.get(ep.episode_index)
+
+
+def episode_stats(meta: DatasetMeta, ep: EpisodeRow, table: pa.Table,
+                  row: EpisodeStats | None = _UNREAD) -> dict[str, Any]:
+    """The episode's statistics: from episodes_stats.jsonl (``row``, when the caller read it
+    already), table columns filled in when missing."""
     # a copy per feature (only keys are added here); the values are read, never changed
-    src = meta.episodes_stats[ep.episode_index].stats if ep.episode_index in meta.episodes_stats else {}
+    row = source_stats(meta, ep) if row is _UNREAD else row
+    src = row.stats if row is not None else {}
     st: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in src.items()}
     for name in table.column_names:
         if name not in st and name in meta.info.features and not meta.info.features[name].is_visual:
             st[name] = stats_mod.column_stats(column_numpy(table, name))
     return st
 
-def missing_image_stats(meta: DatasetMeta, ep: EpisodeRow) -> list[str]:
+def missing_image_stats(meta: DatasetMeta, ep: EpisodeRow, row: EpisodeStats | None = _UNREAD) -> list[str]:
     """Cameras (video or image-in-Parquet) whose statistics the source did not record."""
-    have = meta.episodes_stats.get(ep.episode_index)
+    have = source_stats(meta, ep) if row is _UNREAD else row
     return [k for k in meta.info.visual_keys if have is None or k not in have.stats]
 
 def image_stats_of(frames: Iterator[NDArray[Any]]) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +41,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..dataset.meta import INFO, STATS, DatasetMeta
-from ..dataset.records import DatasetInfo, EpisodeRow
+from ..dataset.records import DatasetInfo, EpisodeRow, EpisodeStats
 from ..dataset.video import VideoSettings
 from ..errors import ExportError
-from ..fsutil import atomic_write_json
+from ..fsutil import atomic_write_json, read_json
 from .base import Progress, VerifyReport
-from .episode_stats import dataset_stats, episode_stats, image_stats_of, missing_image_stats
+from .episode_stats import episode_stats, image_stats_of, missing_image_stats
 from .images import camera_frames
+from .lerobot_v3_tables import DataShards, EpisodeStatsColumns, stats_column, v3_data_schema
 from .provenance import RawNames
 from .source import copy_common_meta, load_source, read_episode_table, write_quality_split
 from .v3_layout import CODEBASE_V30 as CODEBASE_V30  # re-exported: the layout's names, one home
@@ -54,9 +56,12 @@ from .v3_layout import DATA_PATH_V30 as DATA_PATH_V30
 from .v3_layout import EPISODES_PATH_V30 as EPISODES_PATH_V30
 from .v3_layout import FORMAT as FORMAT
 from .v3_layout import TASKS_PARQUET as TASKS_PARQUET
-from .v3_video import VIDEO_PATH_V30, Locator, Numbering, VideoShards, reorder_delay, shard_timescale
+from .v3_probe import Probes
+from .v3_video import VIDEO_PATH_V30, VideoShards
 
 _VideoShards = VideoShards  # the name bench/bench_formats.py uses
+_DataShards = DataShards
+__all__ = ["LeRobotV3Exporter", "extra_field_column", "stats_column", "tasks_table", "v3_data_schema"]
 
 log = logging.getLogger(__name__)
 
@@ -64,36 +69,12 @@ log = logging.getLogger(__name__)
 MIB = 1024 * 1024
 _LOCATOR_COLUMNS = ("episode_index", "tasks", "length", "data/chunk_index", "data/file_index",
                     "dataset_from_index", "dataset_to_index")
-_HF_DTYPES = {"float": "float32", "double": "float64", "int64": "int64", "int32": "int32", "bool": "bool",
-              "string": "string", "large_string": "large_string", "halffloat": "float16"}
+_VIDEO_COLUMNS = ("chunk_index", "file_index", "from_timestamp", "to_timestamp")
 
 
 # ---- small pieces ---------------------------------------------------------------------------
 def _mb(size_mb: float) -> int | float:
     return int(size_mb) if float(size_mb).is_integer() else float(size_mb)
-
-
-def _hf_value(typ: pa.DataType) -> dict[str, Any]:
-    return {"dtype": _HF_DTYPES.get(str(typ), str(typ)), "_type": "Value"}
-
-
-def _is_image_struct(typ: pa.DataType) -> bool:
-    return pa.types.is_struct(typ) and {typ.field(i).name for i in range(typ.num_fields)} == {"bytes", "path"}
-
-
-def v3_data_schema(src: pa.Schema) -> pa.Schema:
-    """The source schema with the 'huggingface' metadata LeRobot 0.4 writes (``_type: List``)."""
-    feats: dict[str, Any] = {}
-    for f in src:
-        if _is_image_struct(f.type):  # LeRobot's image feature: PNG bytes + path, HF type "Image"
-            feats[f.name] = {"_type": "Image"}
-        elif pa.types.is_fixed_size_list(f.type):
-            feats[f.name] = {"feature": _hf_value(f.type.value_type), "length": f.type.list_size, "_type": "List"}
-        elif pa.types.is_list(f.type) or pa.types.is_large_list(f.type):
-            feats[f.name] = {"feature": _hf_value(f.type.value_type), "_type": "List"}
-        else:
-            feats[f.name] = _hf_value(f.type)
-    return pa.schema(list(src), metadata={"huggingface": json.dumps({"info": {"features": feats}})})
 
 
 def tasks_table(tasks: list[tuple[int, str]]) -> pa.Table:
@@ -154,51 +135,33 @@ def extra_field_column(values: list[Any]) -> pa.Array:
                     pa.string())
 
 
-def stats_column(values: list[Any]) -> pa.Array:
-    try:
-        return pa.array(values)
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        floats = [None if v is None else np.asarray(v, dtype=np.float64).tolist() for v in values]
-        return pa.array(floats)
-
-
-class _DataShards:
-    """Parquet shards written one episode at a time."""
-
-    def __init__(self, out: Path, limit_bytes: int, chunks_size: int) -> None:
-        self.out = out
-        self.limit = limit_bytes
-        self.numbering = Numbering(chunks_size)
-        self.writer: pq.ParquetWriter | None = None
-        self.schema: pa.Schema | None = None
-        self.loc = Locator(0, 0)
-        self.size = 0
-        self.files: list[Path] = []
-
-    def add(self, table: pa.Table) -> Locator:
-        table = table.replace_schema_metadata(None)
-        sch = v3_data_schema(table.schema)
-        if self.writer is not None and (not sch.equals(self.schema, check_metadata=True)
-                                        or self.size + table.nbytes > self.limit):
-            self.close()
-        if self.writer is None:
-            self.loc = self.numbering.next()
-            path = self.out / DATA_PATH_V30.format(chunk_index=self.loc.chunk_index, file_index=self.loc.file_index)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self.writer = pq.ParquetWriter(path, sch)
-            self.schema, self.size = sch, 0
-            self.files.append(path)
-        self.writer.write_table(table.cast(sch))
-        self.size += table.nbytes
-        return Locator(self.loc.chunk_index, self.loc.file_index)
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
-
-
 # ---- the exporter -----------------------------------------------------------------------------
+def _arrow(col: array[Any]) -> pa.Array:
+    """int64 / float64 from the flat array's buffer (no Python object per value)."""
+    return pa.array(np.frombuffer(col, dtype=np.int64 if col.typecode == "q" else np.float64))
+
+
+class Locators:
+    """The locator columns of meta/episodes, one flat array each, filled episode by episode."""
+
+    def __init__(self, video_keys: list[str]) -> None:
+        names = [c for c in _LOCATOR_COLUMNS if c != "tasks"]
+        names += [f"videos/{k}/{c}" for k in video_keys for c in _VIDEO_COLUMNS]
+        self.cols: dict[str, array[Any]] = {n: array("d" if n.endswith("_timestamp") else "q") for n in names}
+
+    def put(self, name: str, value: float) -> None:
+        self.cols[name].append(value)
+
+    def arrow(self, tasks: list[list[str]]) -> dict[str, pa.Array]:
+        out: dict[str, pa.Array] = {}
+        for name in _LOCATOR_COLUMNS:
+            out[name] = pa.array(tasks, pa.list_(pa.string())) if name == "tasks" else _arrow(self.cols[name])
+        for name, col in self.cols.items():
+            if name.startswith("videos/"):
+                out[name] = _arrow(col)
+        return out
+
+
 class LeRobotV3Exporter:
     """Write a native v2.1 subset as LeRobot v3.0."""
 
@@ -224,16 +187,15 @@ class LeRobotV3Exporter:
         out.mkdir(parents=True, exist_ok=True)
         tmp = out / ".v3tmp"
         names = RawNames.of(meta)
-        data = _DataShards(out, int(self.data_mb * MIB), self.chunks_size)
-        videos = self._video_shards(meta, out, tmp, names)
-        rows: list[dict[str, Any]] = []
-        ep_stats: list[dict[str, Any]] = []
+        data = DataShards(out, int(self.data_mb * MIB), self.chunks_size)
+        paths = {k: [meta.video_path(k, ep.episode_index) for ep in meta.episodes] for k in info.video_keys}
+        videos, probes = self._video_shards(meta, out, tmp, names, paths)
+        locs, ep_stats = Locators(list(info.video_keys)), EpisodeStatsColumns()
         offset = 0
         try:
-            for ep in meta.episodes:
-                row, st, written = self._episode(meta, ep, offset, data, videos, names)
-                rows.append(row)
-                ep_stats.append(st)
+            for pos, ep in enumerate(meta.episodes):
+                vpaths = {k: paths[k][pos] for k in videos}
+                written = self._episode(meta, ep, offset, data, videos, probes, vpaths, locs, ep_stats, names)
                 offset += ep.length
                 progress.on_episode(ep.episode_index, written)
             data.close()
@@ -250,11 +212,13 @@ class LeRobotV3Exporter:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         self.last_reencoded = {k: list(v.reencoded) for k, v in videos.items() if v.reencoded}
-
-        self._write_episodes(out, meta, rows, ep_stats)
+        self._write_episodes(out, meta, locs, ep_stats)
         pq.write_table(tasks_table([(t.task_index, t.task) for t in meta.tasks]), out / TASKS_PARQUET)
         copy_common_meta(src, out)
-        stats = dataset_stats(meta, {ep.episode_index: s for ep, s in zip(meta.episodes, ep_stats, strict=False)})
+        stats = ep_stats.aggregate()
+        if (meta.root / STATS).is_file():  # keep anything the source knew that we could not recompute
+            for key, value in read_json(meta.root / STATS).items():
+                stats.setdefault(key, value)
         missing = [k for k in info.features if k not in stats]
         if missing and meta.episodes:  # an empty subset has no values to describe: stats {}
             raise ExportError(f"no statistics for features {missing}")
@@ -264,44 +228,54 @@ class LeRobotV3Exporter:
         reenc = {k: [names.index(i) for i in v] for k, v in self.last_reencoded.items()}
         write_quality_split(src, out, self.name, {"reencoded_source_episodes": reenc} if reenc else None)
 
-    def _video_shards(self, meta: DatasetMeta, out: Path, tmp: Path, names: RawNames) -> dict[str, VideoShards]:
-        """One shard writer per camera, its decode clock as far ahead as its episodes need."""
-        info = meta.info
-        videos = {}
-        for k in info.video_keys:
-            timescale = shard_timescale(info.fps)
-            paths = [meta.video_path(k, ep.episode_index) for ep in meta.episodes]
-            delay = max((reorder_delay(p, info.fps, timescale) for p in paths if p.is_file()), default=0)
-            videos[k] = VideoShards(out, k, info.fps, info.features[k].shape, int(self.video_mb * MIB),
-                                    self.chunks_size, self.reencode_settings, tmp, delay, names)
-        return videos
+    def _video_shards(self, meta: DatasetMeta, out: Path, tmp: Path, names: RawNames,
+                      paths: dict[str, list[Path]]) -> tuple[dict[str, VideoShards], dict[str, Probes]]:
+        """One shard writer per camera, its decode clock as far ahead as its episodes need.
 
-    def _episode(self, meta: DatasetMeta, ep: EpisodeRow, offset: int, data: _DataShards,
-                 videos: dict[str, VideoShards], names: RawNames) -> tuple[dict[str, Any], dict[str, Any], int]:
-        """Append one episode's rows and videos; its metadata row, statistics and bytes written."""
+        Every episode MP4 is read here once (v3_probe); small ones keep their packets, so the
+        copy does not open them again."""
         info = meta.info
+        videos, probes = {}, {}
+        for k in info.video_keys:
+            p = Probes(info.fps)
+            p.take_all([(ep.episode_index, path) for ep, path in zip(meta.episodes, paths[k], strict=True)])
+            probes[k] = p
+            shards = VideoShards(out, k, info.fps, info.features[k].shape, int(self.video_mb * MIB),
+                                 self.chunks_size, self.reencode_settings, tmp, 0, names)
+            shards.delay = p.lead * shards.tick
+            videos[k] = shards
+        return videos, probes
+
+    def _episode(self, meta: DatasetMeta, ep: EpisodeRow, offset: int, data: DataShards,
+                 videos: dict[str, VideoShards], probes: dict[str, Probes], vpaths: dict[str, Path],
+                 locs: Locators, ep_stats: EpisodeStatsColumns, names: RawNames) -> int:
+        """Append one episode's rows, videos, locators and statistics; the bytes written."""
+        info = meta.info
+        src_stats: EpisodeStats | None = meta.episodes_stats.get(ep.episode_index)  # parsed once
         table = read_episode(meta, ep, offset)
         loc = data.add(table)
-        row: dict[str, Any] = {
-            "episode_index": ep.episode_index, "tasks": list(ep.tasks), "length": ep.length,
-            "data/chunk_index": loc.chunk_index, "data/file_index": loc.file_index,
-            "dataset_from_index": offset, "dataset_to_index": offset + ep.length,
-        }
-        written = table.nbytes
+        for name, value in (("episode_index", ep.episode_index), ("length", ep.length),
+                            ("data/chunk_index", loc.chunk_index), ("data/file_index", loc.file_index),
+                            ("dataset_from_index", offset), ("dataset_to_index", offset + ep.length)):
+            locs.put(name, value)
+        written = int(table.nbytes)
         for key, shards in videos.items():
-            vloc, frames_before = shards.add(ep.episode_index, meta.video_path(key, ep.episode_index), ep.length)
-            row[f"videos/{key}/chunk_index"] = vloc.chunk_index
-            row[f"videos/{key}/file_index"] = vloc.file_index
-            row[f"videos/{key}/from_timestamp"] = frames_before / info.fps
-            row[f"videos/{key}/to_timestamp"] = (frames_before + ep.length) / info.fps
-            written += meta.video_path(key, ep.episode_index).stat().st_size
-        st = episode_stats(meta, ep, table)
-        for key in missing_image_stats(meta, ep):
+            path = vpaths[key]
+            probed = probes[key].pop(ep.episode_index)
+            vloc, frames_before = shards.add(ep.episode_index, path, ep.length, probed)
+            locs.put(f"videos/{key}/chunk_index", vloc.chunk_index)
+            locs.put(f"videos/{key}/file_index", vloc.file_index)
+            locs.put(f"videos/{key}/from_timestamp", frames_before / info.fps)
+            locs.put(f"videos/{key}/to_timestamp", (frames_before + ep.length) / info.fps)
+            written += probed.size if probed is not None else path.stat().st_size
+        st = episode_stats(meta, ep, table, src_stats)
+        for key in missing_image_stats(meta, ep, src_stats):
             st[key] = image_stats_of(camera_frames(meta, ep.episode_index, table, key))
         for key in info.table_keys:
             if key not in st:
                 raise ExportError(f"{names.episode(ep.episode_index)}: no statistics for {key!r}")
-        return row, st, written
+        ep_stats.add(st)
+        return written
 
     def _info(self, info: DatasetInfo, episodes: int, total_frames: int, tasks: int) -> dict[str, Any]:
         src = info.to_dict()
@@ -325,39 +299,20 @@ class LeRobotV3Exporter:
         d["dataset_format"] = FORMAT
         return d
 
-    def _write_episodes(self, out: Path, meta: DatasetMeta, rows: list[dict[str, Any]],
-                        ep_stats: list[dict[str, Any]]) -> None:
-        cols: dict[str, pa.Array] = {}
-        n = len(rows)
-        names = list(rows[0]) if rows else list(_LOCATOR_COLUMNS) + [
-            f"videos/{k}/{c}" for k in meta.info.video_keys
-            for c in ("chunk_index", "file_index", "from_timestamp", "to_timestamp")]
-        for name in names:
-            values = [r.get(name) for r in rows]
-            if name == "tasks":
-                cols[name] = pa.array(values, pa.list_(pa.string()))
-            elif name.endswith("_timestamp"):
-                cols[name] = pa.array(values, pa.float64())
-            else:
-                cols[name] = pa.array(values, pa.int64())
-        for feat in meta.info.features:
-            stat_names: list[str] = []
-            for st in ep_stats:
-                for s in st.get(feat, {}):
-                    if s not in stat_names:
-                        stat_names.append(s)
-            for s in stat_names:
-                cols[f"stats/{feat}/{s}"] = stats_column([st.get(feat, {}).get(s) for st in ep_stats])
-        extra_keys: list[str] = []
-        episode_fields = [ep.fields_dict() for ep in meta.episodes]
-        for fields in episode_fields:
-            for k in fields:
-                if k not in extra_keys:
-                    extra_keys.append(k)
-        for k in extra_keys:
+    def _write_episodes(self, out: Path, meta: DatasetMeta, locs: Locators, ep_stats: EpisodeStatsColumns) -> None:
+        n = len(meta.episodes)
+        cols = locs.arrow([list(ep.tasks) for ep in meta.episodes])
+        cols.update(ep_stats.arrow_columns(list(meta.info.features)))
+        extra: dict[str, list[Any]] = {}  # field -> its value in every episode (None where absent)
+        for pos, ep in enumerate(meta.episodes):
+            for k, v in ep.fields_dict().items():
+                extra.setdefault(k, [None] * pos).append(v)
+            for values in extra.values():
+                values.extend([None] * (pos + 1 - len(values)))
+        for k, values in extra.items():
             if k in cols or k.startswith(("meta/episodes/", "videos/", "stats/", "data/")):
                 raise ExportError(f"episode field {k!r} collides with a LeRobot v3 episode metadata column")
-            cols[k] = extra_field_column([fields.get(k) for fields in episode_fields])
+            cols[k] = extra_field_column(values)
         cols["meta/episodes/chunk_index"] = pa.array([0] * n, pa.int64())
         cols["meta/episodes/file_index"] = pa.array([0] * n, pa.int64())
         path = out / EPISODES_PATH_V30.format(chunk_index=0, file_index=0)
@@ -371,5 +326,3 @@ class LeRobotV3Exporter:
 
 def read_episode(meta: DatasetMeta, ep: EpisodeRow, offset: int) -> pa.Table:
     return read_episode_table(meta, ep, first_index=offset)
-
-

@@ -21,7 +21,6 @@ from numpy.typing import NDArray
 
 from ..dataset.meta import STATS
 from ..dataset.records import DatasetInfo
-from ..dataset.video import stream_timing, timing_problems
 from ..errors import ExportError, VideoError
 from ..fsutil import read_json
 from .base import VerifyReport
@@ -29,13 +28,31 @@ from .checks import check_image_rows, check_sample, check_totals, start_report
 from .images import decode_png
 from .source import column_numpy, state_action_keys
 from .v3_layout import CODEBASE_V30, FORMAT, TASKS_PARQUET
+from .v3_timing import shard_timing_problems
+
+LOCATOR_COLUMNS = ("episode_index", "tasks", "length", "data/chunk_index", "data/file_index",
+                   "dataset_from_index", "dataset_to_index")
 
 
-def read_episodes_meta(root: Path) -> pa.Table:
+def read_columns(path: Path, columns: list[str] | None = None) -> pa.Table:
+    """``columns`` of a Parquet file (all when None). Not pq.read_table: its dataset layer imports
+    pyarrow.compute (0.2-0.4 s of a verify that reads a few small files) and resolves the path's
+    filesystem on every call."""
+    with open(path, "rb") as fh, pq.ParquetFile(fh) as pf:
+        if columns is not None:
+            lacking = [c for c in columns if c not in pf.schema_arrow.names]
+            if lacking:
+                raise pa.ArrowInvalid(f"{path.name} lacks the columns {lacking}")
+        return pf.read(columns=columns)
+
+
+def read_episodes_meta(root: Path, columns: list[str] | None = None) -> pa.Table:
+    """meta/episodes (every file, in order); ``columns``: only these (a file lacking one is an error
+    naming it and the columns)."""
     files = sorted((root / "meta/episodes").glob("chunk-*/file-*.parquet"))
     if not files:
         raise ValueError(f"{root}: no meta/episodes/chunk-*/file-*.parquet")
-    return pa.concat_tables([pq.read_table(f) for f in files], promote_options="permissive")
+    return pa.concat_tables([read_columns(f, columns) for f in files], promote_options="permissive")
 
 
 def decode_frame_at(path: Path, frame_number: int, fps: int) -> NDArray[Any]:
@@ -67,8 +84,10 @@ def verify_v3(root: Path) -> VerifyReport:
             report.errors.append(f"info.json has {key}, which LeRobot v3.0 dropped")
     fps = int(info["fps"])
     video_keys = [k for k, f in info["features"].items() if f["dtype"] == "video"]
-    try:
-        eps = read_episodes_meta(root).to_pylist()
+    cols = [*LOCATOR_COLUMNS, *(f"videos/{k}/{c}" for k in video_keys
+                                for c in ("chunk_index", "file_index", "from_timestamp", "to_timestamp"))]
+    try:  # the locators only: the stats and source fields are not what a reader locates by
+        eps = read_episodes_meta(root, cols).to_pylist()
     except (ValueError, OSError, pa.ArrowException) as exc:
         report.errors.append(str(exc))
         return report
@@ -124,7 +143,7 @@ def _check_video_shard(report: VerifyReport, root: Path, path: Path, key: str, m
                                  f"{frames} frames before it and the episode has {e['length']}")
         frames += e["length"]
     try:
-        problems = timing_problems(stream_timing(path), fps, frames)
+        problems = shard_timing_problems(path, fps, frames)
     except (VideoError, OSError) as exc:
         report.errors.append(f"{path.relative_to(root)}: {exc}")
         return
@@ -144,7 +163,7 @@ def _check_image_rows(report: VerifyReport, root: Path, info: dict[str, Any],
     for (chunk, file) in sorted(data_files):
         path = root / str(info["data_path"]).format(chunk_index=chunk, file_index=file)
         try:
-            t = pq.read_table(path, columns=[*shapes, "episode_index"])
+            t = read_columns(path, [*shapes, "episode_index"])
         except (OSError, pa.ArrowException) as exc:
             report.errors.append(f"{path}: unreadable ({exc})")
             continue
@@ -156,7 +175,7 @@ def _check_image_rows(report: VerifyReport, root: Path, info: dict[str, Any],
 def _check_tasks(report: VerifyReport, root: Path, info: dict[str, Any], eps: list[dict[str, Any]]) -> None:
     """tasks.parquet maps indices and strings one to one and holds every episode's task."""
     try:
-        tt = pq.read_table(root / TASKS_PARQUET)
+        tt = read_columns(root / TASKS_PARQUET)
     except (OSError, pa.ArrowException) as exc:
         report.errors.append(f"{TASKS_PARQUET}: unreadable ({exc})")
         return
@@ -184,7 +203,7 @@ def _check_data_shards(report: VerifyReport, root: Path, info: dict[str, Any],
     for (chunk, file), members in sorted(data_files.items()):
         path = root / str(info["data_path"]).format(chunk_index=chunk, file_index=file)
         try:
-            t = pq.read_table(path, columns=["index", "episode_index"])
+            t = read_columns(path, ["index", "episode_index"])
         except (OSError, pa.ArrowException) as exc:
             report.errors.append(f"{path}: unreadable ({exc})")
             continue
@@ -215,14 +234,14 @@ def _real_read(report: VerifyReport, root: Path, info: dict[str, Any], eps: list
         path = root / str(info["data_path"]).format(chunk_index=e["data/chunk_index"], file_index=e["data/file_index"])
         state = action = frame = None
         try:
-            t = pq.read_table(path, columns=[k for k in (state_key, action_key) if k])
+            t = read_columns(path, [k for k in (state_key, action_key) if k])
             first = data_files[(e["data/chunk_index"], e["data/file_index"])][0]["dataset_from_index"]
             r = e["dataset_from_index"] - first
             state = column_numpy(t, state_key)[r] if state_key else None
             action = column_numpy(t, action_key)[r] if action_key else None
             image_keys = [k for k, f in info["features"].items() if f["dtype"] == "image"]
             if not video_keys and image_keys:
-                col = pq.read_table(path, columns=[image_keys[0]]).column(image_keys[0])[r].as_py()
+                col = read_columns(path, [image_keys[0]]).column(image_keys[0])[r].as_py()
                 frame = decode_png(col["bytes"], f"{path.name} row {r}")
             elif video_keys:
                 k = video_keys[0]

@@ -32,13 +32,13 @@ import av
 from ..dataset.video import VideoEncoder, VideoSettings, iter_frames
 from ..errors import ExportError, VideoError
 from .provenance import RawNames
+from .v3_probe import CodecParams, Pkt, Probe, codec_params, frame_slot, packets_of, probe
 
 log = logging.getLogger(__name__)
 
 VIDEO_PATH_V30 = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
-TOLERANCE_S = Fraction(1, 10000)  # LeRobotDataset's default tolerance_s
 MIN_TIMESCALE = 10000  # what FFmpeg's MP4 muxer raises a coarse video time base to
-DELAY_PROBE_PACKETS = 64
+__all__ = ["CodecParams", "Locator", "Numbering", "VideoShards", "codec_params", "reorder_delay", "shard_timescale"]
 
 
 @dataclass(frozen=True)
@@ -68,25 +68,6 @@ class Numbering:
             self.chunk, self.file = self.chunk - 1, self.chunks_size - 1
 
 
-@dataclass(frozen=True)
-class CodecParams:
-    codec: str
-    width: int
-    height: int
-    pix_fmt: str
-    extradata: bytes
-
-
-def codec_params(stream: Any) -> CodecParams:
-    """The stream's codec parameters, named by codec id (AV1, H.264...), never by the decoder.
-
-    PyAV opens AV1 with the decoder ``libdav1d``; its name is not a codec anything can mux.
-    """
-    cc = stream.codec_context
-    return CodecParams(f"id{cc.codec.id}:{cc.codec.type}", cc.width, cc.height, str(cc.pix_fmt),
-                       bytes(cc.extradata or b""))
-
-
 def shard_timescale(fps: int) -> int:
     """Ticks per second of a shard: a multiple of fps (frame times exact) the muxer keeps."""
     t = fps
@@ -102,24 +83,10 @@ def reorder_delay(path: Path, fps: int, timescale: int) -> int:
     shown before frame k), not from the file's own decode times, which an encoder may have
     placed anywhere below its presentation times. Only the first ``DELAY_PROBE_PACKETS`` are
     read (the reorder depth shows in the first GOPs); an episode needing more later is caught
-    when it is placed, and re-encoded.
+    when it is placed, and re-encoded. (The exporter takes it from ``Probes``, one read per file.)
     """
-    pts: list[Fraction] = []
-    try:
-        with av.open(str(path)) as src:
-            s = src.streams.video[0]
-            for p in src.demux(s):
-                if p.size and p.pts is not None:
-                    pts.append(p.pts * Fraction(p.time_base))
-                    if len(pts) >= DELAY_PROBE_PACKETS:
-                        break
-    except av.FFmpegError:
-        return 0  # the episode's own add() names the unreadable file
-    if not pts:
-        return 0
-    base = min(pts)
-    lead = max(k - round((t - base) * fps) for k, t in enumerate(pts))
-    return max(0, lead) * (timescale // fps)
+    p = probe(path, fps, keep=False)
+    return 0 if p is None else p.lead_frames * (timescale // fps)
 
 
 class NotPlaceable(Exception):
@@ -165,19 +132,21 @@ class VideoShards:
             return f"episode {episode_index} ({path})"
         return f"{self.names.episode(episode_index)} ({self.names.video(self.key, episode_index)})"
 
-    def _open(self, template: Any, params: CodecParams) -> None:
+    def _open(self, template: Path, params: CodecParams) -> None:
+        """A new shard whose stream copies the codec parameters of ``template``'s stream."""
         self.loc = self.numbering.next()
         path = self.out / VIDEO_PATH_V30.format(video_key=self.key, chunk_index=self.loc.chunk_index,
                                                 file_index=self.loc.file_index)
         path.parent.mkdir(parents=True, exist_ok=True)
         self.container = av.open(str(path), mode="w", format="mp4", options={"movflags": "faststart"})
-        # opaque=True copies the codec parameters (codec id, extradata, size, pix_fmt) without
-        # opening an encoder: building it from the DECODER's name fails for AV1 (libdav1d).
-        self.stream = self.container.add_stream_from_template(template, opaque=True)
-        self.stream.time_base = Fraction(1, self.timescale)
+        self.files.append(path)
         self.params, self.frames, self.size = params, 0, 0
         self.only_reencoded = False  # set when a re-encoded episode had to open this shard
-        self.files.append(path)
+        with av.open(str(template)) as src:  # once per shard, not per episode
+            # opaque=True copies the codec parameters (codec id, extradata, size, pix_fmt) without
+            # opening an encoder: building it from the DECODER's name fails for AV1 (libdav1d).
+            self.stream = self.container.add_stream_from_template(src.streams.video[0], opaque=True)
+        self.stream.time_base = Fraction(1, self.timescale)
 
     def close(self) -> None:
         if self.container is not None:
@@ -190,61 +159,73 @@ class VideoShards:
                 self.files.pop().unlink(missing_ok=True)
                 self.numbering.undo()
 
-    def add(self, episode_index: int, path: Path, rows: int) -> tuple[Locator, int]:
-        """Append one episode MP4; returns the shard locator and the frames before it in the shard."""
+    def add(self, episode_index: int, path: Path, rows: int, probed: Probe | None = None) -> tuple[Locator, int]:
+        """Append one episode MP4; returns the shard locator and the frames before it in the shard.
+
+        ``probed``: the file's probe (v3_probe); when it kept the packets the file is not read again.
+        """
         if not path.is_file():
             raise ExportError(f"{self._name(episode_index, path)}: the {self.key} video is missing")
-        if self.container is not None and self.size + path.stat().st_size > self.limit:
+        size = probed.size if probed is not None else path.stat().st_size
+        if self.container is not None and self.size + size > self.limit:
             self.close()
-        why = ""
         try:
-            with av.open(str(path)) as src:
-                s = src.streams.video[0]
-                params = codec_params(s)
-                if (params.width, params.height) != (self.width, self.height):
-                    raise ExportError(f"{self._name(episode_index, path)}: {self.key} video is "
-                                      f"{params.width}x{params.height}, the feature is {self.width}x{self.height}")
-                if self.container is None or (params != self.params and self.only_reencoded):
-                    # A shard opened for a re-encoded episode does not make the next original
-                    # one foreign: it starts its own shard rather than being re-encoded too.
-                    self.close()
-                    self._open(s, params)
-                if params == self.params:
-                    try:
-                        placed = self._place(src, s, rows, episode_index, path)
-                        return self._mux(placed)
-                    except NotPlaceable as exc:
-                        why = str(exc)
-                else:
-                    why = "its codec parameters differ from the shard's"
+            if probed is not None and probed.packets is not None:
+                why = self._join(episode_index, path, rows, probed.params, probed.time_base, list(probed.packets))
+            else:
+                with av.open(str(path)) as src:
+                    s = src.streams.video[0]
+                    params, tb = codec_params(s), Fraction(s.time_base or Fraction(1, self.fps))
+                    pkts = packets_of(src, s)
+                why = self._join(episode_index, path, rows, params, tb, pkts)
+            if not why:
+                return Locator(self.loc.chunk_index, self.loc.file_index), self.frames - rows
         except av.FFmpegError as exc:
             raise ExportError(f"{self._name(episode_index, path)}: cannot read the {self.key} video ({exc})") from exc
         log.info("%s %s: re-encoding (%s)", self.key, self._name(episode_index, path), why)
         return self._add_reencoded(episode_index, path, rows)
 
-    def _place(self, src: Any, s: Any, rows: int, episode_index: int, path: Path) -> list[Placed]:
+    def _join(self, episode_index: int, path: Path, rows: int, params: CodecParams, tb: Fraction,
+              pkts: list[Pkt]) -> str:
+        """Stream-copy the packets into the open shard (opening one if needed); "" when done,
+        else why they cannot be copied as they are."""
+        if (params.width, params.height) != (self.width, self.height):
+            raise ExportError(f"{self._name(episode_index, path)}: {self.key} video is "
+                              f"{params.width}x{params.height}, the feature is {self.width}x{self.height}")
+        if self.container is None or (params != self.params and self.only_reencoded):
+            # A shard opened for a re-encoded episode does not make the next original
+            # one foreign: it starts its own shard rather than being re-encoded too.
+            self.close()
+            self._open(path, params)
+        if params != self.params:
+            return "its codec parameters differ from the shard's"
+        try:
+            self._mux(self._place(pkts, tb, rows, episode_index, path))
+        except NotPlaceable as exc:
+            return str(exc)
+        return ""
+
+    def _place(self, pkts: list[Pkt], tb: Fraction, rows: int, episode_index: int, path: Path) -> list[Placed]:
         """The episode's packets in decode order with their frame numbers, checked for the grid."""
-        pkts = [p for p in src.demux(s) if p.size > 0]
         if len(pkts) != rows:
             raise ExportError(f"{self._name(episode_index, path)}: {self.key} video has {len(pkts)} frames, "
                               f"the table has {rows} rows")
         if any(p.pts is None or p.dts is None for p in pkts):
             raise NotPlaceable("a packet has no timestamp")
-        if not pkts[0].is_keyframe:
+        if not pkts[0].keyframe:
             raise NotPlaceable("it does not start with a keyframe")
-        tb = Fraction(pkts[0].time_base or s.time_base)
-        base = min(p.pts for p in pkts)
+        base = min(int(p.pts or 0) for p in pkts)
         out: list[Placed] = []
         for p in pkts:
-            t = (p.pts - base) * tb
-            i = round(t * self.fps)
-            if abs(t - Fraction(i, self.fps)) > TOLERANCE_S:
+            i, on_grid = frame_slot(int(p.pts or 0) - base, tb, self.fps)
+            if not on_grid:
+                t = (int(p.pts or 0) - base) * tb
                 raise NotPlaceable(f"a frame at {float(t):.6f} s is off the {self.fps} fps grid")
-            out.append(Placed(bytes(p), i, bool(p.is_keyframe)))
-        if sorted(p.pts for p in out) != list(range(rows)):
+            out.append(Placed(p.data, i, p.keyframe))
+        if sorted(q.pts for q in out) != list(range(rows)):
             raise NotPlaceable("its frames are not one per frame slot")
-        for k, p in enumerate(out):  # decode clock k*F - D must not pass the frame's own time
-            if k * self.tick - self.delay > p.pts * self.tick:
+        for k, q in enumerate(out):  # decode clock k*F - D must not pass the frame's own time
+            if k * self.tick - self.delay > q.pts * self.tick:
                 raise NotPlaceable(f"its decode order needs more than {self.delay} ticks of delay")
         return out
 
@@ -284,18 +265,18 @@ class VideoShards:
         try:
             with av.open(str(tmp)) as src:
                 s = src.streams.video[0]
-                params = codec_params(s)
-                if params != self.params:
-                    # Still not joinable (the shard came from other encoder settings): new shard.
-                    log.warning("%s %s: codec parameters differ from the open shard; starting a new one",
-                                self.key, self._name(episode_index, path))
-                    self.close()
-                    self._open(s, params)
-                    self.only_reencoded = True
-                try:
-                    return self._mux(self._place(src, s, rows, episode_index, path))
-                except NotPlaceable as exc:  # our own encoder's output: a bug, not the source's fault
-                    raise ExportError(f"{self._name(episode_index, path)}: the re-encoded {self.key} video "
-                                      f"cannot be placed ({exc})") from exc
+                params, tb, pkts = codec_params(s), Fraction(s.time_base or Fraction(1, self.fps)), packets_of(src, s)
+            if params != self.params:
+                # Still not joinable (the shard came from other encoder settings): new shard.
+                log.warning("%s %s: codec parameters differ from the open shard; starting a new one",
+                            self.key, self._name(episode_index, path))
+                self.close()
+                self._open(tmp, params)
+                self.only_reencoded = True
+            try:
+                return self._mux(self._place(pkts, tb, rows, episode_index, path))
+            except NotPlaceable as exc:  # our own encoder's output: a bug, not the source's fault
+                raise ExportError(f"{self._name(episode_index, path)}: the re-encoded {self.key} video "
+                                  f"cannot be placed ({exc})") from exc
         finally:
             tmp.unlink(missing_ok=True)
