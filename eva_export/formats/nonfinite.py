@@ -105,7 +105,7 @@ def scan_subset(root: Path) -> list[NonFiniteEpisode]:
     for ep in meta.episodes:
         path = meta.data_path(ep.episode_index)
         try:
-            with pq.ParquetFile(path) as pf:
+            with open(path, "rb") as fh, pq.ParquetFile(fh) as pf:  # a handle: no filesystem lookup per file
                 present = [k for k in keys if k in pf.schema_arrow.names]
                 table = pf.read(columns=present)
         except (OSError, pa.ArrowException) as exc:
