@@ -25,6 +25,20 @@ INT_DIGITS_MAX = 20
 MAX_BYTES = 64 << 20
 
 _STRING_RE = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+# A number that could be out of range has a 3-digit exponent or a run of over INT_DIGITS_MAX
+# digits; a text with neither is parsed without the per-number hooks (two million calls on a
+# 1000-episode export, issue 28). A match (maybe inside a string) just takes the hooked parse.
+_EXPONENT_RE = re.compile(r"[eE][+-]?[0-9]{3}")
+_DIGIT_MAP = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))  # digit -> "0", else " "
+_LONG_RUN = b"0" * (INT_DIGITS_MAX + 1)
+
+
+def _plain(text: str) -> bool:
+    """No 3-digit exponent and no run of more than INT_DIGITS_MAX digits (a byte translation and
+    a substring search: a regex for the run backtracks on every long float)."""
+    if _EXPONENT_RE.search(text) is not None:
+        return False
+    return _LONG_RUN not in text.encode("utf-8", "surrogatepass").translate(_DIGIT_MAP)
 
 
 class _OutOfRange(ValueError):
@@ -71,6 +85,8 @@ def loads(text: str, first_line: int = 1) -> Any:
     if depth(text) > MAX_DEPTH:
         raise ValueError(f"line {first_line}: JSON nested deeper than {MAX_DEPTH} levels")
     try:
+        if _plain(text):  # no literal can overflow: no per-number hook
+            return json.loads(text)
         return json.loads(text, parse_float=_finite_float, parse_int=_bounded_int)
     except json.JSONDecodeError as exc:
         raise ValueError(f"line {first_line + exc.lineno - 1}: invalid JSON ({exc.msg})") from None

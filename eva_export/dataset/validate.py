@@ -26,7 +26,9 @@ from .source_rules import SMALL_COLUMNS as SMALL_COLUMNS
 from .source_rules import SourceEpisode as SourceEpisode
 from .source_rules import check_columns, check_info, cut, raw_info
 from .stats import STAT_KEYS
+from .facts_index import FileKey
 from .validate_media import check_images, check_video
+from .validate_tables import TableFacts, known_table, remember_table, table_key, table_kind
 
 REQUIRED_COLUMNS = ("episode_index", "index")
 
@@ -113,9 +115,13 @@ def validate_source(root: Path, *, allow_empty_dataset: bool = True, as_source: 
     check = SourceCheck(root=root, meta=meta, source_hash=source_hash(root))
     offset = 0
     shared = _Shared()
+    kind = table_kind(raw, meta, camera_stats_computed)
     for row in meta.episodes:
-        ep = shared.adopt(_check_episode(root, meta, row, task_text, task_ids, offset, camera_stats_computed))
-        check_images(meta, ep.index, ep.data_path)
+        ep, known, key = _check_episode(root, meta, row, task_text, task_ids, offset, camera_stats_computed, kind)
+        ep = shared.adopt(ep)
+        if known is None:  # read (not proved by the index): its images decoded, then remembered
+            check_images(meta, ep.index, ep.data_path)
+            remember_table(key, ep, offset, kind)
         for key, vp in ep.video_paths.items():
             check_video(meta, ep.index, ep.rows, ep.data_path, key, vp)
         offset += ep.rows
@@ -134,6 +140,9 @@ class _Shared:
         self.columns: list[str] = []
 
     def adopt(self, ep: SourceEpisode) -> SourceEpisode:
+        if ep.schema is None and ep.columns == self.columns:  # proved by the index: no schema read
+            ep.columns = self.columns
+            return ep
         if self.schema is None or ep.schema is None or not ep.schema.equals(self.schema, check_metadata=True):
             self.schema, self.columns = ep.schema, ep.columns  # the first, or a table unlike it
         elif ep.columns == self.columns:
@@ -191,7 +200,9 @@ def _episode_tasks(root: Path, row: EpisodeRow, data: Path, task_values: Any, ta
 
 
 def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: dict[int, str],
-                   task_ids: dict[str, int], offset: int = 0, camera_stats_computed: bool = False) -> SourceEpisode:
+                   task_ids: dict[str, int], offset: int = 0, camera_stats_computed: bool = False,
+                   kind: str = "") -> tuple[SourceEpisode, TableFacts | None, FileKey | None]:
+    """The episode's files and table checked; with the facts the index proved (None: read)."""
     info = meta.info
     ep = row.episode_index
     if row.length <= 0:
@@ -209,6 +220,23 @@ def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: di
         if not vp.is_file():
             raise DatasetError(f"episode {ep}: camera file {vp} ({key}) is missing")
         videos[key] = vp
+    key = table_key(data, kind)  # before the read: a file changed after it is not remembered
+    known = known_table(key, row, offset, kind, meta)
+    if known is not None:
+        nrows, columns, tasks, schema = known.rows, known.columns, known.tasks, None
+    else:
+        nrows, columns, tasks, schema = _check_table(root, meta, row, data, videos, task_text, task_ids, offset)
+    _check_stats_present(root, meta, ep, columns, camera_stats_computed)
+    size = data.stat().st_size + sum(v.stat().st_size for v in videos.values())
+    return SourceEpisode(row=row, data_path=data, video_paths=videos, rows=nrows, task_indices=tasks,
+                         columns=columns, bytes=size, schema=schema), known, key
+
+
+def _check_table(root: Path, meta: DatasetMeta, row: EpisodeRow, data: Path, videos: dict[str, Path],
+                 task_text: dict[int, str], task_ids: dict[str, int], offset: int
+                 ) -> tuple[int, list[str], list[int], pa.Schema]:
+    """The episode's Parquet footer and small columns read and checked against the row."""
+    info, ep = meta.info, row.episode_index
     try:
         with pq.ParquetFile(data) as pf:
             schema = pf.schema_arrow
@@ -230,9 +258,15 @@ def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: di
     if nrows != row.length:
         raise DatasetError(f"episode {ep}: {data} has {nrows} rows but episodes.jsonl says length {row.length}")
     tasks = _episode_tasks(root, row, data, task_values, task_text, task_ids)
+    check_columns(root, meta, SourceEpisode(row, data, videos, nrows, tasks, columns, 0, schema), offset, small)
+    return nrows, columns, tasks, schema
+
+
+def _check_stats_present(root: Path, meta: DatasetMeta, ep: int, columns: list[str],
+                         camera_stats_computed: bool) -> None:
     ep_stats = meta.episodes_stats.get(ep)
     have = ep_stats.stats if ep_stats is not None else {}
-    for key, feat in info.features.items():
+    for key, feat in meta.info.features.items():
         st = have.get(key)
         if isinstance(st, dict) and all(k in st for k in STAT_KEYS):
             continue
@@ -240,10 +274,6 @@ def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: di
             continue  # computed from the table (or the decoded video) during the split
         raise DatasetError(f"episode {ep}: no statistics for {key!r}: absent from {root / EPISODES_STATS} "
                            f"and not a table column")
-    check_columns(root, meta, SourceEpisode(row, data, videos, nrows, tasks, columns, 0, schema), offset, small)
-    size = data.stat().st_size + sum(v.stat().st_size for v in videos.values())
-    return SourceEpisode(row=row, data_path=data, video_paths=videos, rows=nrows, task_indices=tasks,
-                         columns=columns, bytes=size, schema=schema)
 
 
 def validate_dataset(root: Path) -> SourceCheck:

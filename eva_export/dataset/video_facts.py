@@ -8,22 +8,30 @@ a file is reused while the file's (device, inode, size, mtime_ns) are unchanged.
 File timestamps come from a coarse kernel clock: a file rewritten within one tick of being read
 can keep its mtime_ns. As in git's "racy" index rule, a fact is only kept for a file whose
 mtime was already ``RACY_MARGIN_NS`` old when it was read; a fresher file is demuxed every time.
+
+During an export job the facts go to the export root's persistent index (facts_index, set by
+``use_index``): kept across runs, and not in a dict that grows with the episode count. A stored
+payload that does not parse as a VideoFacts is treated as absent (the file is demuxed again).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from .facts_index import FactsIndex, FileKey
 
 #: A file modified less than this long before it was read is never remembered (see above).
 RACY_MARGIN_NS = 2_000_000_000
 #: Bound on remembered files (a few hundred bytes each); the table is emptied when it is full.
 MAX_ENTRIES = 1 << 18
 
-FileKey = tuple[int, int, int, int]  # (st_dev, st_ino, st_size, st_mtime_ns)
 
 
 @dataclass(frozen=True)
@@ -37,9 +45,41 @@ class VideoFacts:
     fps: int
     timing: tuple[str, ...]
 
+    def to_payload(self) -> str:
+        return json.dumps([self.width, self.height, self.frames, self.fps, list(self.timing)])
+
+    @staticmethod
+    def from_payload(text: str) -> VideoFacts | None:
+        """The facts a payload states, or None for anything not of their exact shape."""
+        try:
+            w, h, n, fps, timing = json.loads(text)
+        except (ValueError, TypeError, RecursionError):
+            return None
+        ints = (w, h, n, fps)
+        if not all(type(v) is int and 0 <= v < 1 << 31 for v in ints) or not isinstance(timing, list) \
+                or not all(isinstance(t, str) for t in timing):
+            return None
+        return VideoFacts(w, h, n, fps, tuple(timing))
+
+
+KIND = "mp4-demux-v1"  # what a stored row means (facts_index rows of other kinds are others')
 
 _lock = threading.Lock()
 _facts: dict[FileKey, VideoFacts] = {}
+_index: FactsIndex | None = None
+
+
+@contextlib.contextmanager
+def use_index(index: FactsIndex | None) -> Iterator[None]:
+    """Facts looked up in and stored to ``index`` inside the block (an export job)."""
+    global _index
+    with _lock:
+        before, _index = _index, index
+    try:
+        yield
+    finally:
+        with _lock:
+            _index = before
 
 
 def file_key(path: Path) -> FileKey | None:
@@ -56,6 +96,10 @@ def file_key(path: Path) -> FileKey | None:
 def lookup(key: FileKey | None) -> VideoFacts | None:
     if key is None:
         return None
+    index = _index
+    if index is not None and index.active:
+        payload = index.get(key, KIND)
+        return VideoFacts.from_payload(payload) if payload is not None else None
     with _lock:
         return _facts.get(key)
 
@@ -63,6 +107,10 @@ def lookup(key: FileKey | None) -> VideoFacts | None:
 def remember(key: FileKey | None, facts: VideoFacts) -> None:
     """Keep ``facts`` for the file whose identity was ``key`` before it was read."""
     if key is None:
+        return
+    index = _index
+    if index is not None and index.active:
+        index.put(key, KIND, facts.to_payload())
         return
     with _lock:
         if len(_facts) >= MAX_ENTRIES:
@@ -74,3 +122,20 @@ def forget_all() -> None:
     """Drop every remembered fact (tests; a caller that distrusts the file system's mtimes)."""
     with _lock:
         _facts.clear()
+
+
+def index_active() -> bool:
+    index = _index
+    return index is not None and index.active
+
+
+def index_get(key: FileKey, kind: str) -> str | None:
+    """A payload of another kind (validate_tables) from the job's index, if one is in use."""
+    index = _index
+    return index.get(key, kind) if index is not None else None
+
+
+def index_put(key: FileKey, kind: str, payload: str) -> None:
+    index = _index
+    if index is not None:
+        index.put(key, kind, payload)

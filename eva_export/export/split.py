@@ -37,9 +37,11 @@ from .records import ACCEPTED, QUALITY_SPLIT_FILE, REJECTED, QualitySplit
 from .units import (
     REENCODED_FIELD,
     PlannedEpisode,
+    UnitWork,
     native_dir,
-    split_unit,
+    split_units,
     unit_is_complete,
+    unit_name,
     unit_record,
     write_text,
 )
@@ -200,20 +202,39 @@ def prepare_staging(staging: Path, source_dir: Path, fmt: str, src_hash: str) ->
     return False
 
 
+#: A pool task holds consecutive units up to this many frames or episodes (a long episode is
+#: a task of its own; short ones are batched, so the worker round trip is paid per batch).
+BATCH_FRAMES = 600
+BATCH_EPISODES = 32
+
+
+def batches(work: list[UnitWork], workers: int) -> list[list[UnitWork]]:
+    """Consecutive units grouped, and at least ``workers`` groups when there are as many units."""
+    cap = max(1, min(BATCH_EPISODES, len(work) // max(1, workers)))
+    out: list[list[UnitWork]] = []
+    frames = 0
+    for w in work:
+        if not out or len(out[-1]) >= cap or frames >= BATCH_FRAMES:
+            out.append([])
+            frames = 0
+        out[-1].append(w)
+        frames += w.planned.source.rows
+    return out
+
+
 def build_units(plan: SplitPlan, staging: Path, progress: SplitProgress, faults: Faults) -> tuple[int, int]:
     """Build every unit without a valid record; returns (reused, built).
 
-    Units are independent (each has its own files and record), so they run on the active
-    eva_export.pool executor (worker processes, or Ray tasks); progress is reported from this
-    thread as each finishes. A failure stops the export after the units already running
-    finish: those are kept for the rerun.
+    Units are independent (each has its own files and record), so batches of them run on the
+    active eva_export.pool executor (worker processes, or Ray tasks); progress is reported from
+    this thread as each batch finishes. A failure stops the export after the batches already
+    running finish: their committed units are kept for the rerun.
     """
     from .. import pool
 
     info = plan.info
     reused = 0
-    units: list[pool.Unit] = []
-    planned: dict[str, PlannedEpisode] = {}
+    work: list[UnitWork] = []
     for p in plan.in_source_order:
         if unit_record(staging, p).is_file() and unit_is_complete(staging, p, info):
             reused += 1
@@ -222,18 +243,18 @@ def build_units(plan: SplitPlan, staging: Path, progress: SplitProgress, faults:
         unit_record(staging, p).unlink(missing_ok=True)
         ep_stats = plan.checks[p.source_no].meta.episodes_stats
         src_stats = ep_stats[p.source.index].stats if p.source.index in ep_stats else {}
-        name = f"{p.subset} episode {p.new_index} (source episode {p.source.index})"
-        fail = faults.fail_at == f"unit:{p.source.index}"
-        units.append(pool.Unit(name, split_unit, (staging, p, info, src_stats, fail)))
-        planned[name] = p
+        work.append(UnitWork(p, src_stats, faults.fail_at == f"unit:{p.source.index}"))
+    active = pool.active()
+    units = [pool.Unit("; ".join(unit_name(w.planned) for w in b), split_units, (staging, b, info))
+             for b in batches(work, active.workers if active is not None else 1)]
     built = 0
 
     def done(u: pool.Unit, _nbytes: int) -> None:
         nonlocal built
-        p = planned[u.name]
-        built += 1
-        faults.passed.append(f"unit:{p.source.index}")
-        progress.on_unit(p, 1 + len(p.source.video_paths), p.source.bytes, False)
+        for w in u.args[1]:
+            built += 1
+            faults.passed.append(f"unit:{w.planned.source.index}")
+            progress.on_unit(w.planned, 1 + len(w.planned.source.video_paths), w.planned.source.bytes, False)
 
     pool.run_units(units, done)
     return reused, built

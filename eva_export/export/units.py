@@ -163,7 +163,27 @@ def split_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats
                 fail: bool) -> int:
     """One native unit, run by eva_export.pool (in this process or in a worker process)."""
     if fail:  # fault injection (Faults "unit:N"), raised where the unit runs
-        raise ExportError(f"injected failure at 'unit:{p.source.index}'")
+        raise ExportError(f"{unit_name(p)}: injected failure at 'unit:{p.source.index}'")
     return build_unit(staging, p, info, source_stats)
+
+
+@dataclass(frozen=True)
+class UnitWork:
+    """One episode of a batch: its plan, its source statistics, and whether a fault is injected."""
+
+    planned: PlannedEpisode
+    source_stats: dict[str, Any]
+    fail: bool = False
+
+
+def split_units(staging: Path, batch: list[UnitWork], info: DatasetInfo) -> int:
+    """A batch of units in order, each committed by its own record (a failure keeps the ones
+    before it). One pool task per batch: sending ``info`` and a worker round trip per short
+    episode cost more than the episode itself (issue 28)."""
+    return sum(split_unit(staging, w.planned, info, w.source_stats, w.fail) for w in batch)
+
+
+def unit_name(p: PlannedEpisode) -> str:
+    return f"{p.subset} episode {p.new_index} (source episode {p.source.index})"
 
 
