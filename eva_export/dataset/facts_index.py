@@ -9,8 +9,9 @@ st_mtime_ns) and a kind, so the second pass, and a rerun on the unchanged source
 The index is hostile input like any file on disk: it holds no paths (nothing read from it can
 name a file), a row is only ever found by its exact key, a payload that does not parse as its
 kind's record is recomputed (video_facts, validate), and a corrupt or foreign file is replaced.
-Its own path must be a plain file directly inside the export root (a symlink is refused, and
-the job then runs without it). Memory stays flat in the episode count: rows live in SQLite's
+It lives in the export service's jobs directory, not in a dataset's export tree (a refused
+source leaves its export tree untouched); its own path must be a plain file there (a symlink
+or a hard link is refused, and the job then runs without it). Memory stays flat in the episode count: rows live in SQLite's
 bounded page cache, not in a dict.
 """
 
@@ -21,13 +22,12 @@ import logging
 import os
 import sqlite3
 import stat
-import tempfile
 import threading
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-#: The index file's name inside an export root (beside the format directories and staging).
+#: The index file's name in the export service's jobs directory (beside the job records).
 INDEX_NAME = ".facts-index.sqlite"
 #: Bumped when a payload's meaning changes: an index of another version is emptied.
 SCHEMA_VERSION = 1
@@ -43,16 +43,15 @@ _TABLE = ("CREATE TABLE IF NOT EXISTS facts (dev INTEGER, ino INTEGER, size INTE
 
 
 class FactsIndex:
-    """One export root's index; thread-safe (one connection behind a lock)."""
+    """The index in ``root`` (a directory); thread-safe (one connection behind a lock)."""
 
-    def __init__(self, root: Path, temporary: Path | None = None) -> None:
-        self.root = Path(root)  # the export root: its home, existing or not yet
-        self.path = self.root / INDEX_NAME if temporary is None else Path(temporary)
-        self.temporary = temporary is not None  # not yet in its root (settle moves it there)
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)  # the service's jobs directory
+        self.path = self.root / INDEX_NAME
         self._lock = threading.Lock()
         self._pending = 0
         self._db: sqlite3.Connection | None = None
-        if not _safe_place(self.path.parent, self.path):
+        if not _safe_place(self.root, self.path):
             log.warning("%s is not a plain file inside %s: the export runs without its facts index",
                         self.path, self.root)
             return
@@ -84,32 +83,6 @@ class FactsIndex:
             with contextlib.suppress(OSError):
                 os.unlink(self.path)  # checked above: a plain file of ours, inside the root
             return self._open(first=False)
-
-    @classmethod
-    def beside(cls, root: Path) -> FactsIndex:
-        """The index of ``root`` when it exists, else a temporary one in its parent, moved into
-        ``root`` by ``settle`` once the export creates it (a refused source writes no root)."""
-        root = Path(root)
-        if root.is_dir() or not root.parent.is_dir():
-            return cls(root)
-        fd, tmp = tempfile.mkstemp(prefix=".eva-facts-", suffix=".sqlite", dir=root.parent)
-        os.close(fd)
-        return cls(root, Path(tmp))
-
-    def settle(self) -> None:
-        """A temporary index moved into its root (now a directory): kept for the next run."""
-        final = self.root / INDEX_NAME
-        with self._lock:
-            if not self.temporary or self._db is None or not _safe_place(self.root, final):
-                return
-            try:
-                self._db.commit()
-                self._db.close()  # reopened by its final name (its journal is named after it)
-                os.replace(self.path, final)  # replaces a name, never a symlink's target
-                self.path, self.temporary = final, False
-            except (OSError, sqlite3.Error) as exc:
-                log.debug("%s: facts index not kept (%s)", final, exc)
-            self._db = self._open(first=True)
 
     @property
     def active(self) -> bool:
@@ -152,9 +125,6 @@ class FactsIndex:
                 log.debug("%s: last facts not kept (%s)", self.path, exc)
             self._db.close()
             self._db = None
-            if self.temporary:  # the export never created its root: nothing kept
-                with contextlib.suppress(OSError):
-                    os.unlink(self.path)
 
 
 def _safe_place(root: Path, path: Path) -> bool:

@@ -193,12 +193,13 @@ class ExportService:
         return pool.local_pool(self.config.export.workers)
 
     def _export(self, job_id: str, *, request: ExportRequest) -> dict[str, Any]:
-        # What validation proves about each file is kept in the export root's facts index: the
-        # staged subsets' verification and a rerun on the unchanged source reuse it (issue 28).
-        index = FactsIndex.beside(self.paths(self.jobs.job(job_id)).root)
+        # What validation proves about each file is kept in the facts index beside the job
+        # records: the staged subsets' verification and a rerun on the unchanged source reuse
+        # it (issue 28); a dataset's export tree is not touched by a refused source.
+        index = FactsIndex(self.config.export.jobs_dir)
         try:
             with self._unit_pool(), video_facts.use_index(index):
-                return self._export_job(job_id, request, index)
+                return self._export_job(job_id, request)
         finally:
             index.close()
 
@@ -217,7 +218,7 @@ class ExportService:
             raise
         return checks
 
-    def _export_job(self, job_id: str, request: ExportRequest, index: FactsIndex) -> dict[str, Any]:
+    def _export_job(self, job_id: str, request: ExportRequest) -> dict[str, Any]:
         job = self.jobs.job(job_id)
         faults = Faults(self.fail_at)
         spec = request.spec
@@ -249,7 +250,6 @@ class ExportService:
             home = paths.source_dir if request.named else None
             # the staging is reused only for the same sources in the same state (all of them hashed)
             prepare_staging(paths.staging, home or checks[0].root, fmt, combined_hash(checks))
-            index.settle()  # the export root exists now: the facts index is kept in it
             split = NativeSplit(checks, paths.staging, job_id, progress=SplitProgress(on_unit),
                                 faults=faults, home=home).run()
             # a v3.0 source episode that could not be cut exactly was re-encoded: said in the job

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..dataset import stats as stats_mod
 from ..dataset.commits import UnitRecord
 from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS
 from ..dataset.records import FORMAT_V21, DatasetInfo, EpisodeRow, Quality, Verdict
@@ -31,6 +30,7 @@ from ..dataset.validate import SourceCheck, SourceEpisode
 from ..errors import ExportError
 from ..fsutil import atomic_write_json, dumps_json, jsonl_dumps, read_json
 from ..quality.store import quality_for, read_sidecar
+from .assemble import JsonlStream, StatsSum
 from .merge import ORIGINS_KEY, SOURCE_DATASET_FIELD, SOURCES_KEY, EpisodeOrigin, SourceRef, merged_robot_type
 from .merge import provenance as source_provenance
 from .records import ACCEPTED, QUALITY_SPLIT_FILE, REJECTED, QualitySplit
@@ -273,23 +273,29 @@ def assemble_subset(plan: SplitPlan, name: str, staging: Path, marker: QualitySp
             if n.startswith(".") and n.endswith(".tmp"):
                 os.unlink(os.path.join(dirpath, n))
     info = DatasetInfo.from_dict(src_info.to_dict())
-    rows: list[dict[str, Any]] = []
-    stats_rows: list[dict[str, Any]] = []
+    # streamed: one unit record in memory at a time (assemble.py), not every row and stats dict
+    episodes, ep_stats, total = JsonlStream(out / EPISODES), JsonlStream(out / EPISODES_STATS), StatsSum()
     frames = 0
     reencoded: list[int] = []
-    for p in items:
-        u = UnitRecord.from_dict(read_json(unit_record(staging, p)))
-        rows.append(u.row)
-        if REENCODED_FIELD in u.row:
-            reencoded.append(p.source.index)
-        stats_rows.append({"episode_index": p.new_index, "stats": u.stats})
-        frames += u.rows
+    try:
+        for p in items:
+            u = UnitRecord.from_dict(read_json(unit_record(staging, p)))
+            episodes.write(u.row)
+            if REENCODED_FIELD in u.row:
+                reencoded.append(p.source.index)
+            ep_stats.write({"episode_index": p.new_index, "stats": u.stats})
+            total.add(u.stats)
+            frames += u.rows
+    except BaseException:
+        episodes.discard()
+        ep_stats.discard()
+        raise
+    episodes.commit()
+    ep_stats.commit()
     info.set_totals(len(items), frames, len(plan.tasks[name]))
     info.extra["dataset_format"] = FORMAT_V21
-    write_text(out / EPISODES, jsonl_dumps(rows))
-    write_text(out / EPISODES_STATS, jsonl_dumps(stats_rows))
     write_text(out / TASKS, jsonl_dumps({"task_index": i, "task": t} for i, t in plan.tasks[name]))
-    write_text(out / STATS, dumps_json(stats_mod.aggregate(r["stats"] for r in stats_rows)))
+    write_text(out / STATS, dumps_json(total.result()))
     write_text(out / INFO, dumps_json(info.to_dict()))
     write_text(out / QUALITY_SPLIT_FILE, dumps_json(marker.to_dict()))
     return SubsetResult(name, out, [p.source.index for p in items], len(items), frames, reencoded)
