@@ -2,6 +2,8 @@
 
     python bench/bench_episodes.py [--quick] [--baseline /path/to/other/checkout]
     python bench/bench_episodes.py --memory --sizes 1000,5000,10000 [--baseline ...]
+    python bench/bench_episodes.py --frames 4 --sizes 1000 --baseline ...           # issue 28's short shape
+    python bench/bench_episodes.py --frames 300 --size 640x480 --sizes 20 --baseline ...  # its long shape
 
 Builds 20 episodes x 30 frames (``--frames``; issue 28's short shape is 4) x 2 cameras 64x48
 with the project's writer, tiles them (real file copies, renumbered; bench_split.tile) to 100
@@ -99,11 +101,11 @@ def timed_child(mode: str, src: Path, out: Path, repo: Path = REPO) -> dict[str,
     return res
 
 
-def build(base: Path, sizes: list[int], frames: int = 30) -> dict[int, Path]:
+def build(base: Path, sizes: list[int], frames: int = 30, width: int = 64, height: int = 48) -> dict[int, Path]:
     from bench_split import build_source, tile
 
     seed = base / "logs" / "seed" / "raw"
-    build_source(seed, 20, frames, width=64, height=48)
+    build_source(seed, 20, frames, width=width, height=height)
     out = {}
     for n in sizes:
         out[n] = base / "logs" / f"n{n}" / "raw"
@@ -201,7 +203,9 @@ def report(results: list[dict[str, Any]], memory: dict[int, dict[str, float]]) -
             ratio = row["seconds"] / sha
             goals.append(f"goal split <= 2x hashing ({r['episodes']} episodes, {what}): "
                          f"{'met' if ratio <= 2 else 'NOT met'} ({ratio:.1f}x)")
-    small, big = sorted(memory)
+    if len(memory) < 2:  # one size: no growth to show
+        return "\n".join(lines + [""] + goals)
+    small, big = min(memory), max(memory)
     lines += ["", f"| peak RSS MB | {small} episodes | {big} episodes | ratio | goal flat (<= 1.1x) |", "|---|---|---|---|---|"]
     job_mem = {r["episodes"]: r["rows"]["job"]["peak_rss_mb"] for r in results}
     rows = [("lerobot_v21 job", job_mem[small], job_mem[big])]
@@ -261,6 +265,7 @@ def main() -> int:
     ap.add_argument("--job-max", type=int, default=0, help="--memory: job and exporters only up to this size")
     ap.add_argument("--baseline", type=Path, default=None, help="another checkout whose job runs in the same rounds")
     ap.add_argument("--frames", type=int, default=30, help="frames per episode (issue 28's short shape: 4)")
+    ap.add_argument("--size", default="64x48", help="camera WIDTHxHEIGHT (issue 28's long shape: 640x480)")
     ap.add_argument("--rounds", type=int, default=0, help="interleaved rounds (default 3, --quick 1)")
     ap.add_argument("--no-exporters", action="store_true", help="skip the v3/hdf5/mcap peak-RSS rows")
     ap.add_argument("--keep", action="store_true")
@@ -272,7 +277,8 @@ def main() -> int:
     base = Path(tempfile.mkdtemp(prefix="bench_episodes_", dir=os.environ.get("EVA_BENCH_DIR")))
     try:
         t0 = time.perf_counter()
-        sources = build(base, sizes, args.frames)
+        width, height = (int(v) for v in args.size.split("x"))
+        sources = build(base, sizes, args.frames, width, height)
         # Sources an hour old, as a recorded dataset is (and past video_facts' racy margin).
         old = time.time() - 3600
         for p in base.rglob("*"):

@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,7 +144,8 @@ def recorded_digest(path: Path) -> str | None:
     return _WRITTEN.get((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
 
 
-def _digest(path: Path) -> str:
+def written_digest(path: Path) -> str:
+    """The digest recorded while ``path`` was written (taken), else the file hashed."""
     st = os.stat(path)
     return _WRITTEN.pop((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), None) or sha256_file(path)
 
@@ -165,17 +167,19 @@ def scan_tree(root: Path) -> tuple[list[str], list[tuple[str, Path]]]:
     return dirs, files
 
 
-def build_manifest(subset_dir: Path) -> Manifest:
-    """Hash every file of ``subset_dir`` except an existing manifest."""
+def build_manifest(subset_dir: Path, hash_file: Callable[[Path], str] | None = None) -> Manifest:
+    """Hash every file of ``subset_dir`` except an existing manifest. ``hash_file``: the export
+    job passes one that answers a hard-linked source file from its facts index (issue 28)."""
     dirs, files = scan_tree(Path(subset_dir))
-    entries = tuple(ManifestEntry(rel, p.stat().st_size, _digest(p))
+    digest = hash_file or written_digest
+    entries = tuple(ManifestEntry(rel, p.stat().st_size, digest(p))
                     for rel, p in files if rel != MANIFEST_FILE)
     return Manifest(entries, tuple(dirs))
 
 
-def write_manifest(subset_dir: Path) -> Manifest:
+def write_manifest(subset_dir: Path, hash_file: Callable[[Path], str] | None = None) -> Manifest:
     """Build and write ``meta/manifest.json`` for a finished (staged) subset."""
-    manifest = build_manifest(subset_dir)
+    manifest = build_manifest(subset_dir, hash_file)
     manifest.write(subset_dir)
     return manifest
 

@@ -185,3 +185,29 @@ def test_an_export_rerun_demuxes_nothing(source: Path, monkeypatch: pytest.Monke
     video_facts.forget_all()
     assert ExportService(cfg, background=False, recover=False).run(source, "lerobot_v21").state == "completed"
     assert reads.demux == 0
+
+
+def test_content_hashes_are_kept_for_hard_links(source: Path, tmp_path: Path) -> None:
+    """The manifest's SHA-256 of a file is computed once per identity (a staged hard link of a
+    source file reuses it); a malformed stored digest is recomputed."""
+    from eva_export.manifest import sha256_file
+
+    first = videos(source)[0]
+    calls: list[Path] = []
+
+    def compute(p: Path) -> str:
+        calls.append(p)
+        return sha256_file(p)
+
+    (tmp_path / "jobs").mkdir()
+    index = FactsIndex(tmp_path / "jobs")
+    link = tmp_path / "link.mp4"
+    os.link(first, link)
+    with video_facts.use_index(index):
+        digests = [video_facts.known_sha256(first, compute), video_facts.known_sha256(first, compute),
+                   video_facts.known_sha256(link, compute)]
+        assert len(calls) == 1
+        index.put(video_facts.file_key(first), video_facts.SHA256_KIND, "not a digest")
+        digests.append(video_facts.known_sha256(first, compute))
+    index.close()
+    assert digests == [sha256_file(first)] * 4 and len(calls) == 2

@@ -110,24 +110,28 @@ def validate_source(root: Path, *, allow_empty_dataset: bool = True, as_source: 
                            f"{cut(indices)}" + (f" (missing {cut(missing)})" if missing else ""))
     _check_stray_files(root, meta)
     _check_tasks(root, meta)
-    task_text = meta.task_text
-    task_ids = meta.task_index
     check = SourceCheck(root=root, meta=meta, source_hash=source_hash(root))
+    _check_episodes(check, table_kind(raw, meta, camera_stats_computed), camera_stats_computed)
+    check_stats_shapes(meta)  # after the tables: a declared-vs-stored mismatch names the Parquet file first
+    return check
+
+
+def _check_episodes(check: SourceCheck, kind: str, camera_stats_computed: bool) -> None:
+    """Every episode's files, table and media, in order (``kind``: the facts-index context)."""
+    root, meta = check.root, check.meta
+    task_text, task_ids = meta.task_text, meta.task_index
     offset = 0
     shared = _Shared()
-    kind = table_kind(raw, meta, camera_stats_computed)
     for row in meta.episodes:
-        ep, known, key = _check_episode(root, meta, row, task_text, task_ids, offset, camera_stats_computed, kind)
+        ep, known, tkey = _check_episode(root, meta, row, task_text, task_ids, offset, camera_stats_computed, kind)
         ep = shared.adopt(ep)
         if known is None:  # read (not proved by the index): its images decoded, then remembered
             check_images(meta, ep.index, ep.data_path)
-            remember_table(key, ep, offset, kind)
+            remember_table(tkey, ep, offset, kind)
         for key, vp in ep.video_paths.items():
             check_video(meta, ep.index, ep.rows, ep.data_path, key, vp)
         offset += ep.rows
         check.episodes.append(ep)
-    check_stats_shapes(meta)  # after the tables: a declared-vs-stored mismatch names the Parquet file first
-    return check
 
 
 class _Shared:
@@ -220,8 +224,8 @@ def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: di
         if not vp.is_file():
             raise DatasetError(f"episode {ep}: camera file {vp} ({key}) is missing")
         videos[key] = vp
-    key = table_key(data, kind)  # before the read: a file changed after it is not remembered
-    known = known_table(key, row, offset, kind, meta)
+    tkey = table_key(data, kind)  # before the read: a file changed after it is not remembered
+    known = known_table(tkey, row, offset, kind, meta)
     if known is not None:
         nrows, columns, tasks, schema = known.rows, known.columns, known.tasks, None
     else:
@@ -229,7 +233,7 @@ def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: di
     _check_stats_present(root, meta, ep, columns, camera_stats_computed)
     size = data.stat().st_size + sum(v.stat().st_size for v in videos.values())
     return SourceEpisode(row=row, data_path=data, video_paths=videos, rows=nrows, task_indices=tasks,
-                         columns=columns, bytes=size, schema=schema), known, key
+                         columns=columns, bytes=size, schema=schema), known, tkey
 
 
 def _check_table(root: Path, meta: DatasetMeta, row: EpisodeRow, data: Path, videos: dict[str, Path],

@@ -21,7 +21,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,3 +139,21 @@ def index_put(key: FileKey, kind: str, payload: str) -> None:
     index = _index
     if index is not None:
         index.put(key, kind, payload)
+
+
+SHA256_KIND = "sha256"
+
+
+def known_sha256(path: Path, compute: Callable[[Path], str]) -> str:
+    """The file's SHA-256 from the job's index when its identity is unchanged (a hard link of a
+    source file hashed by an earlier run), else ``compute``d and kept. The identity is taken
+    before the read, and a stored value that is not 64 lowercase hex digits is not used."""
+    key = file_key(path) if index_active() else None
+    if key is not None:
+        known = index_get(key, SHA256_KIND)
+        if known is not None and len(known) == 64 and all(c in "0123456789abcdef" for c in known):
+            return known
+    digest = compute(path)
+    if key is not None:
+        index_put(key, SHA256_KIND, digest)
+    return digest

@@ -19,6 +19,7 @@ format, under its lock) restores it, and removes stale backups once a pair is in
 from __future__ import annotations
 
 import fcntl
+import functools
 import logging
 import os
 import shutil
@@ -26,9 +27,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..dataset import video_facts
 from ..errors import ExportError, PublicationError
 from ..fsutil import fsync_dir
-from ..manifest import write_manifest
+from ..manifest import write_manifest, written_digest
 from .paths import SUBSETS, ExportPaths
 from .records import QualitySplit
 from .split import Faults
@@ -100,8 +102,9 @@ def publish_pair(paths: ExportPaths, staged_pair: Path, job_id: str, faults: Fau
     """Move ``staged_pair`` (accepted/ + rejected/) to ``<export>/<format>`` as one unit."""
     faults = faults or Faults()
     check_staged(staged_pair, paths.fmt, job_id)
+    hash_file = functools.partial(video_facts.known_sha256, compute=written_digest)  # linked source files: once
     for name in SUBSETS:  # content manifest (meta/manifest.json), hashed while the page cache is hot
-        write_manifest(staged_pair / name)
+        write_manifest(staged_pair / name, hash_file)
     faults.check("check_staged")
     backup: Path | None = None
     published = False
