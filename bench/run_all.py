@@ -74,7 +74,7 @@ def main() -> int:
         # Every bench prints its verdicts as lines starting with "goal"; one list makes the run's
         # met / NOT met readable at a glance, each beside the bench and the load it ran under.
         goals += [f"| {name} | {ln.strip()} | {load0:.1f} |" for ln in proc.stdout.splitlines()
-                  if ln.lstrip().lower().startswith("goal")]
+                  if ln.lstrip().lower().startswith("goal") or (ln.startswith("ratio") and "goal" in ln)]
     if goals:
         parts.insert(1, "## Goals\n\n| bench | verdict (anchor measured in the same run) | load at start |\n"
                         "|---|---|---|\n" + "\n".join(goals) + "\n")
