@@ -154,16 +154,23 @@ print(time.perf_counter() - t0)
 """
 
 
-def lerobot_convert(subset: Path, work: Path) -> float | None:
-    """LeRobot 0.4.4's converter on a copy of ``subset`` (it renames the dataset in place)."""
-    if not LEROBOT_PY.is_file():
-        return None
+def lerobot_copy(subset: Path, work: Path) -> tuple[Path, dict[str, str]]:
+    """A copy of ``subset`` laid out for LEROBOT_SNIPPET (the converter renames it in place), and
+    the offline environment it runs in (no PYTHONPATH: LeRobot's venv, not this checkout)."""
     base = work / "lr"
     shutil.rmtree(base, ignore_errors=True)
     shutil.copytree(subset, base / "bench" / "ds")
     (base / "bench" / "ds" / "meta" / "quality_split.json").unlink(missing_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    return base, env
+
+
+def lerobot_convert(subset: Path, work: Path) -> float | None:
+    """LeRobot 0.4.4's converter on a copy of ``subset`` (it renames the dataset in place)."""
+    if not LEROBOT_PY.is_file():
+        return None
+    base, env = lerobot_copy(subset, work)
     res = subprocess.run([str(LEROBOT_PY), "-c", LEROBOT_SNIPPET, str(base)], capture_output=True, text=True,
                          env=env, timeout=3600)
     shutil.rmtree(base, ignore_errors=True)

@@ -91,16 +91,11 @@ def ours_convert(subset: Path, work: Path) -> tuple[float, float]:
 
 
 def theirs(subset: Path, work: Path) -> tuple[float, float] | None:
-    from bench_parallel import LEROBOT_PY, LEROBOT_SNIPPET
+    from bench_parallel import LEROBOT_PY, LEROBOT_SNIPPET, lerobot_copy
 
     if not LEROBOT_PY.is_file():
         return None
-    base = work / "lr"
-    shutil.rmtree(base, ignore_errors=True)
-    shutil.copytree(subset, base / "bench" / "ds")
-    (base / "bench" / "ds" / "meta" / "quality_split.json").unlink(missing_ok=True)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    base, env = lerobot_copy(subset, work)
     try:
         return timed_process([str(LEROBOT_PY), "-c", LEROBOT_SNIPPET, str(base)], env, work)
     finally:
