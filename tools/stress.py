@@ -28,6 +28,8 @@ GROUPS = {
     "capture_timing": ["tests/test_capture_timing.py"],
     "export_kill": ["tests/test_export_kill.py"],
     "console": ["tests/test_console.py"],
+    # Ray batch: several datasets in flight in one driver share the facts index (CI run C).
+    "batch": ["tests/test_batch.py"],
 }
 # export_kill: each run kills 24 exports by default (~8 min on 2 busy cores); under stress a
 # run kills STRESS_KILL_TRIALS (8) with its own seed, so 20 runs are 160 different kill points

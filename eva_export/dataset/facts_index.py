@@ -42,25 +42,55 @@ _TABLE = ("CREATE TABLE IF NOT EXISTS facts (dev INTEGER, ino INTEGER, size INTE
           "kind TEXT, payload TEXT, PRIMARY KEY (dev, ino, size, mtime, kind)) WITHOUT ROWID")
 
 
+class _Connection:
+    """One SQLite connection to an index file, shared by every FactsIndex of this process on
+    that file (jobs running at once: the service's job threads, a Ray batch's datasets). Two
+    connections of one process would lock each other out: a job's open write transaction
+    (COMMIT_EVERY rows) made the other job's writes wait and fail."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+        self.lock = threading.Lock()
+        self.users = 0
+        self.pending = 0
+
+
+_shared: dict[str, _Connection] = {}
+_shared_lock = threading.Lock()
+#: SQLite result codes of a file that is not a usable database (replaced), as opposed to one
+#: that is busy or locked by another process (then the job runs without the index: never
+#: unlink a file another process is using).
+_DAMAGED = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+
+
 class FactsIndex:
-    """The index in ``root`` (a directory); thread-safe (one connection behind a lock)."""
+    """The index in ``root`` (a directory); thread-safe (one connection per file and process,
+    behind a lock)."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)  # the service's jobs directory
         self.path = self.root / INDEX_NAME
-        self._lock = threading.Lock()
-        self._pending = 0
-        self._db: sqlite3.Connection | None = None
+        self._conn: _Connection | None = None
+        self._key = ""
         if not _safe_place(self.root, self.path):
             log.warning("%s is not a plain file inside %s: the export runs without its facts index",
                         self.path, self.root)
             return
-        self._db = self._open(first=True)
+        key = os.path.realpath(self.path)
+        with _shared_lock:
+            conn = _shared.get(key)
+            if conn is None:
+                db = self._open(first=True)
+                if db is None:
+                    return
+                conn = _shared[key] = _Connection(db)
+            conn.users += 1
+            self._conn, self._key = conn, key
 
     def _open(self, first: bool) -> sqlite3.Connection | None:
         db: sqlite3.Connection | None = None
         try:
-            db = sqlite3.connect(str(self.path), timeout=1.0, check_same_thread=False, isolation_level="DEFERRED")
+            db = sqlite3.connect(str(self.path), timeout=5.0, check_same_thread=False, isolation_level="DEFERRED")
             # A cache, not a record: no fsync per commit (a damaged file is replaced on open, a
             # row is only found by its file's exact identity).
             db.execute("PRAGMA synchronous = OFF")
@@ -71,31 +101,34 @@ class FactsIndex:
             db.execute(_TABLE)
             db.execute("SELECT COUNT(*) FROM (SELECT 1 FROM facts LIMIT 1)").fetchone()
             db.commit()
+            db.execute("PRAGMA busy_timeout = 200")  # after the open: a busy row write is skipped, not waited for
             return db
         except sqlite3.Error as exc:
-            if not first:
-                log.warning("%s: unusable (%s): the export runs without its facts index", self.path, exc)
-                return None
-            log.warning("%s: unreadable (%s): replaced by an empty index", self.path, exc)
             if db is not None:
                 with contextlib.suppress(sqlite3.Error):
                     db.close()
+            damaged = getattr(exc, "sqlite_errorcode", None) in _DAMAGED
+            if not first or not damaged:
+                log.warning("%s: unusable (%s): the export runs without its facts index", self.path, exc)
+                return None
+            log.warning("%s: unreadable (%s): replaced by an empty index", self.path, exc)
             with contextlib.suppress(OSError):
                 os.unlink(self.path)  # checked above: a plain file of ours, inside the root
             return self._open(first=False)
 
     @property
     def active(self) -> bool:
-        return self._db is not None
+        return self._conn is not None
 
     def get(self, key: FileKey | None, kind: str) -> str | None:
         """The payload stored for exactly this file identity and kind, or None."""
-        if key is None or self._db is None:
+        conn = self._conn
+        if key is None or conn is None:
             return None
-        with self._lock:
+        with conn.lock:
             try:
-                row = self._db.execute("SELECT payload FROM facts WHERE dev=? AND ino=? AND size=? AND mtime=? "
-                                       "AND kind=?", (*key, kind)).fetchone()
+                row = conn.db.execute("SELECT payload FROM facts WHERE dev=? AND ino=? AND size=? AND mtime=? "
+                                      "AND kind=?", (*key, kind)).fetchone()
             except (sqlite3.Error, OverflowError):
                 return None  # a damaged page (or a key outside SQLite's int64): recomputed
         if row is None or not isinstance(row[0], str) or len(row[0]) > PAYLOAD_MAX:
@@ -103,28 +136,34 @@ class FactsIndex:
         return row[0]
 
     def put(self, key: FileKey | None, kind: str, payload: str) -> None:
-        if key is None or self._db is None or len(payload) > PAYLOAD_MAX:
+        conn = self._conn
+        if key is None or conn is None or len(payload) > PAYLOAD_MAX:
             return
-        with self._lock:
+        with conn.lock:
             try:
-                self._db.execute("INSERT OR REPLACE INTO facts VALUES (?, ?, ?, ?, ?, ?)", (*key, kind, payload))
-                self._pending += 1
-                if self._pending >= COMMIT_EVERY:
-                    self._db.commit()
-                    self._pending = 0
-            except (sqlite3.Error, OverflowError) as exc:  # locked by another job, disk full: not kept
+                conn.db.execute("INSERT OR REPLACE INTO facts VALUES (?, ?, ?, ?, ?, ?)", (*key, kind, payload))
+                conn.pending += 1
+                if conn.pending >= COMMIT_EVERY:
+                    conn.db.commit()
+                    conn.pending = 0
+            except (sqlite3.Error, OverflowError) as exc:  # locked by another process, disk full: not kept
                 log.debug("%s: fact not kept (%s)", self.path, exc)
 
     def close(self) -> None:
-        with self._lock:
-            if self._db is None:
-                return
+        """This job's facts committed; the connection closed when no other job uses it."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        with _shared_lock, conn.lock:
             try:
-                self._db.commit()
+                conn.db.commit()
+                conn.pending = 0
             except sqlite3.Error as exc:
                 log.debug("%s: last facts not kept (%s)", self.path, exc)
-            self._db.close()
-            self._db = None
+            conn.users -= 1
+            if conn.users == 0:
+                _shared.pop(self._key, None)
+                conn.db.close()
 
 
 def _safe_place(root: Path, path: Path) -> bool:

@@ -17,6 +17,7 @@ payload that does not parse as a VideoFacts is treated as absent (the file is de
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import os
 import threading
@@ -66,20 +67,21 @@ KIND = "mp4-demux-v1"  # what a stored row means (facts_index rows of other kind
 
 _lock = threading.Lock()
 _facts: dict[FileKey, VideoFacts] = {}
-_index: FactsIndex | None = None
+# The job's index, per thread of control: several jobs run at once in one process (the export
+# service's job threads, a Ray batch's datasets), and one job leaving its block must not take
+# another's index away (a module global did, and restored a closed one).
+_index: contextvars.ContextVar[FactsIndex | None] = contextvars.ContextVar("eva_facts_index", default=None)
 
 
 @contextlib.contextmanager
 def use_index(index: FactsIndex | None) -> Iterator[None]:
-    """Facts looked up in and stored to ``index`` inside the block (an export job)."""
-    global _index
-    with _lock:
-        before, _index = _index, index
+    """Facts looked up in and stored to ``index`` inside the block (an export job), in this
+    thread's context only."""
+    token = _index.set(index)
     try:
         yield
     finally:
-        with _lock:
-            _index = before
+        _index.reset(token)
 
 
 def file_key(path: Path) -> FileKey | None:
@@ -96,7 +98,7 @@ def file_key(path: Path) -> FileKey | None:
 def lookup(key: FileKey | None) -> VideoFacts | None:
     if key is None:
         return None
-    index = _index
+    index = _index.get()
     if index is not None and index.active:
         payload = index.get(key, KIND)
         return VideoFacts.from_payload(payload) if payload is not None else None
@@ -108,7 +110,7 @@ def remember(key: FileKey | None, facts: VideoFacts) -> None:
     """Keep ``facts`` for the file whose identity was ``key`` before it was read."""
     if key is None:
         return
-    index = _index
+    index = _index.get()
     if index is not None and index.active:
         index.put(key, KIND, facts.to_payload())
         return
@@ -125,18 +127,18 @@ def forget_all() -> None:
 
 
 def index_active() -> bool:
-    index = _index
+    index = _index.get()
     return index is not None and index.active
 
 
 def index_get(key: FileKey, kind: str) -> str | None:
     """A payload of another kind (validate_tables) from the job's index, if one is in use."""
-    index = _index
+    index = _index.get()
     return index.get(key, kind) if index is not None else None
 
 
 def index_put(key: FileKey, kind: str, payload: str) -> None:
-    index = _index
+    index = _index.get()
     if index is not None:
         index.put(key, kind, payload)
 
