@@ -8,7 +8,9 @@ import sqlite3
 import threading
 from pathlib import Path
 
-from eva_export.dataset import video_facts
+import pytest
+
+from eva_export.dataset import facts_index, video_facts
 from eva_export.dataset.facts_index import INDEX_NAME, FactsIndex
 
 KEY = (1, 2, 3, 4)
@@ -75,3 +77,20 @@ def test_each_thread_keeps_its_own_index(tmp_path: Path) -> None:
     assert not video_facts.index_active()  # this thread's block ended: no index
     ia.close()
     ib.close()
+
+
+def test_an_index_over_its_bound_is_emptied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    index = FactsIndex(tmp_path)
+    for i in range(2000):
+        index.put((1, i, 3, 4), "k", "x" * 200)
+    index.close()
+    size = (tmp_path / INDEX_NAME).stat().st_size
+    monkeypatch.setattr(facts_index, "MAX_BYTES", size - 1)
+    emptied = FactsIndex(tmp_path)
+    assert emptied.active and emptied.get((1, 7, 3, 4), "k") is None
+    emptied.put(KEY, "k", "new")
+    emptied.close()
+    assert (tmp_path / INDEX_NAME).stat().st_size < size // 10  # the file shrank, not only the table
+    kept = FactsIndex(tmp_path)  # under the bound now: kept
+    assert kept.get(KEY, "k") == "new"
+    kept.close()

@@ -35,6 +35,10 @@ SCHEMA_VERSION = 1
 PAYLOAD_MAX = 16 << 10
 #: Writes kept in the open transaction before a commit (one commit per row was the cost).
 COMMIT_EVERY = 512
+#: An index file larger than this is emptied when a job opens it: rows hold no paths, so the
+#: rows of files long deleted cannot be told apart, and a cache must not grow without bound
+#: (a row is ~100 bytes: some two million files' facts).
+MAX_BYTES = 256 << 20
 
 FileKey = tuple[int, int, int, int]  # (st_dev, st_ino, st_size, st_mtime_ns)
 
@@ -95,9 +99,13 @@ class FactsIndex:
             # row is only found by its file's exact identity).
             db.execute("PRAGMA synchronous = OFF")
             version = db.execute("PRAGMA user_version").fetchone()[0]
-            if version != SCHEMA_VERSION:
+            too_large = _too_large(self.path)
+            if version != SCHEMA_VERSION or too_large:
                 db.execute("DROP TABLE IF EXISTS facts")
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                if too_large:
+                    db.commit()
+                    db.execute("VACUUM")  # the freed pages returned: the file shrinks
             db.execute(_TABLE)
             db.execute("SELECT COUNT(*) FROM (SELECT 1 FROM facts LIMIT 1)").fetchone()
             db.commit()
@@ -164,6 +172,16 @@ class FactsIndex:
             if conn.users == 0:
                 _shared.pop(self._key, None)
                 conn.db.close()
+
+
+def _too_large(path: Path) -> bool:
+    try:
+        big = os.stat(path).st_size > MAX_BYTES
+    except OSError:
+        return False
+    if big:
+        log.info("%s: over %d bytes: emptied (the facts are recomputed as files are read)", path, MAX_BYTES)
+    return big
 
 
 def _safe_place(root: Path, path: Path) -> bool:
