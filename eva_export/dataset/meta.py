@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Container, Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -104,22 +104,30 @@ def _stats_index(path: Path) -> StatsIndex:
     return index
 
 
-def check_stats_shapes(meta: DatasetMeta) -> None:
+def check_stats_shapes(meta: DatasetMeta, done: Container[int] = ()) -> None:
     """Each numeric feature's min/max/mean/std vector has the feature's element count (a
-    3-element vector for a 7-element feature would fail deep inside the statistics merge)."""
-    root, info = meta.root, meta.info
+    3-element vector for a 7-element feature would fail deep inside the statistics merge).
+    ``done``: episodes whose row the caller already checked with ``check_row_shapes`` (each
+    row of the index is parsed once per check, not once per caller: issue 28)."""
     stats = meta.episodes_stats
-    for episode, st in stats.items():
-        lineno = stats.line_of(episode) if isinstance(stats, StatsIndex) else 0
-        for key, feat in info.features.items():
-            entry = st.stats.get(key)
-            if feat.is_visual or not isinstance(entry, dict):
-                continue
-            want = int(np.prod(feat.shape))
-            for stat in ("min", "max", "mean", "std"):
-                if stat in entry and (got := _size(entry[stat])) != want:
-                    raise DatasetError(f"{root / EPISODES_STATS}:{lineno}: episode {st.episode_index}: {key} {stat} "
-                                       f"has {got} values, but {root / INFO} declares shape {list(feat.shape)}")
+    for episode in stats:
+        if episode not in done:
+            check_row_shapes(meta, stats[episode])
+
+
+def check_row_shapes(meta: DatasetMeta, st: EpisodeStats) -> None:
+    """``check_stats_shapes`` of one episode's row."""
+    root, info, stats = meta.root, meta.info, meta.episodes_stats
+    for key, feat in info.features.items():
+        entry = st.stats.get(key)
+        if feat.is_visual or not isinstance(entry, dict):
+            continue
+        want = int(np.prod(feat.shape))
+        for stat in ("min", "max", "mean", "std"):
+            if stat in entry and (got := _size(entry[stat])) != want:
+                lineno = stats.line_of(st.episode_index) if isinstance(stats, StatsIndex) else 0
+                raise DatasetError(f"{root / EPISODES_STATS}:{lineno}: episode {st.episode_index}: {key} {stat} "
+                                   f"has {got} values, but {root / INFO} declares shape {list(feat.shape)}")
 
 
 def _size(value: Any) -> int:

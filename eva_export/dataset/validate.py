@@ -19,8 +19,8 @@ import pyarrow.parquet as pq
 
 from .. import confine
 from ..errors import DatasetError, UnsafeNameError
-from .meta import EPISODES, EPISODES_STATS, INFO, TASKS, DatasetMeta, check_stats_shapes, read_meta
-from .records import CODEBASE_V21, FORMAT_V21, EpisodeRow
+from .meta import EPISODES, EPISODES_STATS, INFO, TASKS, DatasetMeta, check_row_shapes, check_stats_shapes, read_meta
+from .records import CODEBASE_V21, FORMAT_V21, EpisodeRow, EpisodeStats
 from .source_rules import GRID_TOLERANCE_S as GRID_TOLERANCE_S  # re-exported: importers of validate
 from .source_rules import SMALL_COLUMNS as SMALL_COLUMNS
 from .source_rules import SourceEpisode as SourceEpisode
@@ -112,7 +112,9 @@ def validate_source(root: Path, *, allow_empty_dataset: bool = True, as_source: 
     _check_tasks(root, meta)
     check = SourceCheck(root=root, meta=meta, source_hash=source_hash(root))
     _check_episodes(check, table_kind(raw, meta, camera_stats_computed), camera_stats_computed)
-    check_stats_shapes(meta)  # after the tables: a declared-vs-stored mismatch names the Parquet file first
+    # the rows of unlisted episodes (the listed ones were checked each after its own table, so a
+    # declared-vs-stored mismatch names the Parquet file first); indices are 0..n-1 by now
+    check_stats_shapes(meta, done=range(len(meta.episodes)))
     return check
 
 
@@ -123,7 +125,12 @@ def _check_episodes(check: SourceCheck, kind: str, camera_stats_computed: bool) 
     offset = 0
     shared = _Shared()
     for row in meta.episodes:
-        ep, known, tkey = _check_episode(root, meta, row, task_text, task_ids, offset, camera_stats_computed, kind)
+        # the stats row parsed once here, for both of its checks (it was three parses a check)
+        ep_stats = meta.episodes_stats.get(row.episode_index)
+        ep, known, tkey = _check_episode(root, meta, row, task_text, task_ids, offset, camera_stats_computed, kind,
+                                         ep_stats)
+        if ep_stats is not None:
+            check_row_shapes(meta, ep_stats)
         ep = shared.adopt(ep)
         if known is None:  # read (not proved by the index): its images decoded, then remembered
             check_images(meta, ep.index, ep.data_path)
@@ -205,7 +212,8 @@ def _episode_tasks(root: Path, row: EpisodeRow, data: Path, task_values: Any, ta
 
 def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: dict[int, str],
                    task_ids: dict[str, int], offset: int = 0, camera_stats_computed: bool = False,
-                   kind: str = "") -> tuple[SourceEpisode, TableFacts | None, FileKey | None]:
+                   kind: str = "", ep_stats: EpisodeStats | None = None
+                   ) -> tuple[SourceEpisode, TableFacts | None, FileKey | None]:
     """The episode's files and table checked; with the facts the index proved (None: read)."""
     info = meta.info
     ep = row.episode_index
@@ -230,7 +238,7 @@ def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: di
         nrows, columns, tasks, schema = known.rows, known.columns, known.tasks, None
     else:
         nrows, columns, tasks, schema = _check_table(root, meta, row, data, videos, task_text, task_ids, offset)
-    _check_stats_present(root, meta, ep, columns, camera_stats_computed)
+    _check_stats_present(root, meta, ep, columns, camera_stats_computed, ep_stats)
     size = data.stat().st_size + sum(v.stat().st_size for v in videos.values())
     return SourceEpisode(row=row, data_path=data, video_paths=videos, rows=nrows, task_indices=tasks,
                          columns=columns, bytes=size, schema=schema), known, tkey
@@ -247,7 +255,7 @@ def _check_table(root: Path, meta: DatasetMeta, row: EpisodeRow, data: Path, vid
             columns = list(schema.names)
             nrows = pf.metadata.num_rows
             # One read of the small columns every check needs (not the vectors or images).
-            small = pf.read(columns=[c for c in SMALL_COLUMNS if c in columns])
+            small = pf.read(columns=[c for c in SMALL_COLUMNS if c in columns], use_threads=False)
             task_values = small.column("task_index").to_numpy() if "task_index" in columns else None
     except Exception as exc:  # noqa: BLE001 - any Arrow error means an unreadable table
         raise DatasetError(f"episode {ep}: cannot read {data}: {exc}") from exc
@@ -267,8 +275,7 @@ def _check_table(root: Path, meta: DatasetMeta, row: EpisodeRow, data: Path, vid
 
 
 def _check_stats_present(root: Path, meta: DatasetMeta, ep: int, columns: list[str],
-                         camera_stats_computed: bool) -> None:
-    ep_stats = meta.episodes_stats.get(ep)
+                         camera_stats_computed: bool, ep_stats: EpisodeStats | None) -> None:
     have = ep_stats.stats if ep_stats is not None else {}
     for key, feat in meta.info.features.items():
         st = have.get(key)

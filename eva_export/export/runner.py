@@ -198,7 +198,7 @@ class ExportService:
         # it (issue 28); a dataset's export tree is not touched by a refused source.
         index = FactsIndex(self.config.export.jobs_dir)
         try:
-            with self._unit_pool(), video_facts.use_index(index):
+            with self._unit_pool(), video_facts.use_index(index), confine.checked_dirs():
                 return self._export_job(job_id, request)
         finally:
             index.close()
@@ -256,10 +256,17 @@ class ExportService:
             self.jobs.update(job_id, unrated_episodes=len(split.unrated), reencoded_episodes=len(split.reencoded))
             # NaN/inf in accepted episodes: refused (naming them) or kept and recorded, per export.nonfinite
             check_accepted(native_dir(paths.staging, ACCEPTED), self.config.export.nonfinite, fmt)
-            pair = self._convert(job_id, exporter, paths.staging, faults, count=not spec.native)
-            verify_staged(fmt, pair, exporter)  # publish only what verifies
-            faults.check("verified")
-            publish_pair(paths, pair, job_id, faults)
+            moved = spec.native and fmt not in self.exporters  # the registry's own native exporter
+            try:
+                pair = (self._move_native(exporter, paths.staging, faults) if moved
+                        else self._convert(job_id, exporter, paths.staging, faults, count=not spec.native))
+                verify_staged(fmt, pair, exporter)  # publish only what verifies
+                faults.check("verified")
+                publish_pair(paths, pair, job_id, faults)
+            except BaseException:
+                if moved:  # the units go back where a rerun looks for them
+                    _move_back(paths.staging)
+                raise
             shutil.rmtree(paths.staging, ignore_errors=True)
         acc, rej = split.subsets[ACCEPTED], split.subsets[REJECTED]
         return {"accepted_dir": str(paths.accepted), "rejected_dir": str(paths.rejected),
@@ -270,6 +277,23 @@ class ExportService:
         """A failed job names the staging it leaves (kept for resume) and its size."""
         staging = self.paths(job).staging
         return {"staging_dir": str(staging), "staging_bytes": tree_bytes(staging)} if staging.is_dir() else {}
+
+    def _move_native(self, exporter: Exporter, staging: Path, faults: Faults) -> Path:
+        """The native format's pair: each staged subset renamed into ``staging/out`` and
+        relabelled (its marker and card rewritten, new inodes), instead of the exporter's hard
+        link of every file (3000 links, then 3000 unlinks with the staging, for 1000 short
+        episodes: issue 28). The same files and meta as ``exporter.export`` would write."""
+        from ..formats.source import write_quality_split
+
+        out = staging / "out"
+        if out.exists():  # an earlier run's pair, never published: rebuilt from the units
+            shutil.rmtree(out)
+        out.mkdir()
+        for name in SUBSETS:
+            os.rename(native_dir(staging, name), out / name)
+            write_quality_split(out / name, out / name, exporter.name)
+            faults.check(f"convert_{name}")
+        return out
 
     def _convert(self, job_id: str, exporter: Exporter, staging: Path, faults: Faults, count: bool) -> Path:
         """Each staged native subset written in the job's format into ``staging/out``."""
@@ -290,6 +314,14 @@ class ExportService:
             if p.name not in SUBSETS:
                 shutil.rmtree(p) if p.is_dir() else p.unlink()
         return out
+
+
+def _move_back(staging: Path) -> None:
+    """Undo ``_move_native`` for the subsets not back yet (the rerun then reuses their units)."""
+    for name in SUBSETS:
+        moved, home = staging / "out" / name, native_dir(staging, name)
+        if moved.is_dir() and not home.exists():
+            os.rename(moved, home)
 
 
 def tree_bytes(root: Path) -> int:

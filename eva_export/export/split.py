@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import confine
 from ..dataset.commits import UnitRecord
 from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS
 from ..dataset.records import FORMAT_V21, DatasetInfo, EpisodeRow, Quality, Verdict
@@ -222,6 +223,12 @@ def batches(work: list[UnitWork], workers: int) -> list[list[UnitWork]]:
     return out
 
 
+def split_batch(staging: Path, batch: list[UnitWork], info: DatasetInfo) -> int:
+    """One pool task: ``split_units`` with the batch's directories checked once (confine)."""
+    with confine.checked_dirs():
+        return split_units(staging, batch, info)
+
+
 def build_units(plan: SplitPlan, staging: Path, progress: SplitProgress, faults: Faults) -> tuple[int, int]:
     """Build every unit without a valid record; returns (reused, built).
 
@@ -245,7 +252,7 @@ def build_units(plan: SplitPlan, staging: Path, progress: SplitProgress, faults:
         src_stats = ep_stats[p.source.index].stats if p.source.index in ep_stats else {}
         work.append(UnitWork(p, src_stats, faults.fail_at == f"unit:{p.source.index}"))
     active = pool.active()
-    units = [pool.Unit("; ".join(unit_name(w.planned) for w in b), split_units, (staging, b, info))
+    units = [pool.Unit("; ".join(unit_name(w.planned) for w in b), split_batch, (staging, b, info))
              for b in batches(work, active.workers if active is not None else 1)]
     built = 0
 
