@@ -110,7 +110,7 @@ def read_table(ep: SourceEpisode) -> pa.Table:
     try:
         with pq.ParquetFile(ep.data_path) as pf:  # not read_table: its dataset layer costs ms per small file
             if not isinstance(ep, SlicedEpisode):
-                return pf.read()
+                return pf.read(use_threads=False)  # one episode: the thread pool round trip cost more than it saved
             table = _read_rows(pf, ep.row_start, ep.rows)
             return table.replace_schema_metadata(v21_schema_metadata(table.schema.metadata))
     except (OSError, pa.ArrowException) as exc:
