@@ -139,10 +139,18 @@ class _Worker:
         self.unit: Unit | None = None
 
     def close(self, timeout: float = 5.0) -> None:
+        self.stop()
+        self.reap(timeout)
+
+    def stop(self) -> None:
+        """Tell the worker to exit (it then tears its interpreter down)."""
         try:
             self.conn.send(None)
         except OSError:
             pass
+
+    def reap(self, timeout: float = 5.0) -> None:
+        """Wait for the stopped worker to exit (killed after ``timeout``)."""
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -258,8 +266,11 @@ class LocalPool:
             raise_unit_failure(*failure)
 
     def close(self) -> None:
+        # every worker told first: their interpreter teardowns (pyarrow, PyAV) overlap
         for w in self._procs:
-            w.close()
+            w.stop()
+        for w in self._procs:
+            w.reap()
         self._procs.clear()
 
     def __enter__(self) -> LocalPool:
