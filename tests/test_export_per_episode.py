@@ -129,6 +129,13 @@ def test_units_survive_a_failed_verification(source: Path) -> None:
     assert failed.state == "failed"
     job = service(source).run(source, "lerobot_v21")
     assert job.state == "completed" and job.reused_episodes == 6
+    # a run killed between the move and publication leaves the subset in staging/out
+    assert service(source, fail_at="verified").run(source, "lerobot_v21").state == "failed"
+    (paths.staging / "out").mkdir(exist_ok=True)
+    os.rename(paths.staging / "native/accepted", paths.staging / "out/accepted")
+    job = service(source).run(source, "lerobot_v21")
+    assert job.state == "completed" and job.reused_episodes == 6
+    assert verify_v21(paths.accepted).ok
 
 
 def test_shared_directories_are_checked_once_per_block(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

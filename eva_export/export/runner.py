@@ -249,7 +249,8 @@ class ExportService:
             recover_pair(paths)
             home = paths.source_dir if request.named else None
             # the staging is reused only for the same sources in the same state (all of them hashed)
-            prepare_staging(paths.staging, home or checks[0].root, fmt, combined_hash(checks))
+            if prepare_staging(paths.staging, home or checks[0].root, fmt, combined_hash(checks)) and spec.native:
+                _move_back(paths.staging)  # a run killed after _move_native: its units are kept
             split = NativeSplit(checks, paths.staging, job_id, progress=SplitProgress(on_unit),
                                 faults=faults, home=home).run()
             # a v3.0 source episode that could not be cut exactly was re-encoded: said in the job
