@@ -34,7 +34,7 @@ MANIFEST_VERSION = 1
 HASH_CHUNK = 1 << 20
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per file of a subset: no per-entry __dict__ (issue 28)
 class ManifestEntry:
     """One file of the subset."""
 
@@ -170,11 +170,25 @@ def scan_tree(root: Path) -> tuple[list[str], list[tuple[str, Path]]]:
 def build_manifest(subset_dir: Path, hash_file: Callable[[Path], str] | None = None) -> Manifest:
     """Hash every file of ``subset_dir`` except an existing manifest. ``hash_file``: the export
     job passes one that answers a hard-linked source file from its facts index (issue 28)."""
-    dirs, files = scan_tree(Path(subset_dir))
+    root = Path(subset_dir)
     digest = hash_file or written_digest
-    entries = tuple(ManifestEntry(rel, p.stat().st_size, digest(p))
-                    for rel, p in files if rel != MANIFEST_FILE)
-    return Manifest(entries, tuple(dirs))
+    dirs: list[str] = []
+    entries: list[ManifestEntry] = []
+    # scan_tree's order and checks, one file's Path at a time (not a Path per file of the subset)
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        rel_dir = os.path.relpath(dirpath, root)
+        if rel_dir != ".":
+            dirs.append(Path(rel_dir).as_posix())
+        for name in sorted(filenames):
+            p = Path(dirpath) / name
+            st = p.stat()
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError(f"{p} is not a regular file; a subset holds only files and directories")
+            rel = p.relative_to(root).as_posix()
+            if rel != MANIFEST_FILE:
+                entries.append(ManifestEntry(rel, st.st_size, digest(p)))
+    return Manifest(tuple(entries), tuple(dirs))
 
 
 def write_manifest(subset_dir: Path, hash_file: Callable[[Path], str] | None = None) -> Manifest:

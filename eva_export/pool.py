@@ -126,6 +126,22 @@ def unit_tags(unit: Unit) -> list[str]:
 
 
 # ---- the local pool ---------------------------------------------------------------------------
+class Taker:
+    """The units of a sequence from ``start`` on, taken one at a time in order (truthy while
+    any is left), so that only the units in flight exist at once."""
+
+    def __init__(self, units: Sequence[Unit], start: int = 0) -> None:
+        self.units, self.next = units, start
+
+    def __bool__(self) -> bool:
+        return self.next < len(self.units)
+
+    def pop(self) -> Unit:
+        u = self.units[self.next]
+        self.next += 1
+        return u
+
+
 class _Worker:
     def __init__(self, env: dict[str, str]) -> None:
         parent, child = socket.socketpair()
@@ -190,19 +206,19 @@ class LocalPool:
         self._procs: list[_Worker] = []
         self.serial_units = 0  # units the auto mode ran in the caller (tests, benchmarks)
 
-    def _run_serial_while_cheap(self, todo: list[Unit], on_done: Done) -> list[Unit]:
-        """Run units in the caller while the projected rest is cheap; returns the units left."""
+    def _run_serial_while_cheap(self, units: Sequence[Unit], on_done: Done) -> int:
+        """Run units in the caller while the projected rest is cheap; returns how many ran."""
         t0 = time.perf_counter()
         done = 0
-        while todo:
-            u = todo.pop(0)
+        while done < len(units):
+            u = units[done]
             on_done(u, u.fn(*u.args))  # as serial mode: exceptions propagate unchanged
             done += 1
             self.serial_units += 1
             per_unit = (time.perf_counter() - t0) / done
-            if per_unit * len(todo) > SERIAL_BUDGET_S:
+            if per_unit * (len(units) - done) > SERIAL_BUDGET_S:
                 break
-        return todo
+        return done
 
     def _start(self, n: int) -> None:
         env = dict(os.environ)
@@ -216,13 +232,15 @@ class LocalPool:
         self._start(self.workers)
 
     def run(self, units: Sequence[Unit], on_done: Done) -> None:
-        todo = list(units)
+        # Units are taken by position as workers free up, never listed: a lazy sequence
+        # (export/build.py) makes each one only when it is sent (memory flat, issue 28).
+        start = 0
         if self.auto and not self._procs:
-            todo = self._run_serial_while_cheap(todo, on_done)
-            if not todo:
+            start = self._run_serial_while_cheap(units, on_done)
+            if start >= len(units):
                 return
-        todo.reverse()  # pop() from the end: source order
-        self._start(min(self.workers, len(todo)))
+        todo = Taker(units, start)
+        self._start(min(self.workers, len(units) - start))
         idle = [w for w in self._procs]
         busy: dict[Connection, _Worker] = {}
         failure: tuple[Unit, BaseException | None, str] | None = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import sys
 from dataclasses import KW_ONLY, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -94,7 +95,7 @@ def _issues(value: Any) -> list[QualityIssue] | None:
     return [QualityIssue.from_dict(i) for i in value]
 
 
-@dataclass
+@dataclass(slots=True)  # no per-row __dict__: a source holds one row per episode (issue 28)
 class EpisodeRow:
     """One line of meta/episodes.jsonl.
 
@@ -169,12 +170,12 @@ class EpisodeRow:
         if isinstance(tasks, str):
             tasks = [tasks]
         row = cls(episode_index=as_int(d["episode_index"], "episode_index"),
-                  tasks=[str(t) for t in as_list(tasks, "tasks")], length=as_int(d["length"], "length"))
+                  tasks=[sys.intern(str(t)) for t in as_list(tasks, "tasks")], length=as_int(d["length"], "length"))
         for key, value in d.items():
             if key in ("episode_index", "tasks", "length"):
                 continue
             if key in _TEXT_FIELDS and isinstance(value, str):
-                setattr(row, key, value)
+                setattr(row, key, sys.intern(value) if key == "quality" else value)  # "green" once, not per row
             elif key == "quality_issues" and (issues := _issues(value)) is not None:
                 row.quality_issues = issues
             elif key == "stream_stats" and isinstance(value, dict):

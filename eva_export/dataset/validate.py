@@ -9,6 +9,8 @@ consumer's reader would fail on is refused before an export starts. Each failure
 from __future__ import annotations
 
 import hashlib
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ import pyarrow.parquet as pq
 
 from .. import confine
 from ..errors import DatasetError, UnsafeNameError
+from .episode_list import EpisodeList
 from .meta import EPISODES, EPISODES_STATS, INFO, TASKS, DatasetMeta, check_row_shapes, check_stats_shapes, read_meta
 from .records import CODEBASE_V21, FORMAT_V21, EpisodeRow, EpisodeStats
 from .source_rules import GRID_TOLERANCE_S as GRID_TOLERANCE_S  # re-exported: importers of validate
@@ -42,14 +45,19 @@ class SourceCheck:
     root: Path
     meta: DatasetMeta
     source_hash: str
-    episodes: list[SourceEpisode] = field(default_factory=list)
+    # validate_source's: an EpisodeList (compact arrays, issue 28); other kinds may keep a list
+    episodes: Sequence[SourceEpisode] = field(default_factory=list)
 
     @property
     def files_total(self) -> int:
+        if isinstance(self.episodes, EpisodeList):
+            return self.episodes.files_total()
         return sum(1 + len(e.video_paths) for e in self.episodes)
 
     @property
     def bytes_total(self) -> int:
+        if isinstance(self.episodes, EpisodeList):
+            return self.episodes.bytes_total()
         return sum(e.bytes for e in self.episodes)
 
 
@@ -61,7 +69,9 @@ def source_hash(root: Path) -> str:
         p = Path(root) / name
         h.update(name.encode() + b"\0")
         if p.is_file():
-            h.update(p.read_bytes())
+            with open(p, "rb") as fh:  # in blocks: episodes_stats.jsonl is ~4.6 KB per episode
+                while block := fh.read(1 << 20):
+                    h.update(block)
         h.update(b"\0")
     return h.hexdigest()
 
@@ -110,7 +120,7 @@ def validate_source(root: Path, *, allow_empty_dataset: bool = True, as_source: 
                            f"{cut(indices)}" + (f" (missing {cut(missing)})" if missing else ""))
     _check_stray_files(root, meta)
     _check_tasks(root, meta)
-    check = SourceCheck(root=root, meta=meta, source_hash=source_hash(root))
+    check = SourceCheck(root=root, meta=meta, source_hash=source_hash(root), episodes=EpisodeList(root, info))
     _check_episodes(check, table_kind(raw, meta, camera_stats_computed), camera_stats_computed)
     # the rows of unlisted episodes (the listed ones were checked each after its own table, so a
     # declared-vs-stored mismatch names the Parquet file first); indices are 0..n-1 by now
@@ -124,6 +134,8 @@ def _check_episodes(check: SourceCheck, kind: str, camera_stats_computed: bool) 
     task_text, task_ids = meta.task_text, meta.task_index
     offset = 0
     shared = _Shared()
+    episodes = check.episodes
+    assert isinstance(episodes, EpisodeList)
     for row in meta.episodes:
         # the stats row parsed once here, for both of its checks (it was three parses a check)
         ep_stats = meta.episodes_stats.get(row.episode_index)
@@ -138,7 +150,7 @@ def _check_episodes(check: SourceCheck, kind: str, camera_stats_computed: bool) 
         for key, vp in ep.video_paths.items():
             check_video(meta, ep.index, ep.rows, ep.data_path, key, vp)
         offset += ep.rows
-        check.episodes.append(ep)
+        episodes.append(ep)
 
 
 class _Shared:
@@ -185,8 +197,11 @@ def _check_stray_files(root: Path, meta: DatasetMeta) -> None:
     for top in ("data", "videos"):
         base = root / top
         if base.is_dir():
-            stray += [str(p.relative_to(root)) for p in sorted(base.rglob("*"))
-                      if (p.is_file() or p.is_symlink()) and str(p.relative_to(root)) not in listed]
+            # the strays alone sorted (the first named as before), not every file's Path at once
+            # (files and symlinks, a symlinked directory too: not descended into, as rglob did)
+            stray += sorted(rel for dirpath, dirs, names in os.walk(base)
+                            for n in names + [d for d in dirs if os.path.islink(os.path.join(dirpath, d))]
+                            if (rel := os.path.relpath(os.path.join(dirpath, n), root)) not in listed)
     if stray:
         raise DatasetError(f"{root}: {len(stray)} file(s) under data/ or videos/ belong to no episode in "
                            f"{EPISODES} (e.g. {stray[0]}), left by an interrupted capture or copied in. "

@@ -18,31 +18,29 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import confine
 from ..dataset.commits import UnitRecord
+from ..dataset.episode_list import row_at
 from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS
 from ..dataset.records import FORMAT_V21, DatasetInfo, EpisodeRow, Quality, Verdict
-from ..dataset.validate import SourceCheck, SourceEpisode
+from ..dataset.validate import SourceCheck
 from ..errors import ExportError
 from ..fsutil import atomic_write_json, dumps_json, jsonl_dumps, read_json
 from ..quality.store import quality_for, read_sidecar
 from .assemble import JsonlStream, StatsSum
+from .build import build_units
 from .merge import ORIGINS_KEY, SOURCE_DATASET_FIELD, SOURCES_KEY, EpisodeOrigin, SourceRef, merged_robot_type
 from .merge import provenance as source_provenance
+from .plan_list import PlanList, positions_of
 from .records import ACCEPTED, QUALITY_SPLIT_FILE, REJECTED, QualitySplit
 from .units import (
     REENCODED_FIELD,
     PlannedEpisode,
-    UnitWork,
     native_dir,
-    split_units,
-    unit_is_complete,
-    unit_name,
     unit_record,
     write_text,
 )
@@ -89,7 +87,7 @@ class Faults:
 @dataclass
 class SplitPlan:
     checks: tuple[SourceCheck, ...]  # in request order; one for a classic export
-    subsets: dict[str, list[PlannedEpisode]]
+    subsets: dict[str, PlanList]  # compact: a PlannedEpisode is rebuilt per access (issue 28)
     tasks: dict[str, list[tuple[int, str]]]  # subset -> [(new task_index, text)]
     home: Path | None = None  # a named export's home: its marker's source_dir, provenance in rows
 
@@ -110,45 +108,45 @@ class SplitPlan:
         out = []
         for check in self.checks:
             sidecar = read_sidecar(check.root)
-            out += [e.index for e in check.episodes if is_unrated(quality_for(e.row, sidecar.get(e.index)))]
+            eps = check.episodes
+            rows = (row_at(eps, n) for n in range(len(eps)))
+            out += [r.episode_index for r in rows if is_unrated(quality_for(r, sidecar.get(r.episode_index)))]
         return out
 
-    @property
-    def in_source_order(self) -> list[PlannedEpisode]:
-        items = [p for s in self.subsets.values() for p in s]
-        return sorted(items, key=lambda p: (p.source_no, p.source.index))
+    def in_source_order(self) -> Iterator[PlannedEpisode]:
+        """Every planned episode, by source then source episode index (one rebuilt at a time)."""
+        lists = list(self.subsets.values())
+        for s, n in positions_of(lists):
+            yield lists[s][n]
 
 
-def _task_maps(checks: tuple[SourceCheck, ...], eps: list[tuple[int, SourceEpisode]]
-               ) -> tuple[list[tuple[int, str]], list[dict[int, int]]]:
-    """One subset's tasks merged by text (first use in source order, then task index) and each
-    source's old -> new task index map."""
+def _task_texts(plan: PlanList) -> list[tuple[int, str]]:
+    """One subset's tasks merged by text (first use in source order, then task index), each
+    source's old -> new task index map set in ``plan.task_maps``."""
     texts: dict[str, int] = {}
-    maps: list[dict[int, int]] = []
-    for no, check in enumerate(checks):
+    used: list[set[int]] = [set() for _ in plan.checks]
+    for p in plan:
+        used[p.source_no].update(p.source.task_indices)
+    for no, check in enumerate(plan.checks):
         task_text = check.meta.task_text
-        used = sorted({t for n, e in eps if n == no for t in e.task_indices})
-        maps.append({old: texts.setdefault(task_text[old], len(texts)) for old in used})
-    return [(i, t) for t, i in texts.items()], maps
+        plan.task_maps[no].update({old: texts.setdefault(task_text[old], len(texts)) for old in sorted(used[no])})
+    return [(i, t) for t, i in texts.items()]
 
 
 def plan_split(checks: SourceCheck | tuple[SourceCheck, ...], home: Path | None = None) -> SplitPlan:
     """Assign each source episode its subset, new index, frame offset and task remapping."""
     checks = checks if isinstance(checks, tuple) else (checks,)
-    subsets: dict[str, list[PlannedEpisode]] = {ACCEPTED: [], REJECTED: []}
-    tasks: dict[str, list[tuple[int, str]]] = {}
-    by_subset: dict[str, list[tuple[int, SourceEpisode]]] = {ACCEPTED: [], REJECTED: []}
+    subsets: dict[str, PlanList] = {ACCEPTED: PlanList(checks, ACCEPTED), REJECTED: PlanList(checks, REJECTED)}
     for no, check in enumerate(checks):
         sidecar = read_sidecar(check.root)  # offline verdicts of rows that carry none (quality/store.py)
-        for ep in check.episodes:  # episodes.jsonl order
-            by_subset[classify(quality_for(ep.row, sidecar.get(ep.index)))].append((no, ep))
-    for name, eps in by_subset.items():
-        tasks[name], maps = _task_maps(checks, eps)
-        offset = 0
-        for new, (no, ep) in enumerate(eps):
-            prov = source_provenance(checks[no]) if home is not None else {}
-            subsets[name].append(PlannedEpisode(ep, name, new, offset, maps[no], no, prov))
-            offset += ep.rows
+        prov = source_provenance(check) if home is not None else {}
+        for plan in subsets.values():  # one dict per source, shared by its episodes (read only)
+            plan.provenance[no] = prov
+        eps = check.episodes
+        for pos in range(len(eps)):  # episodes.jsonl order
+            row = row_at(eps, pos)
+            subsets[classify(quality_for(row, sidecar.get(row.episode_index)))].add(no, pos)
+    tasks = {name: _task_texts(plan) for name, plan in subsets.items()}
     return SplitPlan(checks, subsets, tasks, home)
 
 
@@ -203,70 +201,6 @@ def prepare_staging(staging: Path, source_dir: Path, fmt: str, src_hash: str) ->
     return False
 
 
-#: A pool task holds consecutive units up to this many frames or episodes (a long episode is
-#: a task of its own; short ones are batched, so the worker round trip is paid per batch).
-BATCH_FRAMES = 600
-BATCH_EPISODES = 32
-
-
-def batches(work: list[UnitWork], workers: int) -> list[list[UnitWork]]:
-    """Consecutive units grouped, and at least ``workers`` groups when there are as many units."""
-    cap = max(1, min(BATCH_EPISODES, len(work) // max(1, workers)))
-    out: list[list[UnitWork]] = []
-    frames = 0
-    for w in work:
-        if not out or len(out[-1]) >= cap or frames >= BATCH_FRAMES:
-            out.append([])
-            frames = 0
-        out[-1].append(w)
-        frames += w.planned.source.rows
-    return out
-
-
-def split_batch(staging: Path, batch: list[UnitWork], info: DatasetInfo) -> int:
-    """One pool task: ``split_units`` with the batch's directories checked once (confine)."""
-    with confine.checked_dirs():
-        return split_units(staging, batch, info)
-
-
-def build_units(plan: SplitPlan, staging: Path, progress: SplitProgress, faults: Faults) -> tuple[int, int]:
-    """Build every unit without a valid record; returns (reused, built).
-
-    Units are independent (each has its own files and record), so batches of them run on the
-    active eva_export.pool executor (worker processes, or Ray tasks); progress is reported from
-    this thread as each batch finishes. A failure stops the export after the batches already
-    running finish: their committed units are kept for the rerun.
-    """
-    from .. import pool
-
-    info = plan.info
-    reused = 0
-    work: list[UnitWork] = []
-    for p in plan.in_source_order:
-        if unit_record(staging, p).is_file() and unit_is_complete(staging, p, info):
-            reused += 1
-            progress.on_unit(p, 1 + len(p.source.video_paths), p.source.bytes, True)
-            continue
-        unit_record(staging, p).unlink(missing_ok=True)
-        ep_stats = plan.checks[p.source_no].meta.episodes_stats
-        src_stats = ep_stats[p.source.index].stats if p.source.index in ep_stats else {}
-        work.append(UnitWork(p, src_stats, faults.fail_at == f"unit:{p.source.index}"))
-    active = pool.active()
-    units = [pool.Unit("; ".join(unit_name(w.planned) for w in b), split_batch, (staging, b, info))
-             for b in batches(work, active.workers if active is not None else 1)]
-    built = 0
-
-    def done(u: pool.Unit, _nbytes: int) -> None:
-        nonlocal built
-        for w in u.args[1]:
-            built += 1
-            faults.passed.append(f"unit:{w.planned.source.index}")
-            progress.on_unit(w.planned, 1 + len(w.planned.source.video_paths), w.planned.source.bytes, False)
-
-    pool.run_units(units, done)
-    return reused, built
-
-
 # ---- assembly -----------------------------------------------------------------------------------
 def assemble_subset(plan: SplitPlan, name: str, staging: Path, marker: QualitySplit) -> SubsetResult:
     """Write the meta files of the native subset whose units are in place (marker last)."""
@@ -305,13 +239,14 @@ def assemble_subset(plan: SplitPlan, name: str, staging: Path, marker: QualitySp
     write_text(out / STATS, dumps_json(total.result()))
     write_text(out / INFO, dumps_json(info.to_dict()))
     write_text(out / QUALITY_SPLIT_FILE, dumps_json(marker.to_dict()))
-    return SubsetResult(name, out, [p.source.index for p in items], len(items), frames, reencoded)
+    return SubsetResult(name, out, items.indices(), len(items), frames, reencoded)
 
 
 def judged_rows(plan: SplitPlan) -> dict[str, list[EpisodeRow]]:
     """Each side's rows as the split rule judged them (the sidecar's rating applied)."""
     sidecars = [read_sidecar(c.root) for c in plan.checks]
-    return {name: [quality_for(p.source.row, sidecars[p.source_no].get(p.source.index)) for p in items]
+    return {name: [quality_for(items.source_row(n), sidecars[items.source_no(n)].get(items.source_index(n)))
+                   for n in range(len(items))]
             for name, items in plan.subsets.items()}
 
 
@@ -328,12 +263,12 @@ def make_marker(plan: SplitPlan, name: str, fmt: str, job_id: str,
     home = plan.home if plan.home is not None else Path(os.path.realpath(plan.check.root))
     if plan.home is not None:  # a named export: every source, and where each episode came from
         extra[SOURCES_KEY] = [SourceRef.of(c).to_dict() for c in plan.checks]
-        extra[ORIGINS_KEY] = [EpisodeOrigin(str(p.provenance[SOURCE_DATASET_FIELD]), p.source.index).to_dict()
-                              for p in items]
+        extra[ORIGINS_KEY] = [EpisodeOrigin(str(items.provenance[items.source_no(n)][SOURCE_DATASET_FIELD]),
+                                            items.source_index(n)).to_dict() for n in range(len(items))]
     return QualitySplit(
         source_dir=str(home), subset=name, dataset_format=fmt,
-        source_episode_indices=[p.source.index for p in items],
-        episode_count=len(items), frame_count=sum(p.source.rows for p in items),
+        source_episode_indices=items.indices(),
+        episode_count=len(items), frame_count=items.frames,
         accepted_count=len(plan.subsets[ACCEPTED]), rejected_count=len(plan.subsets[REJECTED]),
         created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), job_id=job_id,
         unrated_count=len(plan.unrated), extra=extra,

@@ -93,7 +93,8 @@ class V30Source:
         require_episode_files(root)  # before tasks: a v2.1 layout labelled v3.0 is named as such
         tasks = read_tasks(root)
         meta = DatasetMeta(root=root, info=as_v21(info), episodes=[], tasks=tasks, episodes_stats={})
-        check = SourceCheck(root=root, meta=meta, source_hash=source_hash(root))
+        episodes: list[SourceEpisode] = []
+        check = SourceCheck(root=root, meta=meta, source_hash=source_hash(root), episodes=episodes)
         verdicts = sidecar.merged(root)
         files = _Files()
         offset = 0
@@ -102,7 +103,7 @@ class V30Source:
                 raise DatasetError(f"{loc.where}: episode indices must be 0..N-1 in order; found episode "
                                    f"{loc.episode_index} at position {len(meta.episodes)}")
             row = sidecar.apply([EpisodeRow(loc.episode_index, list(loc.tasks), loc.length)], verdicts)[0]
-            check.episodes.append(_check_episode(root, info, meta, loc, row, offset, files))
+            episodes.append(_check_episode(root, info, meta, loc, row, offset, files))
             meta.episodes.append(row)
             meta.episodes_stats[loc.episode_index] = EpisodeStats(loc.episode_index, st.stats)
             offset += loc.length

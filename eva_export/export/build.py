@@ -1,0 +1,111 @@
+"""Building the split's units: every planned episode without a valid record, in batches on
+the active eva_export.pool executor (split.py plans, assembles and runs the split)."""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .. import confine, pool
+from ..dataset.records import DatasetInfo
+from .units import UnitWork, split_units, unit_is_complete, unit_name, unit_record
+
+if TYPE_CHECKING:
+    from .split import Faults, SplitPlan, SplitProgress
+
+
+#: A pool task holds consecutive units up to this many frames or episodes (a long episode is
+#: a task of its own; short ones are batched, so the worker round trip is paid per batch).
+BATCH_FRAMES = 600
+BATCH_EPISODES = 32
+
+
+def batches(frames: Sequence[int], workers: int) -> list[tuple[int, int]]:
+    """Consecutive units (of ``frames`` each) grouped as [start, end) ranges, and at least
+    ``workers`` groups when there are as many units."""
+    cap = max(1, min(BATCH_EPISODES, len(frames) // max(1, workers)))
+    out: list[tuple[int, int]] = []
+    held = 0
+    for n, f in enumerate(frames):
+        if not out or out[-1][1] - out[-1][0] >= cap or held >= BATCH_FRAMES:
+            out.append((n, n))
+            held = 0
+        out[-1] = (out[-1][0], n + 1)
+        held += f
+    return out
+
+
+def split_batch(staging: Path, batch: list[UnitWork], info: DatasetInfo) -> int:
+    """One pool task: ``split_units`` with the batch's directories checked once (confine)."""
+    with confine.checked_dirs():
+        return split_units(staging, batch, info)
+
+
+class _Units(Sequence["pool.Unit"]):
+    """The pool tasks of the units to build, each made when the pool takes it: a UnitWork
+    carries the episode's parsed source statistics (about 30 KB for two cameras), so making
+    every task up front held them all at once (issue 28)."""
+
+    def __init__(self, plan: SplitPlan, staging: Path, info: DatasetInfo, faults: Faults,
+                 todo: tuple[array[int], array[int]], workers: int) -> None:
+        self.plan, self.staging, self.info, self.faults, self.todo = plan, staging, info, faults, todo
+        lists = list(plan.subsets.values())
+        self._lists = lists
+        self.bounds = batches([lists[s].rows_at(n) for s, n in zip(*todo, strict=True)], workers)
+
+    def __len__(self) -> int:
+        return len(self.bounds)
+
+    def _work(self, k: int) -> UnitWork:
+        p = self._lists[self.todo[0][k]][self.todo[1][k]]
+        ep_stats = self.plan.checks[p.source_no].meta.episodes_stats
+        src_stats = ep_stats[p.source.index].stats if p.source.index in ep_stats else {}
+        return UnitWork(p, src_stats, self.faults.fail_at == f"unit:{p.source.index}")
+
+    def __getitem__(self, b: Any) -> Any:
+        if isinstance(b, slice):
+            return [self[i] for i in range(*b.indices(len(self)))]
+        start, end = self.bounds[b]
+        work = [self._work(k) for k in range(start, end)]
+        return pool.Unit("; ".join(unit_name(w.planned) for w in work), split_batch, (self.staging, work, self.info))
+
+    def __iter__(self) -> Iterator[pool.Unit]:
+        for b in range(len(self)):
+            yield self[b]
+
+
+def build_units(plan: SplitPlan, staging: Path, progress: SplitProgress, faults: Faults) -> tuple[int, int]:
+    """Build every unit without a valid record; returns (reused, built).
+
+    Units are independent (each has its own files and record), so batches of them run on the
+    active eva_export.pool executor (worker processes, or Ray tasks); progress is reported from
+    this thread as each batch finishes. A failure stops the export after the batches already
+    running finish: their committed units are kept for the rerun.
+    """
+    info = plan.info
+    reused = 0
+    order = list(plan.subsets)
+    todo: tuple[array[int], array[int]] = (array("l"), array("q"))  # (subset, position) of the units to build
+    for p in plan.in_source_order():
+        if unit_record(staging, p).is_file() and unit_is_complete(staging, p, info):
+            reused += 1
+            progress.on_unit(p, 1 + len(p.source.video_paths), p.source.bytes, True)
+            continue
+        unit_record(staging, p).unlink(missing_ok=True)
+        todo[0].append(order.index(p.subset))
+        todo[1].append(p.new_index)
+    active = pool.active()
+    units = _Units(plan, staging, info, faults, todo, active.workers if active is not None else 1)
+    built = 0
+
+    def done(u: pool.Unit, _nbytes: int) -> None:
+        nonlocal built
+        for w in u.args[1]:
+            built += 1
+            faults.passed.append(f"unit:{w.planned.source.index}")
+            progress.on_unit(w.planned, 1 + len(w.planned.source.video_paths), w.planned.source.bytes, False)
+
+    pool.run_units(units, done)
+    return reused, built

@@ -1,0 +1,72 @@
+"""The split's memory is flat in the episode count (issue 28): no object per episode is held.
+
+tracemalloc counts the Python allocations of validation, planning and the whole native split
+(units, assembly) of the same short episodes at N and 4N episodes: what grows per episode
+is the source's own episode rows (about 1 KB each) and its statistics index, never the SourceEpisode / PlannedEpisode
+objects (3-4 KB each) or every episode's parsed statistics (tens of KB each) that the job
+held before. Deterministic: the same inputs make the same allocations (the cyclic collector is
+off while counting, and a first split warms every lazy import and cache).
+"""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+from pathlib import Path
+
+import pytest
+from dsfactory import Ep, make_dataset
+
+from eva_export.dataset.records import FORMAT_V21
+from eva_export.dataset.validate import validate_source
+from eva_export.export.split import NativeSplit, plan_split, prepare_staging
+
+SMALL, BIG = 12, 48
+#: Bytes each extra episode may add. Measured here: about 2.0 KB held (the episode row and the
+#: statistics index entry) and 2.3 KB at the peak; a SourceEpisode and a PlannedEpisode per
+#: episode add 3-4 KB more held, and every episode's parsed statistics tens of KB at the peak.
+HELD_PER_EPISODE = 3000
+PEAK_PER_EPISODE = 4000
+
+
+def _source(root: Path, n: int) -> Path:
+    return make_dataset(root / "raw", [Ep(frames=2, quality="green" if i % 3 else "red") for i in range(n)],
+                        cameras=1, width=32, height=24)
+
+
+def _measure(src: Path, staging: Path) -> tuple[int, int]:
+    """(bytes held by the validated source and its plan, peak bytes of the whole split)."""
+    gc.collect()
+    gc.disable()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        check = validate_source(src)
+        prepare_staging(staging, check.root, FORMAT_V21, check.source_hash)
+        plan = plan_split(check)
+        held = tracemalloc.get_traced_memory()[0] - base
+        tracemalloc.reset_peak()
+        res = NativeSplit(check, staging, "job").run()
+        peak = tracemalloc.get_traced_memory()[1] - base
+        del plan
+    finally:
+        tracemalloc.stop()
+        gc.enable()
+    assert sum(s.episodes for s in res.subsets.values()) == len(check.episodes)
+    return held, peak
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    base = tmp_path_factory.mktemp("memory")
+    return {n: _source(base / f"n{n}", n) for n in (SMALL, BIG)}
+
+
+def test_split_memory_is_flat_in_the_episode_count(sources: dict[int, Path], tmp_path: Path) -> None:
+    _measure(sources[SMALL], tmp_path / "warm")  # lazy imports and caches, not counted
+    held_small, peak_small = _measure(sources[SMALL], tmp_path / "small")
+    held_big, peak_big = _measure(sources[BIG], tmp_path / "big")
+    extra = BIG - SMALL
+    held_each, peak_each = (held_big - held_small) / extra, (peak_big - peak_small) / extra
+    assert held_each < HELD_PER_EPISODE, f"{held_each:.0f} bytes held per extra episode ({held_small} -> {held_big})"
+    assert peak_each < PEAK_PER_EPISODE, f"{peak_each:.0f} peak bytes per extra episode ({peak_small} -> {peak_big})"
