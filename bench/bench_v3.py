@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """lerobot_v3 export against LeRobot 0.4.4's converter: whole processes, interleaved pairs.
 
-    python bench/bench_v3.py [--quick] [--rounds N] [--keep DIR]
+    python bench/bench_v3.py [--quick] [--rounds N] [--keep DIR] [--baseline OTHER_CHECKOUT]
 
 Two shapes of the same kind of raw v2.1 dataset (all episodes accepted):
 
@@ -17,9 +17,19 @@ Each round runs, one after the other, three whole processes (imports included):
   the raw source, quality split, convert, verify, publish);
 * LeRobot 0.4.4's ``convert_dataset_v21_to_v30`` on a copy of the same episodes (in
   /tmp/lerobot044's venv; bench_parallel.LEROBOT_SNIPPET).
- Wall time and peak RSS come from wait4 on each
+
+Wall time, CPU seconds (user + system, children included) and peak RSS come from wait4 on each
 process (ru_maxrss covers its reaped children). Medians over the rounds, the ratio as the median of
 the rounds' pairs; the load average is printed with every goal line. Writes bench/out/v3.json.
+
+Bytecode: an installed package (pip, colcon) is byte-compiled at install, as LeRobot's venv is;
+this checkout is not, and with PYTHONDONTWRITEBYTECODE set every process would compile its
+modules again (0.1-0.3 s of each run). The checkouts are byte-compiled once, in place (their
+__pycache__ folders are git-ignored), so both sides start as installs do.
+
+``--baseline DIR``: the job and the conversion also run from another checkout (e.g. the main
+branch) in the same rounds, interleaved, so a change is measured against its parent under the
+same load.
 """
 
 from __future__ import annotations
@@ -43,28 +53,50 @@ sys.path[:0] = [str(REPO), str(REPO / "tests"), str(HERE)]
 GOAL = 0.2
 
 
-def timed_process(cmd: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MiB) of one whole process, from wait4."""
+Timing = tuple[float, float, float]  # wall s, peak RSS MiB, CPU s
+
+
+def precompile(repos: list[Path]) -> None:
+    """Byte-compile every module of ``repos`` into their __pycache__ (git-ignored), as an install
+    does. Not PYTHONPYCACHEPREFIX: with it set, the site-packages' own caches are ignored too."""
+    for repo in repos:
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(repo / "eva_export")], check=True,
+                       stdout=subprocess.DEVNULL)
+
+
+# ru_maxrss of a child forked from this (large) process starts at this process's RSS (Linux keeps
+# the high-water mark across exec): the command runs under a small launcher (python -S, a few MB),
+# which forks it and reports the grandchild's own rusage.
+LAUNCHER = """
+import os, sys
+pid = os.fork()
+if pid == 0:
+    fd = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(fd, 1)
+    os.execvp(sys.argv[1], sys.argv[1:])
+_, status, ru = os.wait4(pid, 0)
+print(os.waitstatus_to_exitcode(status), ru.ru_maxrss, ru.ru_utime + ru.ru_stime)
+"""
+
+
+def timed_process(cmd: list[str], env: dict[str, str], cwd: Path) -> Timing:
+    """Wall seconds, peak RSS (MiB) and CPU seconds of one whole process, from wait4."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    assert proc.stderr is not None
-    err = proc.stderr.read()
-    _pid, status, usage = os.wait4(proc.pid, 0)
+    proc = subprocess.run([sys.executable, "-S", "-c", LAUNCHER, *cmd], env=env, cwd=cwd, capture_output=True)
     dt = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{cmd[:4]} failed ({proc.returncode}): {err.decode(errors='replace')[-2000:]}")
-    return dt, usage.ru_maxrss / 1024
+    code, maxrss_kib, cpu = proc.stdout.split()[-3:]
+    if proc.returncode != 0 or int(code) != 0:
+        raise RuntimeError(f"{cmd[:4]} failed ({int(code)}): {proc.stderr.decode(errors='replace')[-2000:]}")
+    return dt, int(maxrss_kib) / 1024, float(cpu)
 
 
-def ours(raw: Path) -> tuple[float, float]:
+def ours(raw: Path, env: dict[str, str], repo: Path = REPO) -> Timing:
     from eva_export.export.paths import export_root
 
     shutil.rmtree(export_root(raw), ignore_errors=True)
     shutil.rmtree(raw.parent.parent / ".jobs", ignore_errors=True)
-    env = dict(os.environ, PYTHONPATH=str(REPO))
     res = timed_process([sys.executable, "-m", "eva_export.cli", "export", str(raw), "--format", "lerobot_v3"],
-                        env, REPO)
+                        dict(env, PYTHONPATH=str(repo)), repo)
     assert (export_root(raw) / "lerobot_v3" / "accepted" / "meta" / "info.json").is_file()
     return res
 
@@ -79,18 +111,18 @@ sys.exit(0 if report.ok else f"verify: {report.errors[:3]}")
 """
 
 
-def ours_convert(subset: Path, work: Path) -> tuple[float, float]:
+def ours_convert(subset: Path, work: Path, env: dict[str, str], repo: Path = REPO) -> Timing:
     """The conversion the converter does (v2.1 subset in, verified v3 out), as its own process."""
     out = work / "v3out"
     shutil.rmtree(out, ignore_errors=True)
     try:
         return timed_process([sys.executable, "-c", CONVERT, str(subset), str(out)],
-                             dict(os.environ, PYTHONPATH=str(REPO)), REPO)
+                             dict(env, PYTHONPATH=str(repo)), repo)
     finally:
         shutil.rmtree(out, ignore_errors=True)
 
 
-def theirs(subset: Path, work: Path) -> tuple[float, float] | None:
+def theirs(subset: Path, work: Path) -> Timing | None:
     from bench_parallel import LEROBOT_PY, LEROBOT_SNIPPET, lerobot_copy
 
     if not LEROBOT_PY.is_file():
@@ -131,12 +163,65 @@ def build(work: Path, quick: bool) -> dict[str, tuple[Path, Path]]:
     return out
 
 
+ROWS = (("convert", "lerobot_v3 conversion + verify (v2.1 subset in)"),
+        ("job", "whole export job (validate, split, convert, verify, publish)"))
+
+
+def one_shape(raw: Path, subset: Path, work: Path, env: dict[str, str], rounds: int,
+              baseline: Path | None) -> dict[str, list[Timing]]:
+    """Interleaved rounds: each round runs every process once, back to back."""
+    runs: dict[str, list[Timing]] = {"job": [], "convert": [], "lerobot": [], "job_base": [], "convert_base": []}
+    for _ in range(max(1, rounds)):
+        runs["job"].append(ours(raw, env))
+        if baseline is not None:
+            runs["job_base"].append(ours(raw, env, baseline))
+        runs["convert"].append(ours_convert(subset, work, env))
+        if baseline is not None:
+            runs["convert_base"].append(ours_convert(subset, work, env, baseline))
+        t = theirs(subset, work)
+        if t is not None:
+            runs["lerobot"].append(t)
+    return {k: v for k, v in runs.items() if v}
+
+
+def report_shape(shape: str, runs: dict[str, list[Timing]], load: tuple[float, float],
+                 row: dict[str, Any]) -> list[tuple[str, str]]:
+    """The table lines and goal lines of one shape (and the pair ratios into ``row``)."""
+    med = {k: tuple(statistics.median(r[i] for r in v) for i in range(3)) for k, v in runs.items()}
+    load_s = f"load {load[0]:.1f}-{load[1]:.1f}"
+    lines = []
+    for k, label in ROWS:
+        o_s, o_m, o_c = med[k]
+        line = f"| {label}, {shape} | {o_s:.2f} s, {o_c:.2f} CPU s, {o_m:.0f} MiB |"
+        if f"{k}_base" in med:
+            b_s, b_m, b_c = med[f"{k}_base"]
+            pair_b = statistics.median(o[0] / b[0] for o, b in zip(runs[k], runs[f"{k}_base"], strict=False))
+            row[f"{k}_vs_baseline"] = pair_b
+            line += f" {b_s:.2f} s, {b_c:.2f} CPU s, {b_m:.0f} MiB ({pair_b:.2f}x) |"
+        if "lerobot" in med:
+            t_s, t_m, t_c = med["lerobot"]
+            # each round's pair ran back to back under the same load: its ratio is the measure
+            pair = statistics.median(o[0] / t[0] for o, t in zip(runs[k], runs["lerobot"], strict=False))
+            row[f"{k}_ratio"] = pair
+            line += (f" {t_s:.2f} s, {t_c:.2f} CPU s, {t_m:.0f} MiB | {pair:.2f}x wall (median of the pairs), "
+                     f"{o_c / t_c:.2f}x CPU, {o_m / t_m:.2f}x memory | {load_s} |")
+            verdict = "met" if pair <= GOAL else "NOT met"
+            goal = (f"goal v3 <= {GOAL}x converter ({k}, {shape}): {verdict} ({pair:.2f}x; "
+                    f"load average {load[0]:.1f}-{load[1]:.1f})")
+        else:
+            line += " n/a | n/a | |"
+            goal = f"goal v3 <= {GOAL}x converter ({k}, {shape}): not measured (no /tmp/lerobot044)"
+        lines.append((line, goal))
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="6 x 120 long episodes, 300 short ones, 3 rounds")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--keep", type=Path, default=None, help="build (or reuse) the sources here, keep them")
     ap.add_argument("--only", choices=("long", "short"), default=None)
+    ap.add_argument("--baseline", type=Path, default=None, help="another checkout, run in the same rounds")
     ap.add_argument("--out", type=Path, default=HERE / "out/v3.json")
     a = ap.parse_args()
     work = a.keep or Path(tempfile.mkdtemp(prefix="eva_bench_v3_"))
@@ -144,41 +229,18 @@ def main() -> int:
     results: dict[str, Any] = {"cpus": os.cpu_count(), "rounds": a.rounds}
     lines = []
     try:
+        precompile([REPO] + ([a.baseline.resolve()] if a.baseline else []))
+        env = dict(os.environ)
         for shape, (raw, subset) in build(work, a.quick).items():
             if a.only and a.only not in shape:
                 continue
             load0 = os.getloadavg()[0]
-            runs: dict[str, list[tuple[float, float]]] = {"job": [], "convert": [], "lerobot": []}
-            for _ in range(max(1, a.rounds)):  # interleaved: one of each per round
-                runs["job"].append(ours(raw))
-                runs["convert"].append(ours_convert(subset, work))
-                t = theirs(subset, work)
-                if t is not None:
-                    runs["lerobot"].append(t)
-            load1 = os.getloadavg()[0]
-            row: dict[str, Any] = {k: {"s": [r[0] for r in v], "rss_mib": [r[1] for r in v]} for k, v in runs.items()}
-            row["load"] = [load0, load1]
-            med = {k: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v))
-                   for k, v in runs.items() if v}
-            load = f"load {load0:.1f}-{load1:.1f}"
-            for k, label in (("convert", "lerobot_v3 conversion + verify (v2.1 subset in)"),
-                             ("job", "whole export job (validate, split, convert, verify, publish)")):
-                o_s, o_m = med[k]
-                line = f"| {label}, {shape} | {o_s:.2f} s, {o_m:.0f} MiB |"
-                if "lerobot" in med:
-                    t_s, t_m = med["lerobot"]
-                    # each round's pair ran back to back under the same load: its ratio is the measure
-                    pair = statistics.median(o[0] / t[0] for o, t in zip(runs[k], runs["lerobot"], strict=False))
-                    row[f"{k}_ratio"] = pair
-                    line += (f" {t_s:.2f} s, {t_m:.0f} MiB | {pair:.2f}x wall (median of the pairs), "
-                             f"{o_m / t_m:.2f}x memory | {load} |")
-                    verdict = "met" if pair <= GOAL else "NOT met"
-                    goal = (f"goal v3 <= {GOAL}x converter ({k}, {shape}): {verdict} ({pair:.2f}x; "
-                            f"load average {load0:.1f}-{load1:.1f})")
-                else:
-                    line += " n/a | n/a | |"
-                    goal = f"goal v3 <= {GOAL}x converter ({k}, {shape}): not measured (no /tmp/lerobot044)"
-                lines.append((line, goal))
+            runs = one_shape(raw, subset, work, env, a.rounds, a.baseline.resolve() if a.baseline else None)
+            load = (load0, os.getloadavg()[0])
+            row: dict[str, Any] = {k: {"s": [r[0] for r in v], "rss_mib": [r[1] for r in v],
+                                       "cpu_s": [r[2] for r in v]} for k, v in runs.items()}
+            row["load"] = list(load)
+            lines += report_shape(shape, runs, load, row)
             results[shape] = row
     finally:
         if a.keep is None:
@@ -186,7 +248,9 @@ def main() -> int:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(results, indent=2))
     print(f"cpus {os.cpu_count()}; medians of {a.rounds} interleaved rounds (whole processes, wait4)")
-    print("\n| eva_export, shape | wall, peak RSS | LeRobot 0.4.4 converter | ratio | load |\n|---|---|---|---|---|")
+    base = f" baseline {a.baseline} |" if a.baseline else ""
+    print(f"\n| eva_export, shape | wall, CPU, peak RSS |{base} LeRobot 0.4.4 converter | ratio | load |")
+    print("|---|---|" + ("---|" if a.baseline else "") + "---|---|---|")
     for line, _ in lines:
         print(line)
     print()

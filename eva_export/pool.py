@@ -187,6 +187,25 @@ def _unpickle_error(blob: bytes) -> BaseException | None:
 # A worker costs ~0.3-1 s of imports on its start and competes with the caller for the
 # cores: units whose projected remaining work is below this run in the caller instead.
 SERIAL_BUDGET_S = 1.0
+_SCHEDSTAT = "/proc/thread-self/schedstat"
+
+
+def run_delay_s() -> float:
+    """Seconds this thread has spent runnable but waiting for a core (Linux schedstat; 0 where
+    the kernel does not say)."""
+    try:
+        with open(_SCHEDSTAT, "rb") as fh:
+            return int(fh.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def projected_rest_s(wall_s: float, waited_s: float, done: int, left: int) -> float:
+    """The work left if each unit takes what the done ones took, less their wait for a core: on a
+    machine whose cores are busy a unit's wall time is mostly that wait, which more processes do
+    not shorten (they add their start-up to it); a unit waiting on I/O or sleeping is not
+    waiting for a core, and runs faster in parallel."""
+    return max(0.0, wall_s - waited_s) / max(1, done) * left
 
 
 class LocalPool:
@@ -208,15 +227,21 @@ class LocalPool:
 
     def _run_serial_while_cheap(self, units: Sequence[Unit], on_done: Done) -> int:
         """Run units in the caller while the projected rest is cheap; returns how many ran."""
-        t0 = time.perf_counter()
+        t0, w0 = time.perf_counter(), run_delay_s()
         done = 0
         while done < len(units):
             u = units[done]
             on_done(u, u.fn(*u.args))  # as serial mode: exceptions propagate unchanged
             done += 1
             self.serial_units += 1
-            per_unit = (time.perf_counter() - t0) / done
-            if per_unit * (len(units) - done) > SERIAL_BUDGET_S:
+            rest = projected_rest_s(time.perf_counter() - t0, run_delay_s() - w0, max(1, done - 1), len(units) - done)
+            if done == 1:
+                # The first unit pays the cold start (lazy imports, caches): it only decides when
+                # it is clearly heavy; the units after it are the measure.
+                t0, w0 = time.perf_counter(), run_delay_s()
+                if rest > 4 * SERIAL_BUDGET_S:
+                    break
+            elif rest > SERIAL_BUDGET_S:
                 break
         return done
 

@@ -146,3 +146,20 @@ def test_stat_column_with_a_gap_holds_a_null_there() -> None:
     got = col.arrow(4)
     assert got.to_pylist() == [[1.0], None, [3.0], None]
     assert got.type == pa.list_(pa.float64())
+
+
+def test_only_small_files_keep_their_packets(source: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file over KEEP_FILE_BYTES is probed (codec, reorder lead) but not kept: the copy opens it
+    again, so long episodes do not hold megabytes of packets until they are copied."""
+    meta = read_meta(source)
+    key = meta.info.video_keys[0]
+    paths = [(e.episode_index, meta.video_path(key, e.episode_index)) for e in meta.episodes[:4]]
+    sizes = sorted(p.stat().st_size for _, p in paths)
+    monkeypatch.setattr(v3_probe, "KEEP_FILE_BYTES", sizes[1])  # the two smallest fit, the others not
+    probes = v3_probe.Probes(FPS, budget=1 << 30)
+    probes.take_all(paths)
+    got = {i: probes.pop(i) for i, _ in paths}
+    assert all(p is not None for p in got.values())
+    kept = {i for i, p in got.items() if p is not None and p.packets is not None}
+    small = {i for i, p in paths if p.stat().st_size <= sizes[1]}
+    assert kept == small and 2 <= len(kept) < len(paths)

@@ -2,11 +2,14 @@
 
 The v3 shards need every camera's reorder delay before the first shard opens (v3_video), which
 took one open of every episode MP4 before the one that copies it: on 1000 short episodes that
-second open was most of the video time. ``probe`` reads a file once; a file that fits the job's
-byte budget keeps its packets (``Probe.packets``), which ``VideoShards.add`` then copies without
-opening the file again. The budget is fixed (``PACKET_BUDGET``), so memory does not grow with the
-episode count: past it, files are probed as before (the first ``DELAY_PROBE_PACKETS``) and
-opened again when copied.
+second open was most of the video time. ``probe`` reads a file once; a small file
+(``KEEP_FILE_BYTES``) that fits the job's byte budget keeps its packets (``Probe.packets``), which
+``VideoShards.add`` then copies without opening the file again. Only small files: the open saved
+is a few milliseconds, worth keeping a few KB for, not megabytes (long episodes held up to the
+budget made the peak memory grow with the episode length). The budget is fixed
+(``PACKET_BUDGET``), so memory does not grow with the episode count either: past it, and for
+larger files, files are probed as before (the first ``DELAY_PROBE_PACKETS``) and opened again
+when copied.
 
 Times are integers in the stream's time base (``num/den`` seconds per tick); the grid and
 tolerance tests below are exact integer forms of the Fraction ones (10^5 packets of Fraction
@@ -23,7 +26,8 @@ from typing import Any
 import av
 
 DELAY_PROBE_PACKETS = 64
-PACKET_BUDGET = 32 * 1024 * 1024  # bytes of packets kept per camera and job, whatever the episode count
+PACKET_BUDGET = 16 * 1024 * 1024  # bytes of packets kept per camera and job, whatever the episode count
+KEEP_FILE_BYTES = 1024 * 1024  # larger files are opened again to copy (an open is ~1% of reading them)
 TOLERANCE_DEN = 10000  # LeRobotDataset's tolerance_s = 1 / 10000 s
 
 
@@ -129,7 +133,7 @@ class Probes:
     def take_all(self, paths: list[tuple[int, Path]]) -> None:
         for episode_index, path in paths:
             try:
-                small = path.stat().st_size <= self.left
+                small = path.stat().st_size <= min(self.left, KEEP_FILE_BYTES)
             except OSError:
                 continue  # missing: the copy names it
             p = probe(path, self.fps, keep=small)
