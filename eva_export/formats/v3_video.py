@@ -95,9 +95,10 @@ class NotPlaceable(Exception):
 
 @dataclass(frozen=True)
 class Placed:
-    data: bytes
+    packet: Any  # the demuxed av.Packet, muxed once, re-timed
     pts: int
     keyframe: bool
+    size: int
 
 
 class VideoShards:
@@ -221,7 +222,7 @@ class VideoShards:
             if not on_grid:
                 t = (int(p.pts or 0) - base) * tb
                 raise NotPlaceable(f"a frame at {float(t):.6f} s is off the {self.fps} fps grid")
-            out.append(Placed(p.data, i, p.keyframe))
+            out.append(Placed(p.packet, i, p.keyframe, p.size))
         if sorted(q.pts for q in out) != list(range(rows)):
             raise NotPlaceable("its frames are not one per frame slot")
         for k, q in enumerate(out):  # decode clock k*F - D must not pass the frame's own time
@@ -233,7 +234,7 @@ class VideoShards:
         before = self.frames
         tb = Fraction(1, self.timescale)
         for k, p in enumerate(placed):
-            pkt = av.Packet(p.data)
+            pkt = p.packet
             pkt.time_base = tb
             pkt.pts = (before + p.pts) * self.tick
             pkt.dts = (before + k) * self.tick - self.delay
@@ -241,7 +242,7 @@ class VideoShards:
             pkt.is_keyframe = p.keyframe
             pkt.stream = self.stream
             self.container.mux(pkt)
-            self.size += len(p.data)
+            self.size += p.size
         self.frames += len(placed)
         return Locator(self.loc.chunk_index, self.loc.file_index), before
 
