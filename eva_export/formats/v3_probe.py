@@ -42,16 +42,12 @@ class CodecParams:
 
 @dataclass(frozen=True)
 class Pkt:
-    """A demuxed packet and its times (stream time base), kept after its file is closed.
+    """A demuxed packet's bytes and times (stream time base), kept after its file is closed."""
 
-    ``packet`` is PyAV's own packet (its buffer is reference-counted, valid after the close): the
-    shard muxes that object re-timed, with no copy of its bytes and no second packet built."""
-
-    packet: Any
+    data: bytes
     pts: int | None
     dts: int | None
     keyframe: bool
-    size: int
 
 
 @dataclass(frozen=True)
@@ -98,7 +94,7 @@ def lead_of(pts: list[int], tb: Fraction, fps: int) -> int:
 
 
 def packets_of(container: Any, stream: Any) -> list[Pkt]:
-    return [Pkt(p, p.pts, p.dts, bool(p.is_keyframe), p.size) for p in container.demux(stream) if p.size > 0]
+    return [Pkt(bytes(p), p.pts, p.dts, bool(p.is_keyframe)) for p in container.demux(stream) if p.size > 0]
 
 
 def probe(path: Path, fps: int, keep: bool) -> Probe | None:
@@ -144,7 +140,7 @@ class Probes:
             if p is None:
                 continue
             if p.packets is not None:
-                self.left -= sum(k.size for k in p.packets)
+                self.left -= sum(len(k.data) for k in p.packets)
             self.lead = max(self.lead, p.lead_frames)
             self._held[episode_index] = p
 

@@ -95,10 +95,9 @@ class NotPlaceable(Exception):
 
 @dataclass(frozen=True)
 class Placed:
-    packet: Any  # the demuxed av.Packet, muxed once, re-timed
+    data: bytes
     pts: int
     keyframe: bool
-    size: int
 
 
 class VideoShards:
@@ -222,7 +221,7 @@ class VideoShards:
             if not on_grid:
                 t = (int(p.pts or 0) - base) * tb
                 raise NotPlaceable(f"a frame at {float(t):.6f} s is off the {self.fps} fps grid")
-            out.append(Placed(p.packet, i, p.keyframe, p.size))
+            out.append(Placed(p.data, i, p.keyframe))
         if sorted(q.pts for q in out) != list(range(rows)):
             raise NotPlaceable("its frames are not one per frame slot")
         for k, q in enumerate(out):  # decode clock k*F - D must not pass the frame's own time
@@ -234,7 +233,7 @@ class VideoShards:
         before = self.frames
         tb = Fraction(1, self.timescale)
         for k, p in enumerate(placed):
-            pkt = p.packet
+            pkt = av.Packet(p.data)
             pkt.time_base = tb
             pkt.pts = (before + p.pts) * self.tick
             pkt.dts = (before + k) * self.tick - self.delay
@@ -242,7 +241,7 @@ class VideoShards:
             pkt.is_keyframe = p.keyframe
             pkt.stream = self.stream
             self.container.mux(pkt)
-            self.size += p.size
+            self.size += len(p.data)
         self.frames += len(placed)
         return Locator(self.loc.chunk_index, self.loc.file_index), before
 
