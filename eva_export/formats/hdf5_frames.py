@@ -20,8 +20,6 @@ Compressed datasets (lzf, gzip) keep h5py's own write path and get no digest.
 from __future__ import annotations
 
 import os
-import queue
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import ExportError, VideoError
-from .written import RegionHasher, start_writeback
+from .written import RegionHasher, StepThread, start_writeback
 
 FRAMES_PER_WRITE = 8  # ~7 MB per pwritev at 640x480: large for the disk, small in memory
 
@@ -102,7 +100,10 @@ def as_frame(frame: NDArray[Any]) -> NDArray[Any]:
     return np.ascontiguousarray(frame, dtype=np.uint8)
 
 
-class BackgroundWrites:
+Writes = StepThread[tuple[list[Any], int]]  # (frames for adjacent chunks, file offset of the first)
+
+
+def background_writes(fd: int, depth: int = 2) -> Writes:
     """``pwritev`` calls on a thread of their own, at most ``depth`` batches behind the caller.
 
     The kernel's write path (page cache, dirty-page throttling) took 57% of the writer's wall
@@ -111,46 +112,12 @@ class BackgroundWrites:
     the next ``put`` or ``drain``.
     """
 
-    _END = None
+    def write(item: tuple[list[Any], int]) -> None:
+        views, offset = item
+        pwritev_all(fd, views, offset)
+        start_writeback(fd, offset, sum(memoryview(v).nbytes for v in views))
 
-    def __init__(self, fd: int, depth: int = 2) -> None:
-        self._fd = fd
-        self._q: queue.Queue[tuple[list[Any], int] | None] = queue.Queue(maxsize=depth)
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="hdf5-writes", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            item = self._q.get()
-            try:
-                if item is None:
-                    return
-                if self._error is None:  # after a failure, drop the rest: the file is discarded
-                    pwritev_all(self._fd, *item)
-                    start_writeback(self._fd, item[1], sum(memoryview(v).nbytes for v in item[0]))
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                self._error = exc
-            finally:
-                self._q.task_done()
-
-    def _raise(self) -> None:
-        if self._error is not None:
-            err, self._error = self._error, None
-            raise err
-
-    def put(self, views: list[Any], offset: int) -> None:
-        self._raise()
-        self._q.put((views, offset))
-
-    def drain(self) -> None:
-        """Every write put so far is in the file (the page cache)."""
-        self._q.join()
-        self._raise()
-
-    def close(self) -> None:
-        self._q.put(self._END)
-        self._thread.join()
+    return StepThread(write, "hdf5-writes", depth)
 
 
 @dataclass
@@ -168,17 +135,17 @@ class CameraOut:
     done: bool = False
 
 
-def _flush(out: BackgroundWrites, cam: CameraOut, hasher: RegionHasher | None, hashing: bool) -> None:
+def _flush(out: Writes, cam: CameraOut, hasher: RegionHasher | None, hashing: bool) -> None:
     if not cam.batch:
         return
     if hasher is not None and hashing:
         hasher.data(cam.at, cam.batch)
-    out.put(cam.batch, cam.at)
+    out.put((cam.batch, cam.at))
     cam.end = cam.at + sum(f.nbytes for f in cam.batch)
     cam.batch = []
 
 
-def _take(out: BackgroundWrites, cam: CameraOut, hasher: RegionHasher | None, hashing: bool, episode_index: int) -> bool:
+def _take(out: Writes, cam: CameraOut, hasher: RegionHasher | None, hashing: bool, episode_index: int) -> bool:
     """The camera's next frame into its batch; False once the camera has ended (counts checked)."""
     rows = len(cam.offsets)
     try:
@@ -213,7 +180,7 @@ def write_cameras(fd: int, cams: list[CameraOut], hasher: RegionHasher | None, e
     what a later camera wrote meanwhile is hashed from the page cache when its turn comes.
     """
     head = 0
-    out = BackgroundWrites(fd)
+    out = background_writes(fd)
     try:
         while head < len(cams):
             for i, cam in enumerate(cams):

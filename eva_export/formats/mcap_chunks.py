@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import queue
 import struct
 import threading
 import zlib
@@ -42,7 +41,7 @@ from mcap.records import (
     SummaryOffset,
 )
 
-from .written import start_writeback
+from .written import StepThread, start_writeback
 
 MAGIC = b"\x89MCAP0\r\n"
 _MESSAGE_HEAD = struct.Struct("<BQHIQQ")  # opcode, record length, channel, sequence, log and publish time
@@ -87,43 +86,33 @@ def _shared_pool(workers: int) -> ThreadPoolExecutor:
         return _POOLS[key]
 
 
-class _Output:
-    """The file's bytes written and hashed in order on a thread of their own, at most ``depth``
-    records behind the writer: the kernel's write path (page cache, dirty-page throttling) and
-    SHA-256 both release the GIL, so they overlap with filling the next chunk. ``release`` runs
-    once its bytes are written (a chunk buffer they were a view of goes back to the writer)."""
+_Piece = tuple[Any, Callable[[], None] | None]  # bytes of the file, and what to run once written
 
-    def __init__(self, fh: BinaryIO, depth: int = 8) -> None:
+
+class _FileBytes:
+    """The step of the writer's output thread (``written.StepThread``, at most 8 pieces behind
+    the writer): the file's bytes written and hashed in order. The kernel's write path (page
+    cache, dirty-page throttling) and SHA-256 both release the GIL, so they overlap with filling
+    the next chunk. ``release`` runs once its bytes are written (a chunk buffer they were a view
+    of goes back to the writer)."""
+
+    def __init__(self, fh: BinaryIO) -> None:
         self._fh = fh
         self.sha = hashlib.sha256()
         self._written = 0  # bytes whose writeback was started
         self._since = 0  # bytes written after those
-        self._q: queue.Queue[tuple[Any, Callable[[], None] | None] | None] = queue.Queue(maxsize=depth)
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="mcap-out", daemon=True)
-        self._thread.start()
 
-    def _run(self) -> None:
-        while True:
-            item = self._q.get()
-            try:
-                if item is None:
-                    return
-                data, release = item
-                if self._error is None:  # after a failure the rest is dropped: the file is discarded
-                    self._write(data)
-                    self.sha.update(data)
-                    self._since += memoryview(data).nbytes
-                    if self._since >= WRITEBACK_BYTES:  # the disk busy while the next chunks compress
-                        start_writeback(self._fh.fileno(), self._written, self._since)
-                        self._written += self._since
-                        self._since = 0
-                if release is not None:
-                    release()
-            except BaseException as exc:  # noqa: BLE001 - raised by the writer's next put or drain
-                self._error = exc
-            finally:
-                self._q.task_done()
+    def step(self, item: _Piece) -> None:
+        data, release = item
+        self._write(data)
+        self.sha.update(data)
+        self._since += memoryview(data).nbytes
+        if self._since >= WRITEBACK_BYTES:  # the disk busy while the next chunks compress
+            start_writeback(self._fh.fileno(), self._written, self._since)
+            self._written += self._since
+            self._since = 0
+        if release is not None:
+            release()
 
     def _write(self, data: Any) -> None:
         view = memoryview(data).cast("B")
@@ -132,24 +121,6 @@ class _Output:
             if not k:
                 raise OSError(f"write returned {k}")
             view = view[k:]
-
-    def _raise(self) -> None:
-        if self._error is not None:
-            err, self._error = self._error, None
-            raise err
-
-    def put(self, data: Any, release: Callable[[], None] | None = None) -> None:
-        self._raise()
-        self._q.put((data, release))
-
-    def drain(self) -> None:
-        self._q.join()
-        self._raise()
-
-    def close(self) -> None:
-        if self._thread.is_alive():
-            self._q.put(None)
-            self._thread.join()
 
 
 @dataclass
@@ -175,7 +146,8 @@ class ChunkWriter:
         self._capacity = chunk_size + (2 << 20)  # a chunk ends at the first message past chunk_size
         self._pending: deque[tuple[_Chunk, Future[tuple[Any, int]]]] = deque()
         self._pos = 0  # bytes written: offsets for the indexes without asking the file
-        self._io = _Output(fh)
+        self._bytes = _FileBytes(fh)
+        self._io: StepThread[_Piece] = StepThread(self._bytes.step, "mcap-out", 8)
         self._chunk = self._new_chunk()
         self._schemas: list[Schema] = []
         self._channels: list[Channel] = []
@@ -186,13 +158,13 @@ class ChunkWriter:
 
     # ---- records outside chunks ----------------------------------------------------------------
     def _out(self, data: Any, release: Callable[[], None] | None = None) -> None:
-        self._io.put(data, release)  # every byte of the file passes here, in order: hashed as written
+        self._io.put((data, release))  # every byte of the file passes here, in order: hashed as written
         self._pos += memoryview(data).nbytes
 
     @property
     def sha256(self) -> str:
         """SHA-256 of the whole file, once ``finish`` returned (the manifest's digest)."""
-        return self._io.sha.hexdigest()
+        return self._bytes.sha.hexdigest()
 
     def _records(self, *records: McapRecord) -> None:
         b = RecordBuilder()

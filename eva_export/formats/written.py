@@ -16,9 +16,11 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import queue
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 _SYNC_FILE_RANGE_WRITE = 2
 _writeback: Callable[[int, int, int, int], int] | bool | None = False  # False: not looked up yet
@@ -44,6 +46,60 @@ def start_writeback(fd: int, offset: int, nbytes: int) -> None:
             _writeback = None
     if callable(_writeback):
         _writeback(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)  # a failure only loses the overlap
+
+
+_T = TypeVar("_T")
+
+
+class StepThread(Generic[_T]):
+    """``step(item)`` for every item put, in order, on a thread of its own, at most ``depth``
+    items behind the caller: the exporters' writes (page cache, dirty-page throttling) and their
+    hashing release the GIL, so they overlap with the caller filling the next item.
+
+    A step that raises (ENOSPC, EIO) is raised in the caller by the next ``put`` or ``drain``,
+    once; the steps after it are dropped, since the caller discards the file. ``close`` always
+    (it joins the thread), after ``drain`` when the file is to be kept.
+    """
+
+    def __init__(self, step: Callable[[_T], None], name: str, depth: int) -> None:
+        self._step = step
+        self._q: queue.Queue[tuple[_T] | None] = queue.Queue(maxsize=depth)  # None: the end
+        self._error: BaseException | None = None  # raised once, by the next put or drain
+        self._failed = False  # stays set: no step runs after a failed one
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            try:
+                if item is None:
+                    return
+                if not self._failed:
+                    self._step(item[0])
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                self._error, self._failed = exc, True
+            finally:
+                self._q.task_done()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+
+    def put(self, item: _T) -> None:
+        self._raise()
+        self._q.put((item,))
+
+    def drain(self) -> None:
+        """Every step put so far has run."""
+        self._q.join()
+        self._raise()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._q.put(None)
+            self._thread.join()
 
 
 @dataclass(frozen=True)

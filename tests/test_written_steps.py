@@ -1,0 +1,96 @@
+"""The exporters' shared background-write thread (``written.StepThread``): a step that fails
+(ENOSPC on its Nth call, counted, so the fault is reached for sure) is raised in the caller once,
+no step runs after it, and both raw-frame writers turn it into a StorageError naming the
+episode file with nothing of that file left behind."""
+
+from __future__ import annotations
+
+import errno
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dsfactory import Ep, make_subset
+
+from eva_export.errors import StorageError
+from eva_export.formats import hdf5_frames, mcap_chunks
+from eva_export.formats.hdf5 import Hdf5Exporter
+from eva_export.formats.mcap_eva import McapExporter
+from eva_export.formats.written import StepThread
+
+
+def _enospc_on_call(n: int, inner: Callable[..., Any], calls: list[int]) -> Callable[..., Any]:
+    """``inner``, except that its ``n``-th call raises ENOSPC instead of running."""
+
+    def step(*args: Any) -> Any:
+        calls.append(1)
+        if len(calls) == n:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return inner(*args)
+
+    return step
+
+
+def test_a_failed_step_is_raised_once_and_no_later_step_runs() -> None:
+    ran: list[int] = []
+    calls: list[int] = []
+    steps: StepThread[int] = StepThread(_enospc_on_call(3, ran.append, calls), "test-steps", depth=2)
+    raised: list[OSError] = []
+    try:
+        for i in range(20):
+            steps.put(i)
+        steps.drain()
+    except OSError as exc:
+        raised.append(exc)
+    steps.drain()  # raised once only: the caller has it
+    steps.close()
+    assert [e.errno for e in raised] == [errno.ENOSPC]
+    assert ran == [0, 1], "a step ran after the failed one, or one before it was lost"
+    assert len(calls) == 3
+    assert not any(t.name == "test-steps" for t in threading.enumerate()), "close left the thread running"
+
+
+def test_steps_run_in_order_and_drain_waits_for_all() -> None:
+    ran: list[int] = []
+    steps: StepThread[int] = StepThread(ran.append, "test-order", depth=3)
+    try:
+        for i in range(100):
+            steps.put(i)
+        steps.drain()
+        assert ran == list(range(100))
+    finally:
+        steps.close()
+    steps.close()  # a second close is harmless (the writers close in finally after finish)
+
+
+def _export_fails(exporter: Any, tmp_path: Path) -> StorageError:
+    src = make_subset(tmp_path / "native", [Ep(frames=40), Ep(frames=40)], cameras=2, width=64, height=48)
+    out = tmp_path / "out"
+    with pytest.raises(StorageError) as info:
+        exporter.export(src, out)
+    assert not list(out.rglob("*.partial")), "the partial episode file was left"
+    return info.value
+
+
+def test_mcap_output_step_failing_names_the_file_and_leaves_nothing(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(mcap_chunks._FileBytes, "step",
+                        _enospc_on_call(5, mcap_chunks._FileBytes.step, calls))
+    err = _export_fails(McapExporter(chunk_size=16 * 1024), tmp_path)
+    assert err.errno == errno.ENOSPC
+    assert "episode_000000.mcap" in str(err) and "episode 0" in str(err), str(err)
+    assert not list((tmp_path / "out").rglob("*.mcap")), "an episode file was published"
+
+
+def test_hdf5_frame_write_failing_names_the_file_and_leaves_nothing(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(hdf5_frames, "pwritev_all", _enospc_on_call(2, hdf5_frames.pwritev_all, calls))
+    err = _export_fails(Hdf5Exporter(), tmp_path)
+    assert err.errno == errno.ENOSPC
+    assert "episode_000000.hdf5" in str(err) and "episode 0" in str(err), str(err)
+    assert not list((tmp_path / "out").rglob("*.hdf5")), "an episode file was published"
+    assert len(calls) == 2, "frame writes went on after the failed one"
