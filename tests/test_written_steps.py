@@ -6,6 +6,7 @@ episode file with nothing of that file left behind."""
 from __future__ import annotations
 
 import errno
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -94,3 +95,17 @@ def test_hdf5_frame_write_failing_names_the_file_and_leaves_nothing(tmp_path: Pa
     assert "episode_000000.hdf5" in str(err) and "episode 0" in str(err), str(err)
     assert not list((tmp_path / "out").rglob("*.hdf5")), "an episode file was published"
     assert len(calls) == 2, "frame writes went on after the failed one"
+
+
+def test_pwritev_all_writes_more_buffers_than_one_call_takes(tmp_path: Path) -> None:
+    from eva_export.formats.written import pwritev_all
+
+    parts = [bytes([i % 251]) * (1 + i % 7) for i in range(3000)]  # past Linux's 1024 per call
+    path = tmp_path / "f.bin"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        os.pwrite(fd, b"head", 0)
+        pwritev_all(fd, parts, 4)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"head" + b"".join(parts)

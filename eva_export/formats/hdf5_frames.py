@@ -19,7 +19,6 @@ Compressed datasets (lzf, gzip) keep h5py's own write path and get no digest.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +28,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import ExportError, VideoError
-from .written import RegionHasher, StepThread, start_writeback
+from .written import RegionHasher, StepThread, pwritev_all, start_writeback
 
 FRAMES_PER_WRITE = 8  # ~7 MB per pwritev at 640x480: large for the disk, small in memory
 
@@ -66,21 +65,6 @@ def chunk_offsets(ds: h5py.Dataset, rows: int, frame_bytes: int) -> list[int]:
     if min(offsets, default=0) < 0:
         raise ExportError(f"{ds.name}: HDF5 did not allocate every chunk at creation")
     return offsets
-
-
-def pwritev_all(fd: int, views: list[Any], offset: int) -> None:
-    """``views`` written at ``offset``; a short write (rare on files) is continued."""
-    views = [memoryview(v).cast("B") for v in views]
-    while views:
-        n = os.pwritev(fd, views, offset)
-        if n <= 0:
-            raise OSError(f"pwritev wrote {n} bytes at {offset}")
-        offset += n
-        while views and n >= views[0].nbytes:
-            n -= views[0].nbytes
-            views.pop(0)
-        if views and n:
-            views[0] = views[0][n:]
 
 
 def first_frame(frames: Iterator[NDArray[Any]], episode_index: int, key: str, rows: int) -> NDArray[Any]:

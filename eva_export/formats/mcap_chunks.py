@@ -2,12 +2,15 @@
 
 mcap's own ``Writer`` copies every message three times on the caller's thread (into its
 chunk builder, out of it, into the chunk record) and compresses there, so an export of raw
-camera frames was CPU-bound at 0.18-0.28x of the disk. Here a message's parts (a MessagePack
-head and the frame's own buffer) are copied once, into the open chunk (a reused buffer of fixed
-capacity); a full chunk goes to the process's small thread pool for its CRC and compression
-(lz4, zstd and zlib release the GIL) while the next one fills; finished chunks are written in
-order, their compressed bytes straight to the file, by an output thread that also hashes every
-byte of the file as it goes (``sha256``: the manifest's digest, no read-back). Records other than chunks are built with mcap's own record classes, and the file is the
+camera frames was CPU-bound at 0.18-0.28x of the disk. Here a message's large parts (the
+frame's own buffer) are not copied at all: the open chunk is a list of views of them, with the
+small parts (MessagePack and record heads) gathered into one buffer between them. A full chunk
+goes to the process's small thread pool for its CRC and compression, both streamed over those
+pieces (lz4, zstd and zlib release the GIL), while the next one fills; at most one chunk per
+worker is in flight. Finished chunks are written in order, compressed bytes or the frames
+themselves, by ``pwritev`` on an output thread that also hashes every byte of the file as it
+goes (``sha256``: the manifest's digest, no read-back). So the writer's thread only gathers.
+Records other than chunks are built with mcap's own record classes, and the file is the
 layout mcap's Writer makes (schemas and channels in the first chunk, message indexes after
 each chunk, a summary with schemas, channels, statistics and chunk indexes, summary offsets,
 summary CRC), so mcap's reader (``validate_crcs=True``) reads it unchanged.
@@ -41,30 +44,59 @@ from mcap.records import (
     SummaryOffset,
 )
 
-from .written import StepThread, start_writeback
+from .written import StepThread, pwritev_all, start_writeback
 
 MAGIC = b"\x89MCAP0\r\n"
 _MESSAGE_HEAD = struct.Struct("<BQHIQQ")  # opcode, record length, channel, sequence, log and publish time
 _MESSAGE_FIXED = 2 + 4 + 8 + 8
 _CHUNK_HEAD = struct.Struct("<BQQQQI")  # opcode, record length, start, end, uncompressed size and CRC
 WRITEBACK_BYTES = 8 << 20
+_SMALL = 64 << 10  # parts below this are copied into their chunk; larger ones are referenced
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _FOOTER_HEAD = struct.Struct("<BQQQ")  # opcode, length, summary start, summary offset start (CRC'd)
 
 
-def _compressor(compression: str) -> Callable[[memoryview], Any]:
+Packed = tuple[list[Any], int, int]  # a chunk's data as buffers to write in order, their size, the CRC
+
+
+def _packer(compression: str, level: int) -> Callable[[list[memoryview]], Packed]:
+    """What a pool thread runs on a full chunk's pieces: their CRC and their compression, each
+    streamed over the pieces as they are (the frames' own buffers: no copy into one record).
+    lz4, zstd and zlib release the GIL. A compressor per call: one shared is not thread-safe."""
     if compression == "lz4":
         import lz4.frame  # type: ignore[import-untyped]
 
-        return lz4.frame.compress  # type: ignore[no-any-return]
-    if compression == "zstd":
+        def start() -> Any:
+            c = lz4.frame.LZ4FrameCompressor(compression_level=level)  # 64 KiB blocks: few copies
+            return c, [c.begin()]
+    elif compression == "zstd":
         import zstandard
 
-        return zstandard.compress  # a compressor per call: a shared one is not thread-safe
-    if compression == "":
-        return lambda data: data
-    raise ValueError(f"mcap chunk compression {compression!r}: lz4, zstd or ''")
+        def start() -> Any:
+            c = zstandard.ZstdCompressor(level=level or 3).compressobj()  # 3: zstandard.compress's level
+            return c, []
+    elif compression == "":
+        def pack_raw(pieces: list[memoryview]) -> Packed:
+            crc = 0
+            for v in pieces:
+                crc = zlib.crc32(v, crc)
+            return pieces, sum(v.nbytes for v in pieces), crc
+        return pack_raw
+    else:
+        raise ValueError(f"mcap chunk compression {compression!r}: lz4, zstd or ''")
+
+    def pack(pieces: list[memoryview]) -> Packed:
+        c, out = start()
+        crc = 0
+        for v in pieces:
+            crc = zlib.crc32(v, crc)
+            part = c.compress(v)
+            if part:
+                out.append(part)
+        out.append(c.flush())
+        return out, sum(len(o) for o in out), crc
+    return pack
 
 
 def _end(b: RecordBuilder) -> bytes:
@@ -86,69 +118,56 @@ def _shared_pool(workers: int) -> ThreadPoolExecutor:
         return _POOLS[key]
 
 
-_Piece = tuple[Any, Callable[[], None] | None]  # bytes of the file, and what to run once written
-
-
 class _FileBytes:
-    """The step of the writer's output thread (``written.StepThread``, at most 8 pieces behind
-    the writer): the file's bytes written and hashed in order. The kernel's write path (page
-    cache, dirty-page throttling) and SHA-256 both release the GIL, so they overlap with filling
-    the next chunk. ``release`` runs once its bytes are written (a chunk buffer they were a view
-    of goes back to the writer)."""
+    """The step of the writer's output thread (``written.StepThread``): each item (buffers in
+    file order) written by ``pwritev`` and hashed. The kernel's write path (page cache,
+    dirty-page throttling) and SHA-256 both release the GIL, so they overlap with filling and
+    compressing the next chunks."""
 
     def __init__(self, fh: BinaryIO) -> None:
-        self._fh = fh
+        self._fd = fh.fileno()
         self.sha = hashlib.sha256()
+        self._pos = 0  # bytes written
         self._written = 0  # bytes whose writeback was started
-        self._since = 0  # bytes written after those
 
-    def step(self, item: _Piece) -> None:
-        data, release = item
-        self._write(data)
-        self.sha.update(data)
-        self._since += memoryview(data).nbytes
-        if self._since >= WRITEBACK_BYTES:  # the disk busy while the next chunks compress
-            start_writeback(self._fh.fileno(), self._written, self._since)
-            self._written += self._since
-            self._since = 0
-        if release is not None:
-            release()
-
-    def _write(self, data: Any) -> None:
-        view = memoryview(data).cast("B")
-        while view.nbytes:  # the file is unbuffered: a short write is continued, not lost
-            k = self._fh.write(view)
-            if not k:
-                raise OSError(f"write returned {k}")
-            view = view[k:]
+    def step(self, views: list[Any]) -> None:
+        pwritev_all(self._fd, views, self._pos)
+        for v in views:
+            self.sha.update(v)
+            self._pos += memoryview(v).nbytes
+        if self._pos - self._written >= WRITEBACK_BYTES:  # the disk busy while the next chunks compress
+            start_writeback(self._fd, self._written, self._pos - self._written)
+            self._written = self._pos
 
 
 @dataclass
 class _Chunk:
-    buf: bytearray  # a reused buffer of fixed capacity: growing one by += fragmented the heap
+    pieces: list[memoryview] = field(default_factory=list)  # the records, in order (views of the callers' buffers)
+    small: bytearray = field(default_factory=bytearray)  # small parts since the last piece, copied together
     size: int = 0
-    empty: bool = True
     start: int = 0
     end: int = 0
     index: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # channel -> (log_time, offset)
 
 
 class ChunkWriter:
-    """Write an MCAP file (chunked, message-indexed, CRCs) to ``fh``; ``close`` always."""
+    """Write an MCAP file (chunked, message-indexed, CRCs) to ``fh``; ``close`` always.
 
-    def __init__(self, fh: BinaryIO, chunk_size: int, compression: str, workers: int | None = None) -> None:
-        self._fh = fh
+    A message's large parts are kept as views until their chunk is written: the caller must
+    not change those buffers after ``add_message`` (frames from a decoder are fresh arrays).
+    """
+
+    def __init__(self, fh: BinaryIO, chunk_size: int, compression: str, workers: int | None = None,
+                 level: int = 0) -> None:
         self.chunk_size = chunk_size
         self.compression = compression
-        self._compress = _compressor(compression)
+        self._pack = _packer(compression, level)
         self._workers = workers if workers is not None else min(2, os.cpu_count() or 1)
-        self._free: list[bytearray] = []  # buffers of written chunks, for the next ones
-        self._capacity = chunk_size + (2 << 20)  # a chunk ends at the first message past chunk_size
-        self._pending: deque[tuple[_Chunk, Future[tuple[Any, int]]]] = deque()
+        self._pending: deque[tuple[_Chunk, Future[Packed]]] = deque()
         self._pos = 0  # bytes written: offsets for the indexes without asking the file
         self._bytes = _FileBytes(fh)
-        self._io: StepThread[_Piece] = StepThread(self._bytes.step, "mcap-out", 8)
-        self._chunk = self._new_chunk()
+        self._io: StepThread[list[Any]] = StepThread(self._bytes.step, "mcap-out", 4)  # 4 chunks behind at most
+        self._chunk = _Chunk()
         self._schemas: list[Schema] = []
         self._channels: list[Channel] = []
         self._chunk_indexes: list[ChunkIndex] = []
@@ -157,9 +176,9 @@ class ChunkWriter:
                                  schema_count=0)
 
     # ---- records outside chunks ----------------------------------------------------------------
-    def _out(self, data: Any, release: Callable[[], None] | None = None) -> None:
-        self._io.put((data, release))  # every byte of the file passes here, in order: hashed as written
-        self._pos += memoryview(data).nbytes
+    def _out(self, *views: Any) -> None:
+        self._io.put(list(views))  # every byte of the file passes here, in order: hashed as written
+        self._pos += sum(memoryview(v).nbytes for v in views)
 
     @property
     def sha256(self) -> str:
@@ -218,59 +237,47 @@ class ChunkWriter:
 
     @staticmethod
     def _append(ck: _Chunk, *views: memoryview) -> None:
-        need = ck.size + sum(v.nbytes for v in views)
-        if need > len(ck.buf):  # a message larger than the slack: a new buffer (never resized in
-            grown = bytearray(max(2 * len(ck.buf), need))  # place: a worker may hold a view of it)
-            grown[:ck.size] = memoryview(ck.buf)[:ck.size]
-            ck.buf = grown
         for v in views:
-            ck.buf[ck.size:ck.size + v.nbytes] = v  # same-length slice: a copy, no resize
+            if v.nbytes < _SMALL:  # message heads, schemas: gathered, so a chunk has few pieces
+                ck.small += v
+            else:  # a frame: kept as it is until written, not copied
+                if ck.small:
+                    ck.pieces.append(memoryview(ck.small))
+                    ck.small = bytearray()
+                ck.pieces.append(v)
             ck.size += v.nbytes
-        ck.empty = False
-
-    def _new_chunk(self) -> _Chunk:
-        return _Chunk(self._free.pop() if self._free else bytearray(self._capacity))
-
-    def _pack(self, data: memoryview) -> tuple[Any, int]:
-        return self._compress(data), zlib.crc32(data)
 
     def _submit(self, inline: bool) -> None:
-        ck, self._chunk = self._chunk, self._new_chunk()
-        if ck.empty:
-            self._free.append(ck.buf)
+        ck, self._chunk = self._chunk, _Chunk()
+        if ck.small:
+            ck.pieces.append(memoryview(ck.small))
+        if not ck.size:
             return
-        fut: Future[tuple[Any, int]]
+        fut: Future[Packed]
         if inline:  # the last chunk, nothing to overlap it with
             fut = Future()
-            fut.set_result(self._pack(memoryview(ck.buf)[:ck.size]))
+            fut.set_result(self._pack(ck.pieces))
         else:
-            fut = _shared_pool(self._workers).submit(self._pack, memoryview(ck.buf)[:ck.size])
+            fut = _shared_pool(self._workers).submit(self._pack, ck.pieces)
         self._pending.append((ck, fut))
-        # Bounded: one chunk compressing per worker while the next fills (memory near hdf5's).
-        while self._pending and (len(self._pending) >= self._workers or self._pending[0][1].done()):
+        # Bounded: a chunk compressing on every worker while the next fills (memory near hdf5's).
+        while self._pending and (len(self._pending) > self._workers or self._pending[0][1].done()):
             self._write_chunk(*self._pending.popleft())
 
-    def _write_chunk(self, ck: _Chunk, fut: Future[tuple[Any, int]]) -> None:
-        data, crc = fut.result()
+    def _write_chunk(self, ck: _Chunk, fut: Future[Packed]) -> None:
+        data, size, crc = fut.result()
         comp = self.compression.encode()
-        size = memoryview(data).nbytes
         length = 8 + 8 + 8 + 4 + 4 + len(comp) + 8 + size
         start = self._pos
-        self._out(_CHUNK_HEAD.pack(Opcode.CHUNK, length, ck.start, ck.end, ck.size, crc)
-                  + _U32.pack(len(comp)) + comp + _U64.pack(size))
-        buf = ck.buf
-        if self.compression:  # the compressed bytes as they are: no copy into a record buffer
-            self._out(data)
-            self._free.append(buf)
-        else:  # a view of the chunk's buffer: reused only once written
-            self._out(data, lambda: self._free.append(buf))
-        index_start = self._pos
+        head = (_CHUNK_HEAD.pack(Opcode.CHUNK, length, ck.start, ck.end, ck.size, crc)
+                + _U32.pack(len(comp)) + comp + _U64.pack(size))
+        index_start = start + len(head) + size
         b = RecordBuilder()
         offsets = {}
         for channel, records in ck.index.items():
             offsets[channel] = index_start + b.count
             MessageIndex(channel_id=channel, records=records).write(b)
-        self._out(_end(b))
+        self._out(head, *data, _end(b))  # the chunk's bytes as they are (compressed or the frames)
         self._chunk_indexes.append(ChunkIndex(
             message_start_time=ck.start, message_end_time=ck.end, chunk_start_offset=start,
             chunk_length=index_start - start, message_index_offsets=offsets,
@@ -317,4 +324,3 @@ class ChunkWriter:
             f.cancel()
         wait(futures)
         self._io.close()
-        self._free.clear()

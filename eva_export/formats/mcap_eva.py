@@ -28,8 +28,9 @@
 Chunked (4 MiB chunks) with message indexes, summary and CRCs; chunk compression lz4 by
 default (constructor option "lz4" | "zstd" | "none"): raw RGB frames make the writer CPU-bound
 and lz4 is the fastest of the compressions that still shrinks them. Written by
-``mcap_chunks.ChunkWriter`` (chunks compressed off the writer's thread, each frame copied
-once), read back with mcap's own reader.
+``mcap_chunks.ChunkWriter`` (chunks compressed on a small pool off the writer's thread, in
+order, a bounded number in flight; frames written or compressed from the decoder's own
+buffers, never copied), read back with mcap's own reader.
 
 Each file is written as ``.episode_NNNNNN.mcap.partial`` and renamed when closed (resumable,
 like the HDF5 exporter). A camera that ends before the table's rows, or has frames after
@@ -215,7 +216,7 @@ class McapExporter:
                         raise ExportError(f"episode {ep.episode_index}: camera {k} frame {i} has shape "
                                           f"{frame.shape}, the feature is {(h, wd, 3)}")
                     frame = np.ascontiguousarray(frame)
-                    # head and pixels go into the chunk as they are: one copy of the frame
+                    # head and pixels go into the chunk as they are: the frame is referenced, not copied
                     w.add_message(channels[k], t, t, i, image_head(i, fps, frame), frame)
         except VideoError as exc:
             raise ExportError(f"episode {ep.episode_index}: {exc}") from exc

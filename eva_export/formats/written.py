@@ -102,6 +102,24 @@ class StepThread(Generic[_T]):
             self._thread.join()
 
 
+_IOV_MAX = 1024  # Linux's limit on buffers per pwritev call
+
+
+def pwritev_all(fd: int, views: list[Any], offset: int) -> None:
+    """``views`` written at ``offset``; a short write (rare on files) is continued."""
+    views = [memoryview(v).cast("B") for v in views]
+    while views:
+        n = os.pwritev(fd, views[:_IOV_MAX], offset)
+        if n <= 0:
+            raise OSError(f"pwritev wrote {n} bytes at {offset}")
+        offset += n
+        while views and n >= views[0].nbytes:
+            n -= views[0].nbytes
+            views.pop(0)
+        if views and n:
+            views[0] = views[0][n:]
+
+
 @dataclass(frozen=True)
 class WrittenFile:
     """One finished output file of a per-episode unit: its size and, when the writer could
