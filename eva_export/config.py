@@ -189,6 +189,7 @@ class ExportConfig:
     v3_data_file_mb: float = 100.0
     v3_video_file_mb: float = 200.0
     hdf5_compression: str = ""  # "", "lzf" or "gzip"
+    mcap_compression: str = "lz4"  # "lz4", "zstd" or "none": MCAP chunk compression
     eva_store: StoreSettings = StoreSettings()
     workers: int = 0  # worker processes for episode units; 0 -> auto (os.cpu_count() when worth it); 1 -> serial
     nonfinite: str = "keep_passed"  # NaN/inf in accepted episodes: keep_passed, refuse or keep (formats/nonfinite.py)
@@ -340,7 +341,7 @@ def _sftp(col: dict[str, Any]) -> SftpSettings | None:
 def _export(raw: dict[str, Any], log_dir: Path) -> ExportConfig:
     ex = _take(raw.get("export") or {}, "export",
                {"data_roots", "jobs_dir", "v3_data_file_mb", "v3_video_file_mb", "hdf5_compression",
-                "eva_store", "workers", "nonfinite"})
+                "mcap_compression", "eva_store", "workers", "nonfinite"})
     roots = tuple(Path(r).expanduser().absolute() for r in (ex.get("data_roots") or [log_dir]))
     export = ExportConfig(
         data_roots=roots,
@@ -348,6 +349,7 @@ def _export(raw: dict[str, Any], log_dir: Path) -> ExportConfig:
         v3_data_file_mb=float(ex.get("v3_data_file_mb", 100.0)),
         v3_video_file_mb=float(ex.get("v3_video_file_mb", 200.0)),
         hdf5_compression=str(ex.get("hdf5_compression", "")),
+        mcap_compression=str(ex.get("mcap_compression", "lz4")),
         eva_store=_store_settings(ex.get("eva_store")),
         workers=_workers(ex.get("workers", 0)),
         nonfinite=str(ex.get("nonfinite", "keep_passed")),
@@ -356,6 +358,8 @@ def _export(raw: dict[str, Any], log_dir: Path) -> ExportConfig:
         raise ConfigError(f"export.nonfinite must be one of {list(NONFINITE_POLICIES)}, got {export.nonfinite!r}")
     if export.hdf5_compression not in ("", "lzf", "gzip"):
         raise ConfigError("export.hdf5_compression must be '', 'lzf' or 'gzip'")
+    if export.mcap_compression not in ("lz4", "zstd", "none"):
+        raise ConfigError(f"export.mcap_compression must be 'lz4', 'zstd' or 'none', got {export.mcap_compression!r}")
     return export
 
 

@@ -41,6 +41,8 @@ class ExportConfig(Protocol):
     @property
     def hdf5_compression(self) -> str: ...
     @property
+    def mcap_compression(self) -> str: ...
+    @property
     def eva_store(self) -> Any: ...  # config.StoreSettings (a frozen dataclass)
 
 
@@ -92,6 +94,10 @@ def _hdf5_options(export: ExportConfig) -> dict[str, Any]:
     return {"compression": export.hdf5_compression}
 
 
+def _mcap_options(export: ExportConfig) -> dict[str, Any]:
+    return {"compression": export.mcap_compression}
+
+
 def _store_options(export: ExportConfig) -> dict[str, Any]:
     return dataclasses.asdict(export.eva_store)
 
@@ -105,7 +111,7 @@ SPECS: tuple[FormatSpec, ...] = (
     FormatSpec("hdf5", "hdf5:Hdf5Exporter", "HDF5, one file per episode with the images inside (h5py)",
                embedded_images=True, options=_hdf5_options),
     FormatSpec("mcap", "mcap_eva:McapExporter", "MCAP (eva-client profile), one file per episode, images embedded as MessagePack",
-               embedded_images=True),
+               embedded_images=True, options=_mcap_options),
     FormatSpec("eva_store", "eva_store:EvaStoreExporter",
                "eva_store, a random-access training store (Zarr arrays, image records, a sample index)", options=_store_options),
 )
