@@ -175,7 +175,7 @@ class EpisodeRow:
             if key in ("episode_index", "tasks", "length"):
                 continue
             if key in _TEXT_FIELDS and isinstance(value, str):
-                setattr(row, key, sys.intern(value) if key == "quality" else value)  # "green" once, not per row
+                setattr(row, key, sys.intern(value) if key == "quality" and type(value) is str else value)  # "green" once, not per row (an enum member is already one object)
             elif key == "quality_issues" and (issues := _issues(value)) is not None:
                 row.quality_issues = issues
             elif key == "stream_stats" and isinstance(value, dict):
