@@ -4,16 +4,49 @@ the active eva_export.pool executor (split.py plans, assembles and runs the spli
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .. import confine, pool
 from ..dataset.records import DatasetInfo
-from .units import UnitWork, split_units, unit_is_complete, unit_name, unit_record
+from ..dataset.validate import SourceCheck
+from ..errors import ExportError
+from .plan_list import PlanList
+from .units import PlannedEpisode, UnitWork, split_units, unit_is_complete, unit_name, unit_record
 
-if TYPE_CHECKING:
-    from .split import Faults, SplitPlan, SplitProgress
+
+class SplitPlan(Protocol):
+    """What building the units reads of split.SplitPlan (a protocol: split imports this module)."""
+
+    @property
+    def checks(self) -> tuple[SourceCheck, ...]: ...
+    @property
+    def subsets(self) -> dict[str, PlanList]: ...
+    @property
+    def info(self) -> DatasetInfo: ...
+    def in_source_order(self) -> Iterator[PlannedEpisode]: ...
+
+
+class Faults:
+    """Named checkpoints; raising at the one named ``fail_at`` lets tests break any step."""
+
+    def __init__(self, fail_at: str | None = None) -> None:
+        self.fail_at = fail_at
+        self.passed: list[str] = []
+
+    def check(self, name: str) -> None:
+        if self.fail_at is not None and name == self.fail_at:
+            raise ExportError(f"injected failure at {name!r}")
+        self.passed.append(name)
+
+
+@dataclass
+class SplitProgress:
+    """Called once per unit (reused or built) with its files and bytes."""
+
+    on_unit: Callable[[PlannedEpisode, int, int, bool], None] = lambda p, files, nbytes, reused: None
 
 
 #: A pool task holds consecutive units up to this many frames or episodes (a long episode is

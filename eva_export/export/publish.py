@@ -31,9 +31,9 @@ from ..dataset import video_facts
 from ..errors import ExportError, PublicationError
 from ..fsutil import fsync_dir
 from ..manifest import write_manifest, written_digest
+from .build import Faults
 from .paths import SUBSETS, ExportPaths
 from .records import QualitySplit
-from .split import Faults
 
 log = logging.getLogger(__name__)
 

@@ -42,12 +42,13 @@ from ..formats.registry import FormatSpec, get_spec
 from ..fsutil import storage_guard
 from ..jobs import Job, JobEngine, JobKind, JobStore, QueuePolicy, ServiceStatus
 from ..sources.registry import validate_any
+from .build import Faults, SplitProgress
 from .merge import check_agree, check_infos, combined_hash
 from .paths import SUBSETS, ExportPaths
 from .publish import export_lock, publish_pair, recover_pair
 from .records import ACCEPTED, REJECTED
 from .request import ExportRequest
-from .split import Faults, NativeSplit, SplitProgress, prepare_staging
+from .split import NativeSplit, prepare_staging
 from .units import native_dir
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,11 +28,10 @@ from ..dataset.episode_list import row_at
 from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS
 from ..dataset.records import FORMAT_V21, DatasetInfo, EpisodeRow, Quality, Verdict
 from ..dataset.validate import SourceCheck
-from ..errors import ExportError
 from ..fsutil import atomic_write_json, dumps_json, jsonl_dumps, read_json
 from ..quality.store import quality_for, read_sidecar
 from .assemble import JsonlStream, StatsSum
-from .build import build_units
+from .build import Faults, SplitProgress, build_units
 from .merge import ORIGINS_KEY, SOURCE_DATASET_FIELD, SOURCES_KEY, EpisodeOrigin, SourceRef, merged_robot_type
 from .merge import provenance as source_provenance
 from .plan_list import PlanList, positions_of
@@ -69,19 +68,6 @@ def is_unrated(row: EpisodeRow) -> bool:
     # (present, not green), a falsy non-text verdict as none.
     rated = row.quality.strip() or "quality" in row.extra
     return not rated and not row.qc_verdict.strip() and not row.extra.get("qc_verdict")
-
-
-class Faults:
-    """Named checkpoints; raising at the one named ``fail_at`` lets tests break any step."""
-
-    def __init__(self, fail_at: str | None = None) -> None:
-        self.fail_at = fail_at
-        self.passed: list[str] = []
-
-    def check(self, name: str) -> None:
-        if self.fail_at is not None and name == self.fail_at:
-            raise ExportError(f"injected failure at {name!r}")
-        self.passed.append(name)
 
 
 @dataclass
@@ -171,13 +157,6 @@ class SplitResult:
     def reencoded(self) -> list[int]:
         """Source episodes with a camera re-encoded (no exact stream-copy cut; v3.0 sources)."""
         return sorted(i for s in self.subsets.values() for i in s.reencoded)
-
-
-@dataclass
-class SplitProgress:
-    """Called once per unit (reused or built) with its files and bytes."""
-
-    on_unit: Callable[[PlannedEpisode, int, int, bool], None] = lambda p, files, nbytes, reused: None
 
 
 # ---- staging ------------------------------------------------------------------------------------
