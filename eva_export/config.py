@@ -17,7 +17,7 @@ from .confine import inside as inside  # re-exported: importers of config
 from .errors import ConfigError, UnsafeNameError
 
 VECTOR_TYPES = ("JointState", "Float64MultiArray")
-IMAGE_TYPES = ("Image", "CompressedImage")
+IMAGE_TYPES = ("Image", "CompressedImage", "CompressedVideo")  # CompressedVideo: bag ingest only
 
 
 def check_name(name: str, what: str = "dataset name") -> str:

@@ -64,8 +64,9 @@ The rule (one definition, used by the recorder and tested in tests/test_capture_
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import Any
 
 from .align_types import Pick, Sample, Slot, StreamTiming, StreamTrack
 from .clock import ClockOffset
@@ -96,7 +97,8 @@ class GridAligner:
     def __init__(self, n_streams: int, fps: float, start: float, *, tolerance: float = 0.0,
                  reference: int | None = None, grace_s: float = 1.0, margin_s: float = 0.02,
                  latency_budget: float = LATENCY_BUDGET_S, stop_budget: float = STOP_BUDGET_S,
-                 offsets: Sequence[ClockOffset] | None = None) -> None:
+                 offsets: Sequence[ClockOffset] | None = None,
+                 may_start: Callable[[Any], bool] | None = None) -> None:
         if n_streams <= 0:
             raise ValueError("at least one stream is needed")
         if offsets is not None and len(offsets) != n_streams:
@@ -107,6 +109,8 @@ class GridAligner:
         self.start = start
         self.reference = reference
         self.grace_s = grace_s
+        # which reference payloads may be row 0 (an H.264 camera: a keyframe, so its video can be a copy)
+        self.may_start = may_start
         self.margin_s = margin_s
         self.budget = latency_budget
         self.stop_budget = max(stop_budget, latency_budget)
@@ -222,8 +226,19 @@ class GridAligner:
                 if self._complete():
                     self._set_t0(stream, s)
             elif stream == self.reference and (was_complete or self._complete()):
-                self._set_t0(stream, s)
+                first = self._first_sample(st, s)
+                if first is not None:
+                    self._set_t0(stream, first)
         return self._emit_until(sample.recv, strict=True)
+
+    def _first_sample(self, st: StreamTrack, s: Sample) -> Sample | None:
+        """The reference sample row 0 is placed on: ``s``, or when ``s`` may not start the grid
+        (``may_start``) the newest earlier one since START that may, if any (the frames between
+        it and ``s`` are still pending: nothing was emitted before t0)."""
+        if self.may_start is None or self.may_start(s.payload):
+            return s
+        return next((p for p in reversed(st.pending) if p.t is not None and p.t >= self.start
+                     and self.may_start(p.payload)), None)
 
     def in_episode(self, stream: int, recv: float, stamp: float | None, t: float | None = None) -> bool:
         """False for a message whose source time is after the STOP cut (not part of the take).

@@ -22,7 +22,8 @@ import numpy as np
 IMAGE = "sensor_msgs/msg/Image"
 COMPRESSED_IMAGE = "sensor_msgs/msg/CompressedImage"
 JOINT_STATE = "sensor_msgs/msg/JointState"
-FAST_TYPES = (IMAGE, COMPRESSED_IMAGE, JOINT_STATE)
+COMPRESSED_VIDEO = "foxglove_msgs/msg/CompressedVideo"
+FAST_TYPES = (IMAGE, COMPRESSED_IMAGE, JOINT_STATE, COMPRESSED_VIDEO)
 _CDR_LE = b"\x00\x01"  # encapsulation kind CDR_LE; the two option bytes follow
 _U32 = struct.Struct("<I")
 _STAMP = struct.Struct("<iI")
@@ -58,6 +59,16 @@ class CompressedImage:
     header: Header
     format: str
     data: np.ndarray[Any, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class CompressedVideo:
+    """foxglove_msgs/msg/CompressedVideo (no header: ``timestamp`` and ``frame_id`` at the top)."""
+
+    timestamp: Stamp
+    frame_id: str
+    data: np.ndarray[Any, Any]
+    format: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,13 +153,16 @@ class _Cursor:
         return Header(Stamp(int(sec), int(nsec)), self.string())
 
 
-def decode(type_name: str, buf: memoryview) -> Image | CompressedImage | JointState | None:
+def decode(type_name: str, buf: memoryview) -> Image | CompressedImage | CompressedVideo | JointState | None:
     """The message, when ``type_name`` is an image type in little-endian CDR; else None."""
     if type_name not in FAST_TYPES or len(buf) < 4 or bytes(buf[:2]) != _CDR_LE:
         return None
     c = _Cursor(buf)
     try:
         header = c.header()
+        if type_name == COMPRESSED_VIDEO:  # the same two leading fields as a Header
+            data = c.u8_view()
+            return CompressedVideo(header.stamp, header.frame_id, data, c.string())
         if type_name == JOINT_STATE:
             return JointState(header, c.strings(), c.f64_view(), c.f64_view(), c.f64_view())
         if type_name == COMPRESSED_IMAGE:

@@ -88,6 +88,7 @@ class BagReader:
     topics: set[str]
     check_type: Callable[[str, str], None]
     damage: str = ""
+    file_name: str = ""  # the file being read (for errors about its messages)
     bytes_read: int = 0
     backwards: int = 0  # wanted messages logged earlier than the one before them
     first_backwards: str = ""
@@ -165,6 +166,7 @@ class BagReader:
         for f in self.bag.files:
             # ids are per file: a split bag's next file declares its own schemas and channels
             self._schemas, self._channels = {}, {}
+            self.file_name = str(f)
             try:
                 yield from self._records(f)
             except IngestError:

@@ -29,6 +29,12 @@ from .intake import RawImage, RawVector
 from .stream import StreamState
 
 
+def _key_or_not_video(payload: Any) -> bool:
+    """Row 0 of an H.264 reference camera is a keyframe: the episode's video can then be the
+    source's own packets (a start inside a GOP would need the frames before it)."""
+    return not isinstance(payload, RawImage) or payload.frame_no < 0 or payload.key
+
+
 @dataclass
 class EpisodeRun:
     epoch: int
@@ -46,6 +52,10 @@ class EpisodeRun:
     finalized: threading.Event = field(default_factory=threading.Event)
     result: Any = None
     row_extra: dict[str, Any] = field(default_factory=dict)  # added to the episode row at commit
+    # per H.264 camera: the frame_no its next row must carry for the video to stay a copy of the
+    # source (absent: row 0, a keyframe; -1: given up). Per episode: an episode still closing
+    # and the next one share the streams, never this.
+    copy_next: dict[int, int] = field(default_factory=dict)
 
     @classmethod
     def begin(cls, col: CollectionConfig, streams: Sequence[StreamState], dw: DatasetWriter, dataset_name: str,
@@ -58,7 +68,8 @@ class EpisodeRun:
         cams = [i for i, s in enumerate(streams) if s.spec.is_camera]
         aligner = GridAligner(len(streams), col.fps, now, tolerance=cap.skew_tolerance_s,
                               reference=cams[0] if cams else None, grace_s=grace_s,
-                              latency_budget=LATENCY_BUDGET_S, offsets=[s.offset for s in streams])
+                              latency_budget=LATENCY_BUDGET_S, offsets=[s.offset for s in streams],
+                              may_start=_key_or_not_video)
         checker = EpisodeChecker([s.spec.name for s in streams], [s.spec.is_camera for s in streams],
                                  fps=col.fps, start=now, min_frames=cap.min_frames,
                                  max_drop_ratio=cap.max_drop_ratio, frozen_frames=cap.frozen_frames,
@@ -90,7 +101,9 @@ class EpisodeRun:
         value: Any = None
         if spec.is_camera:
             raw: RawImage = payload
-            if not raw.compressed and (raw.width, raw.height) != (spec.width, spec.height):
+            if raw.frame_no >= 0 and raw.packet is None:  # an H.264 message that did not decode
+                self.checker.on_shape(i, f"undecodable frame: {raw.encoding}")
+            elif not raw.compressed and (raw.width, raw.height) != (spec.width, spec.height):
                 self.checker.on_shape(i, f"{raw.width}x{raw.height} received, {spec.width}x{spec.height} configured")
             else:
                 value = raw
@@ -135,11 +148,13 @@ class EpisodeRun:
         for slot in slots:
             values: dict[str, Any] = {}
             images: dict[str, np.ndarray[Any, Any]] = {}
+            packets: dict[str, bytes | None] = {}  # H.264 cameras: the source's packet for this row
             row: list[Any] = []  # what the rules see: the values written, None for placeholders
             for i, pick in enumerate(slot.picks):
                 st = self.streams[i]
                 spec = st.spec
                 s = pick.sample
+                fresh: RawImage | None = None  # a camera frame new in this row, as written
                 if s is not None and s.payload is not None and s.seq != st.held_seq:
                     if spec.is_camera:
                         try:
@@ -148,7 +163,7 @@ class EpisodeRun:
                                 self.checker.on_shape(i, f"decoded {img.shape[1]}x{img.shape[0]}, "
                                                          f"{spec.width}x{spec.height} configured")
                             else:
-                                st.held = img
+                                st.held, fresh = img, s.payload
                         except (ValueError, av.FFmpegError) as exc:
                             self.checker.on_shape(i, f"undecodable frame: {exc}")
                     else:
@@ -159,6 +174,8 @@ class EpisodeRun:
                 row.append(st.held if st.held_seq >= 0 else None)
                 if spec.is_camera:
                     images[spec.feature] = st.held
+                    if st.video is not None:
+                        packets[spec.feature] = self._copy_packet(i, fresh)
                 else:
                     values[spec.feature] = st.held
             self.checker.on_slot(slot, row)
@@ -166,7 +183,18 @@ class EpisodeRun:
             # keeps ~1e-5 s here but only 128 s steps for epoch values. The episode row carries
             # capture_time_origin_unix, so origin + capture_time is the observed wall time.
             values[CAPTURE_TIME] = np.array([self._capture_recv(slot) - self.start], np.float64)
-            self.writer.add_frame(values, images)
+            self.writer.add_frame(values, images, packets)
+
+    def _copy_packet(self, i: int, raw: RawImage | None) -> bytes | None:
+        """The row's H.264 packet while the episode's video is exactly the source's frames, one per
+        row from a keyframe on; None from the first row that is not (a repeat, a drop, a frame that
+        did not decode, a start inside a GOP), and the writer encodes the episode instead."""
+        want = self.copy_next.get(i)
+        if raw is None or raw.packet is None or not (raw.key if want is None else raw.frame_no == want):
+            self.copy_next[i] = -1
+            return None
+        self.copy_next[i] = raw.frame_no + 1
+        return raw.packet
 
     def _capture_recv(self, slot: Slot) -> float:
         """Observed time of the row: receive time of the state message used (else the slot)."""

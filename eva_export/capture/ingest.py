@@ -244,6 +244,8 @@ class BagIngest:
             st = c.states[i]
             st.received += 1
             stamp, payload = convert[i](m.msg)
+            if st.video is not None:
+                payload = self._decode_video(st, m, reader, payload)
             t_src = st.offset.observe(t, stamp)
             for ep in (c.closing, c.run):
                 if ep is not None:
@@ -253,6 +255,14 @@ class BagIngest:
                 last_report = time.monotonic()
                 p.bytes_done = reader.bytes_read
                 self.on_progress(p)
+
+    def _decode_video(self, st: StreamState, m: BagMessage, reader: BagReader, payload: Any) -> Any:
+        """An H.264 message decoded (every one, in file order: inside an episode or not)."""
+        assert st.video is not None
+        try:
+            return st.video.take(payload)
+        except ValueError as exc:
+            raise IngestError(f"bag file {reader.file_name}: topic {m.topic} ({st.spec.name}): {exc}") from exc
 
     def _cut(self, c: _Cuts, m: BagMessage, i: int | None, t: float) -> None:
         """Open and close episodes as the plan says (marker changes, the bag, the ranges)."""

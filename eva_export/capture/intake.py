@@ -20,6 +20,7 @@ from typing import Any
 
 import av
 import numpy as np
+from av.video.reformatter import VideoReformatter
 
 from ..config import CollectionConfig
 from ..errors import ConfigError
@@ -45,6 +46,10 @@ class RawImage:
     encoding: str = ""
     step: int = 0
     compressed: bool = False
+    # an H.264 frame decoded by video.VideoFeed: its access unit, kept for the stream copy
+    packet: bytes | None = None
+    key: bool = False
+    frame_no: int = -1  # position in the stream's decode order
 
 
 # ---- streams ----------------------------------------------------------------------------------
@@ -55,6 +60,7 @@ ROS_TYPE_NAMES = {
     "PoseStamped": "geometry_msgs/msg/PoseStamped",
     "Image": "sensor_msgs/msg/Image",
     "CompressedImage": "sensor_msgs/msg/CompressedImage",
+    "CompressedVideo": "foxglove_msgs/msg/CompressedVideo",  # H.264 Annex B, a frame per message
 }
 
 
@@ -63,7 +69,7 @@ class StreamSpec:
     name: str  # state, action, ee_pose or the camera name
     topic: str
     kind: str  # "vector", "pose" or "camera"
-    msg_type: str  # JointState, Float64MultiArray, PoseStamped, Image, CompressedImage
+    msg_type: str  # a key of ROS_TYPE_NAMES
     feature: str
     names: tuple[str, ...] = ()
     field: str = "position"
@@ -153,6 +159,10 @@ def converter(spec: StreamSpec) -> Convert:
         return image
     if spec.msg_type == "CompressedImage":
         return lambda msg: (stamp_seconds(msg), RawImage(_u8(msg.data), compressed=True))
+    if spec.msg_type == "CompressedVideo":
+        # no header: the frame's own timestamp plays the header stamp; decoded by video.VideoFeed
+        return lambda msg: (float(msg.timestamp.sec + msg.timestamp.nanosec * 1e-9),
+                            RawImage(_u8(msg.data), encoding=str(msg.format), compressed=True))
     raise ValueError(f"stream {spec.name}: unsupported message type {spec.msg_type!r}")
 
 
@@ -195,6 +205,7 @@ class ImageDecoder:
 
     def __init__(self) -> None:
         self._ctx: dict[str, Any] = {}
+        self._rgb = VideoReformatter()  # kept: a frame's to_ndarray(format=...) sets swscale up every call
 
     def rgb(self, raw: RawImage, expect: tuple[int, int] | None = None) -> np.ndarray[Any, Any]:
         """The frame as HxWx3 RGB. ``expect`` (width, height): a compressed frame whose header
@@ -237,7 +248,7 @@ class ImageDecoder:
         frames = ctx.decode(av.Packet(data.tobytes()))  # type: ignore[union-attr]  # a video/image codec
         if not frames:
             raise ValueError(f"{codec} decoder returned no frame")
-        rgb: np.ndarray[Any, Any] = frames[-1].to_ndarray(format="rgb24")
+        rgb: np.ndarray[Any, Any] = self._rgb.reformat(frames[-1], format="rgb24").to_ndarray()
         return rgb
 
 

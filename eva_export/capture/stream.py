@@ -2,7 +2,8 @@
 
 Recorder-wide counters (received, in flight, overflow, callback latency), the stream's clock
 offset (learnt from every message, also between episodes, so it is settled when START comes),
-its image decoder, and the value held for the current episode's repeats.
+its image decoder (an H.264 stream: its ``VideoFeed``), the value held for the current episode's
+repeats.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 
 from .clock import ClockOffset
 from .intake import ImageDecoder, StreamSpec
+from .video_feed import VideoFeed
 
 
 @dataclass
@@ -27,6 +29,11 @@ class StreamState:
     decoder: ImageDecoder = field(default_factory=ImageDecoder)
     held: Any = None  # the last value written (repeated on drops)
     held_seq: int = -1  # arrival number of the held message
+    video: VideoFeed | None = None  # CompressedVideo streams: decodes every message in arrival order
+
+    def __post_init__(self) -> None:
+        if self.spec.msg_type == "CompressedVideo" and self.video is None:
+            self.video = VideoFeed()
 
     def begin_episode(self) -> None:
         self.overflow = 0
