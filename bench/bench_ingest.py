@@ -16,7 +16,12 @@ whole child processes (order rotated each round), medians reported:
   does not grow with the bag;
 * CPU: user + system seconds of the child (load-independent), and the x real time two free
   cores would give for that CPU (the bound when the work spreads over both);
-* ``--compare ROOT``: the same ingest run from another checkout (before/after in one run).
+* ``--compare ROOT``: the same ingest run from another checkout (before/after in one run);
+* the CompressedVideo row (``--video-lengths``): the same cameras recorded as H.264
+  (foxglove_msgs/msg/CompressedVideo, made by PyAV's libx264, a keyframe every second) and
+  ingested with the stream copy, against two anchors from the same bag: decode-only (every
+  H.264 frame decoded to RGB, which ingest does for the checks and statistics) and copy-only
+  (the same packets remuxed into one MP4 per camera, no decoding: the floor of a copy).
 
 Goal (issues 15, 28): ingest at least 5x real time on 2 cores, peak RSS flat. The machine may be
 shared: the load average of every round is printed next to the numbers. Writes
@@ -46,28 +51,53 @@ W, H, FPS, JOINT_HZ = 640, 480, 30, 100
 JOINTS = ("j0", "j1", "j2", "j3", "j4", "j5")
 
 
-def write_config(work: Path) -> Path:
+VIDEO_TYPE = "foxglove_msgs/msg/CompressedVideo"
+VIDEO_MSG = "builtin_interfaces/Time timestamp\nstring frame_id\nuint8[] data\nstring format\n"
+
+
+def write_config(work: Path, video: bool = False) -> Path:
     import yaml
 
+    cam_type, suffix = ("CompressedVideo", "video") if video else ("Image", "image_raw")
     cfg = {"collection": {
         "log_dir": str(work / "datasets"), "fps": FPS, "robot_type": "bench",
         "tasks": [{"dataset_name": "bench", "task": "bench"}],
         "streams": {"state": {"topic": "/joint_states", "type": "JointState", "names": list(JOINTS)},
-                    "cameras": [{"name": c, "topic": f"/{c}/image_raw", "type": "Image", "width": W,
+                    "cameras": [{"name": c, "topic": f"/{c}/{suffix}", "type": cam_type, "width": W,
                                  "height": H} for c in CAMERAS]},
         "capture": {"min_frames": 10, "max_drop_ratio": 0.01}}}
-    path = work / "bench.yaml"
+    path = work / ("bench_video.yaml" if video else "bench.yaml")
     path.write_text(yaml.safe_dump(cfg))
     return path
 
 
-def write_bag(path: Path, seconds: float) -> tuple[int, float]:
-    """A rosbag2 MCAP bag written by rosbags; returns (bytes, seconds to write)."""
+def _h264_encoders() -> list:
+    """One libx264 encoder per camera (Annex B out, no B-frames, a keyframe every second)."""
+    from fractions import Fraction
+
+    import av
+
+    out = []
+    for _ in CAMERAS:
+        ctx = av.CodecContext.create("libx264", "w")
+        ctx.width, ctx.height, ctx.pix_fmt, ctx.time_base, ctx.gop_size = W, H, "yuv420p", Fraction(1, FPS), FPS
+        # zerolatency: a packet per frame at once, as a camera's live encoder sends them
+        ctx.options = {"preset": "ultrafast", "tune": "zerolatency", "crf": "23", "bframes": "0"}
+        out.append(ctx)
+    return out
+
+
+def write_bag(path: Path, seconds: float, video: bool = False) -> tuple[int, float]:
+    """A rosbag2 MCAP bag written by rosbags (cameras as rgb8 Image, or as H.264 CompressedVideo
+    with ``video``); returns (bytes, seconds to write)."""
+    import av
     from rosbags.rosbag2 import StoragePlugin, Writer
-    from rosbags.typesys import Stores, get_typestore
+    from rosbags.typesys import Stores, get_types_from_msg, get_typestore
 
     ts = get_typestore(Stores.ROS2_HUMBLE)
+    ts.register(get_types_from_msg(VIDEO_MSG, VIDEO_TYPE))
     T = ts.types
+    encoders = _h264_encoders() if video else []
     t_begin = time.perf_counter()
     base = np.fromfunction(lambda y, x, c: (x * 0.4 + y * 0.3 + c * 40) % 256, (H, W, 3)).astype(np.uint8)
     rng = np.random.default_rng(0)
@@ -84,7 +114,8 @@ def write_bag(path: Path, seconds: float) -> tuple[int, float]:
 
     with Writer(path, version=9, storage_plugin=StoragePlugin.MCAP) as w:
         jc = w.add_connection("/joint_states", "sensor_msgs/msg/JointState", typestore=ts)
-        cc = [w.add_connection(f"/{c}/image_raw", "sensor_msgs/msg/Image", typestore=ts) for c in CAMERAS]
+        cam_type = VIDEO_TYPE if video else "sensor_msgs/msg/Image"
+        cc = [w.add_connection(f"/{c}/{'video' if video else 'image_raw'}", cam_type, typestore=ts) for c in CAMERAS]
         for rel, what, k in events:
             t = t0 + rel
             log_ns = round((t + 0.003) * 1e9)
@@ -97,6 +128,15 @@ def write_bag(path: Path, seconds: float) -> tuple[int, float]:
                 img = np.roll(base, k * 4, axis=1)
                 img[:, :, 0] ^= noise[:, :, 0]
                 img[40:120, (k * 9) % (W - 80):(k * 9) % (W - 80) + 80] = 255
+                if video:
+                    f = av.VideoFrame.from_ndarray(img, format="rgb24")
+                    f.pts = k
+                    (pkt,) = encoders[what].encode(f)  # no B-frames: one packet per frame, at once
+                    ns = round(t * 1e9)
+                    msg = T[VIDEO_TYPE](timestamp=T["builtin_interfaces/msg/Time"](sec=ns // 10**9, nanosec=ns % 10**9),
+                                        frame_id=CAMERAS[what], data=np.frombuffer(bytes(pkt), np.uint8), format="h264")
+                    w.write(cc[what], log_ns, ts.serialize_cdr(msg, VIDEO_TYPE))
+                    continue
                 msg = T["sensor_msgs/msg/Image"](header=stamp(t), height=H, width=W, encoding="rgb8",
                                                  is_bigendian=0, step=W * 3, data=img.reshape(-1))
                 w.write(cc[what], log_ns, ts.serialize_cdr(msg, "sensor_msgs/msg/Image"))
@@ -113,15 +153,41 @@ def decode_only(bag: Path, cfg_path: Path) -> dict:
     col = load_config(cfg_path).collection
     specs = {s.topic: s for s in streams_from_config(col)}
     conv = {t: converter(s) for t, s in specs.items()}
+    from eva_export.capture.video_feed import VideoFeed
+
     dec = ImageDecoder()
+    feeds = {t: VideoFeed() for t, s in specs.items() if s.msg_type == "CompressedVideo"}
     reader = BagReader(open_bag(bag), set(specs), lambda topic, ty: None)
     frames = 0
     for m in reader:
         _, payload = conv[m.topic](m.msg)
+        if m.topic in feeds:
+            payload = feeds[m.topic].take(payload)
         if specs[m.topic].is_camera:
             img = dec.rgb(payload)
             frames += int(img.shape[0] > 0)
     return {"frames": frames}
+
+
+def copy_only(bag: Path, cfg_path: Path) -> dict:
+    """Remux every H.264 packet of the bag into one MP4 per camera, no decoding (run in a child)."""
+    from eva_export.capture.ingest import BagReader, open_bag
+    from eva_export.capture.intake import converter, streams_from_config
+    from eva_export.config import load_config
+    from eva_export.dataset.video_copy import PacketCopy
+
+    col = load_config(cfg_path).collection
+    specs = {s.topic: s for s in streams_from_config(col)}
+    conv = {t: converter(s) for t, s in specs.items()}
+    out = Path(tempfile.mkdtemp(prefix="copy_only_"))
+    copies = {t: PacketCopy(out / f"{s.name}.mp4", col.fps) for t, s in specs.items() if s.is_camera}
+    try:
+        for m in BagReader(open_bag(bag), set(specs), lambda topic, ty: None):
+            if m.topic in copies:
+                copies[m.topic].add(conv[m.topic](m.msg)[1].data.tobytes())
+        return {"frames": sum(c.close() for c in copies.values())}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def _child(cmd: list[str], root: Path) -> tuple[float, float, str]:
@@ -137,9 +203,8 @@ def _child(cmd: list[str], root: Path) -> tuple[float, float, str]:
     return wall, cpu, proc.stdout
 
 
-def run_decode(bag: Path, cfg_path: Path) -> dict:
-    wall, cpu, out = _child([sys.executable, str(Path(__file__).resolve()), "--decode-only", str(bag), str(cfg_path)],
-                            ROOT)
+def run_decode(bag: Path, cfg_path: Path, mode: str = "--decode-only") -> dict:
+    wall, cpu, out = _child([sys.executable, str(Path(__file__).resolve()), mode, str(bag), str(cfg_path)], ROOT)
     res = json.loads(out)
     return {"wall_s": wall, "cpu_s": cpu, "frames": res["frames"], "frames_per_s": res["frames"] / wall}
 
@@ -163,21 +228,22 @@ def _median(runs: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
 
-def measure(seconds: float, work: Path, cfg: Path, rounds: int, compare: Path | None) -> dict:
-    bag = work / f"bag_{int(seconds)}s"
-    size, write_s = write_bag(bag, seconds)
-    names = ["decode", "ingest"] + (["compare"] if compare else [])
+def measure(seconds: float, work: Path, cfg: Path, rounds: int, compare: Path | None, video: bool = False) -> dict:
+    bag = work / f"bag_{int(seconds)}s{'_h264' if video else ''}"
+    size, write_s = write_bag(bag, seconds, video)
+    # the baseline may not know CompressedVideo: it is compared on the raw-image bags
+    names = ["decode", "ingest"] + (["copy"] if video else []) + (["compare"] if compare and not video else [])
     runs: dict[str, list[dict]] = {n: [] for n in names}
     loads = []
     for r in range(rounds):
         for name in names[r % len(names):] + names[: r % len(names)]:  # rotate: no kind always first
-            if name == "decode":
-                runs[name].append(run_decode(bag, cfg))
+            if name in ("decode", "copy"):
+                runs[name].append(run_decode(bag, cfg, f"--{name}-only"))
             else:
                 runs[name].append(run_ingest(bag, cfg, ROOT if name == "ingest" else compare, work))  # type: ignore[arg-type]
             loads.append(os.getloadavg()[0])
     shutil.rmtree(bag, ignore_errors=True)
-    row: dict = {"seconds": seconds, "bag_mb": size / 2**20, "write_s": write_s, "rounds": rounds,
+    row: dict = {"seconds": seconds, "video": video, "bag_mb": size / 2**20, "write_s": write_s, "rounds": rounds,
                  "load_min": min(loads), "load_max": max(loads), "runs": runs}
     for name in names:
         wall, cpu = _median(runs[name], "wall_s"), _median(runs[name], "cpu_s")
@@ -198,16 +264,22 @@ def report(rows: list[dict], compare: Path | None) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         i, d = r["ingest"], r["decode"]
-        print(f"| {r['seconds']:.0f} s | {r['bag_mb']:.0f} | {d['x_realtime']:.1f} ({d['frames_per_s']:.0f}) | "
+        print(f"| {r['seconds']:.0f} s{' H.264' if r['video'] else ''} | {r['bag_mb']:.0f} | {d['x_realtime']:.1f} ({d['frames_per_s']:.0f}) | "
               f"{i['x_realtime']:.1f} | {i['wall_s'] / d['wall_s']:.1f}x | {i['x_realtime_2_free_cores']:.1f} | "
               f"{i['cpu_s']:.1f} | {i['peak_rss_mb']:.0f} | {', '.join(i['quality'])} | "
               f"{r['load_min']:.1f}-{r['load_max']:.1f} |")
+    for r in (r for r in rows if r["video"]):
+        i, d, c = r["ingest"], r["decode"], r["copy"]
+        print(f"H.264 {r['seconds']:.0f} s bag (stream copy): ingest {i['x_realtime']:.1f}x real time, {i['cpu_s']:.1f} "
+              f"CPU s; decode-only {d['x_realtime']:.1f}x ({i['wall_s'] / d['wall_s']:.2f}x its wall); copy-only "
+              f"{c['x_realtime']:.1f}x ({i['wall_s'] / c['wall_s']:.2f}x its wall)")
     if compare:
-        for r in rows:
+        for r in (r for r in rows if "compare" in r):
             c, i = r["compare"], r["ingest"]
             print(f"compare {compare}: {r['seconds']:.0f} s bag {c['x_realtime']:.1f}x real time, {c['cpu_s']:.1f} "
                   f"CPU s; this checkout {i['x_realtime']:.1f}x, {i['cpu_s']:.1f} CPU s "
                   f"({i['cpu_s'] / c['cpu_s']:.2f}x the CPU)")
+    rows = [r for r in rows if not r["video"]] or rows  # the goal is on raw images (the worst case)
     worst = min(r["ingest"]["x_realtime"] for r in rows)
     loads = f"load {min(r['load_min'] for r in rows):.1f}-{max(r['load_max'] for r in rows):.1f}"
     anchor = ", ".join(f"{r['decode']['x_realtime']:.1f}x" for r in rows)
@@ -223,10 +295,14 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per bag (medians)")
     ap.add_argument("--compare", type=Path, help="another checkout whose ingest runs in the same rounds")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    ap.add_argument("--video-lengths", type=float, nargs="*", default=[20.0],
+                    help="H.264 CompressedVideo bag lengths in seconds (stream copy); none: skip")
     ap.add_argument("--decode-only", nargs=2, metavar=("BAG", "CONFIG"), help=argparse.SUPPRESS)
+    ap.add_argument("--copy-only", nargs=2, metavar=("BAG", "CONFIG"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.decode_only:
-        print(json.dumps(decode_only(Path(args.decode_only[0]), Path(args.decode_only[1]))))
+    if args.decode_only or args.copy_only:
+        fn, (bag, cfg_path) = (decode_only, args.decode_only) if args.decode_only else (copy_only, args.copy_only)
+        print(json.dumps(fn(Path(bag), Path(cfg_path))))
         return 0
     lengths = args.lengths or ([5.0, 15.0] if args.quick else [20.0, 60.0])
     OUT.mkdir(parents=True, exist_ok=True)
@@ -236,6 +312,9 @@ def main() -> int:
         cfg = write_config(work)
         for seconds in lengths:
             rows.append(measure(seconds, work, cfg, max(1, args.rounds), args.compare))
+        vcfg = write_config(work, video=True)
+        for seconds in args.video_lengths if not args.quick else [5.0]:
+            rows.append(measure(seconds, work, vcfg, max(1, args.rounds), args.compare, video=True))
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
