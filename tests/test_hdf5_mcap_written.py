@@ -28,6 +28,19 @@ def source_frames(src: Path, episode: int, key: str) -> list[np.ndarray]:
     return list(iter_frames(meta.video_path(key, episode)))
 
 
+def test_iter_frames_equal_pyav_own_conversion(tmp_path: Path) -> None:
+    """The decoder's shared single-thread converter gives PyAV's ``to_ndarray`` pixels."""
+    import av
+
+    src = make_subset(tmp_path / "src", [Ep(frames=12)], cameras=1)
+    path = read_meta(src).video_path("observation.images.cam0", 0)
+    with av.open(str(path)) as container:
+        want = [f.to_ndarray(format="rgb24") for f in container.decode(container.streams.video[0])]
+    got = list(iter_frames(path))
+    assert len(got) == len(want) == 12
+    assert all(g.shape == (H, W, 3) and g.dtype == np.uint8 and np.array_equal(g, w) for g, w in zip(got, want))
+
+
 @pytest.mark.parametrize("cameras", [1, 3])
 def test_hdf5_direct_chunks_equal_decoded_frames_and_digest(tmp_path: Path, cameras: int) -> None:
     src = make_subset(tmp_path / "src", [Ep(frames=40), Ep(frames=23)], cameras=cameras)

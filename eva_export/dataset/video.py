@@ -15,6 +15,7 @@ from typing import Any
 import av
 import numpy as np
 from av.container import OutputContainer
+from av.video.reformatter import VideoReformatter
 from av.video.stream import VideoStream
 from numpy.typing import NDArray
 
@@ -107,12 +108,16 @@ class VideoEncoder:
 
 def iter_frames(path: Path) -> Iterator[NDArray[Any]]:
     """Decode every frame of the first video stream as an (H, W, 3) uint8 RGB array."""
+    # One converter for the stream, one swscale thread: ``frame.to_ndarray`` makes a new
+    # scaler with its own thread pool for every frame (3-10x the conversion's cost, issue 28).
+    # The pixels are the same (tests/test_video.py).
+    reformatter = VideoReformatter()
     try:
         with av.open(str(path)) as container:
             stream = container.streams.video[0]
             stream.thread_type = "AUTO"
             for frame in container.decode(stream):
-                yield frame.to_ndarray(format="rgb24")
+                yield reformatter.reformat(frame, format="rgb24", threads=1).to_ndarray()
     except av.FFmpegError as exc:
         raise VideoError(f"cannot decode {path}: {exc}") from exc
 
