@@ -12,8 +12,8 @@ scalar string), "bytes" (opaque scalar, ``bytes(value[()])``), "none" (empty dat
 
 Images: maxshape (None, H, W, 3), chunks (1, H, W, 3), compression "" (none, default), "lzf" or
 "gzip" (level ``gzip_level``) on image datasets only. Uncompressed, every chunk is allocated when
-the dataset is made and the frames are written straight to them (``hdf5_frames``: all cameras
-decoded at once, pwritev off the caller's thread), and the file is hashed as it is written; the
+the dataset is made and the frames are written straight to them (``hdf5_frames``: camera after
+camera, each decoded ahead in a thread, pwritev off the caller's thread), and the file is hashed as it is written; the
 digest goes to the manifest (``manifest.record_written``). The first frame fixes H x W x C; a later
 frame of another shape, or a final frame count different from the table's rows, raises
 ExportError naming the episode and camera.
@@ -42,7 +42,15 @@ from ..fsutil import read_json, require_free, storage_error
 from .base import Progress, VerifyReport
 from .checks import check_sample, check_totals, read_episode_rows, start_report
 from .episode_files import episode_file, export_episode_files, to_plain
-from .hdf5_frames import CameraOut, chunk_offsets, compression_opts, create_preallocated, first_frame, write_cameras
+from .hdf5_frames import (
+    ALIGNMENT,
+    CameraOut,
+    chunk_offsets,
+    compression_opts,
+    create_preallocated,
+    first_frame,
+    write_cameras,
+)
 from .images import Prefetch, camera_frames
 from .source import column_numpy, state_action_keys
 from .written import RegionHasher
@@ -145,7 +153,7 @@ class Hdf5Exporter:
                     table: Any) -> str | None:
         # libver earliest (superblock v0, no status flags): closing rewrites the superblock with
         # the bytes it already had, so the digest taken while writing survives the close.
-        with h5py.File(sink, "w", libver="earliest") as f:
+        with h5py.File(sink, "w", libver="earliest", **(ALIGNMENT if not self.compression else {})) as f:
             f.attrs["dataset_format"] = FORMAT
             f.attrs["episode_index"] = episode_index
             cols, imgs, md = (f.create_group(g) for g in GROUPS)
@@ -165,7 +173,7 @@ class Hdf5Exporter:
         """Uncompressed images: preallocated chunks written by pwritev (hdf5_frames), hashed."""
         visual, rows = meta.info.visual_keys, int(table.num_rows)
         iters = [Prefetch(camera_frames(meta, episode_index, table, key), self.prefetch) for key in visual]
-        try:  # every camera decodes ahead at once, each in its own thread
+        try:  # each camera decodes ahead in its own thread (a later one waits with `prefetch` frames)
             cams = []
             for i, (key, it) in enumerate(zip(visual, iters, strict=True)):
                 first = first_frame(it, episode_index, key, rows)
@@ -177,7 +185,7 @@ class Hdf5Exporter:
             f.flush()  # every metadata byte on the file before the frames are hashed behind it
             sink.writes = []
             hasher = RegionHasher(sink.fh.fileno())
-            write_cameras(sink.fh.fileno(), cams, hasher, episode_index)
+            write_cameras(sink.fh.fileno(), str(sink.fh.name), cams, hasher, episode_index)
             return hasher
         finally:
             for it in iters:

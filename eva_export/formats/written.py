@@ -151,7 +151,6 @@ class RegionHasher:
         self._gaps: list[tuple[int, bytes]] = []  # library bytes hashed from the file, kept to recheck
         self._data: list[tuple[int, int]] = []  # [start, end) of regions hashed from our own writes
         self.void = ""  # why the digest cannot be trusted ("" while it can)
-        self.read_back_bytes = 0  # of our own frames, hashed from the page cache (read_back)
 
     def data(self, offset: int, views: list[Any]) -> None:
         """The caller is about to write ``views`` (contiguous buffers) at ``offset``: hash the
@@ -177,22 +176,6 @@ class RegionHasher:
         else:
             self._data.append((offset, offset + n))
         self._pos = offset + n
-
-    def read_back(self, end: int) -> None:
-        """Hash [pos, end) from the file: our frames written before the hash could take them in
-        order (another camera's, decoded in parallel), served by the page cache."""
-        if self.void or end <= self._pos:
-            return
-        start = self._pos
-        while self._pos < end:
-            part = _pread_all(self._fd, min(end - self._pos, 4 << 20), self._pos)
-            if not part:
-                self.void = f"the file ends before {end}"
-                return
-            self._h.update(part)
-            self._pos += len(part)
-        self.read_back_bytes += end - start
-        self._data.append((start, end))
 
     def finish(self, library_writes: list[tuple[int, int]]) -> str | None:
         """The digest of the closed file, or None. ``library_writes``: (offset, length) of every
