@@ -58,10 +58,67 @@ def test_hdf5_direct_chunks_equal_decoded_frames_and_digest(tmp_path: Path, came
                 ds = item["value"]
                 assert ds.shape == (n, H, W, 3) and ds.chunks == (1, H, W, 3) and ds.maxshape == (None, H, W, 3)
                 np.testing.assert_array_equal(ds[()], np.stack(source_frames(src, ep, key)))
-        # hashed while written (later cameras partly from the page cache): exactly the file's bytes
+        # hashed while written, camera after camera: exactly the file's bytes
         assert recorded_digest(path) == sha256_file(path)
     manifest = build_manifest(out)
     assert all(e.sha256 == sha256_file(out / e.path) for e in manifest.files)
+
+
+def _direct_writes(monkeypatch: pytest.MonkeyPatch, fail_direct: bool) -> list[tuple[bool, int, int]]:
+    """Record (O_DIRECT?, offset, bytes) of every frame write; EINVAL on direct ones if asked."""
+    import errno
+    import fcntl
+
+    from eva_export.formats import hdf5_frames
+
+    real, seen = hdf5_frames.pwritev_all, []
+
+    def recording(fd: int, views: list, offset: int) -> None:  # type: ignore[type-arg]
+        direct = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)
+        seen.append((direct, offset, sum(memoryview(v).nbytes for v in views)))
+        if direct and fail_direct:
+            raise OSError(errno.EINVAL, "alignment refused")
+        real(fd, views, offset)
+
+    monkeypatch.setattr(hdf5_frames, "pwritev_all", recording)
+    return seen
+
+
+def _direct_supported(d: Path) -> bool:
+    try:
+        os.close(os.open(d / "probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("fail_direct", [False, True])
+def test_hdf5_page_sized_frames_go_direct_else_buffered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        fail_direct: bool) -> None:
+    """384x256 RGB is 72 pages: chunks page-aligned, written O_DIRECT (where the file system takes
+    it); a refused direct write (EINVAL) goes buffered. Either way the frames and the digest are
+    exactly the file's."""
+    w, h = 384, 256
+    src = make_subset(tmp_path / "src", [Ep(frames=20)], cameras=2, width=w, height=h)
+    seen = _direct_writes(monkeypatch, fail_direct)
+    out = tmp_path / "out"
+    Hdf5Exporter().export(src, out)
+    path = out / "data/chunk-000/episode_000000.hdf5"
+    with h5py.File(path, "r") as f:
+        for c in range(2):
+            key = f"observation.images.cam{c}"
+            item = find_item(f["images"], key)
+            assert item is not None
+            np.testing.assert_array_equal(item["value"][()], np.stack(source_frames(src, 0, key)))
+    assert recorded_digest(path) == sha256_file(path)
+    assert all(off % 4096 == 0 and n % 4096 == 0 for _d, off, n in seen)
+    direct = [d for d, _o, _n in seen]
+    if _direct_supported(tmp_path):
+        assert direct[0], "page-sized frames were not written O_DIRECT"
+        assert all(direct) != fail_direct  # after a refusal the rest go buffered
+        assert sum(n for d, _o, n in seen if not d) == (w * h * 3 * 40 if fail_direct else 0)
+    else:
+        assert not any(direct)
 
 
 def test_hdf5_compressed_gets_no_digest_and_manifest_reads_it(tmp_path: Path) -> None:

@@ -109,3 +109,59 @@ def test_pwritev_all_writes_more_buffers_than_one_call_takes(tmp_path: Path) -> 
     finally:
         os.close(fd)
     assert path.read_bytes() == b"head" + b"".join(parts)
+
+
+def _appended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refuse_after: int | None) -> tuple[bytes, list[bool]]:
+    """Odd-sized pieces through a DirectAppender with 64 KiB blocks; every write recorded as
+    direct or not; direct writes refused (EINVAL) after ``refuse_after`` of them, if given."""
+    import fcntl
+
+    from eva_export.formats import written
+
+    real, kinds = written.pwritev_all, []
+
+    def recording(fd: int, views: list[Any], offset: int) -> None:
+        direct = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)
+        if direct and refuse_after is not None and kinds.count(True) >= refuse_after:
+            raise OSError(errno.EINVAL, "refused")
+        kinds.append(direct)
+        real(fd, views, offset)
+
+    monkeypatch.setattr(written, "pwritev_all", recording)
+    monkeypatch.setattr(written.DirectAppender, "BLOCK", 64 << 10)
+    rng = __import__("random").Random(7)
+    pieces = [os.urandom(rng.choice([1, 100, 4095, 70_000, 200_001])) for _ in range(40)]
+    path = tmp_path / "f.bin"
+    with open(path, "wb", buffering=0) as fh:
+        out = written.DirectAppender(fh.fileno(), str(path))
+        for i in range(0, len(pieces), 3):
+            out.write(pieces[i:i + 3])
+        out.finish()
+        out.close()
+    assert path.read_bytes() == b"".join(pieces)
+    return path.read_bytes(), kinds
+
+
+def _direct_supported(d: Path) -> bool:
+    try:
+        os.close(os.open(d / "probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("refuse_after", [None, 0, 3])
+def test_direct_appender_writes_exactly_the_bytes_direct_or_buffered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     refuse_after: int | None) -> None:
+    """Whole blocks O_DIRECT, the last part block buffered; once a direct write is refused
+    (EINVAL: a file system that takes no such alignment) the rest go buffered. The file holds
+    exactly the bytes given, in order, either way."""
+    _data, kinds = _appended(tmp_path, monkeypatch, refuse_after)
+    if not _direct_supported(tmp_path):
+        assert not any(kinds)
+        return
+    if refuse_after is None:
+        assert kinds.count(True) > 1 and kinds[-1] is False and kinds.count(False) == 1  # only the last part block buffered
+    else:
+        assert kinds[:refuse_after] == [True] * refuse_after and len(kinds) > refuse_after
+        assert not any(kinds[refuse_after:])

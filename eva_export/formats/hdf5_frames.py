@@ -32,10 +32,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import ExportError, VideoError
-from .written import RegionHasher, StepThread, pwritev_all, start_writeback
+from .written import DIRECT_ALIGN, RegionHasher, StepThread, open_direct, pwritev_all, start_writeback
 
 FRAMES_PER_WRITE = 8  # ~7 MB per pwritev at 640x480: large for the disk, small in memory
-DIRECT_ALIGN = 4096  # O_DIRECT: offsets, lengths and the buffer on page boundaries (file systems need <= this)
 # h5py.File options: every allocation of 256 KiB or more (frame chunks, not metadata) on a page
 ALIGNMENT = {"alignment_threshold": 256 << 10, "alignment_interval": DIRECT_ALIGN}
 
@@ -108,14 +107,8 @@ class _FrameWrites:
 
     def __init__(self, fd: int, path: str) -> None:
         self._fd = fd
-        self._direct: int | None = None
+        self._direct = open_direct(path)
         self._stage: mmap.mmap | None = None
-        flag = getattr(os, "O_DIRECT", 0)
-        if flag:
-            try:
-                self._direct = os.open(path, os.O_WRONLY | flag)
-            except OSError:
-                self._direct = None
 
     def __call__(self, item: tuple[list[Any], int]) -> None:
         views, offset = item

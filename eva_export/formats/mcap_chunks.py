@@ -9,7 +9,8 @@ goes to the process's small thread pool for its CRC and compression, both stream
 pieces (lz4, zstd and zlib release the GIL), while the next one fills; at most one chunk per
 worker is in flight. Finished chunks are written in order, compressed bytes or the frames
 themselves, by ``pwritev`` on an output thread that also hashes every byte of the file as it
-goes (``sha256``: the manifest's digest, no read-back). So the writer's thread only gathers.
+goes (``sha256``: the manifest's digest, no read-back), in whole blocks past the page cache
+(``written.DirectAppender``). So the writer's thread only gathers.
 Records other than chunks are built with mcap's own record classes, and the file is the
 layout mcap's Writer makes (schemas and channels in the first chunk, message indexes after
 each chunk, a summary with schemas, channels, statistics and chunk indexes, summary offsets,
@@ -44,13 +45,12 @@ from mcap.records import (
     SummaryOffset,
 )
 
-from .written import StepThread, pwritev_all, start_writeback
+from .written import DirectAppender, StepThread
 
 MAGIC = b"\x89MCAP0\r\n"
 _MESSAGE_HEAD = struct.Struct("<BQHIQQ")  # opcode, record length, channel, sequence, log and publish time
 _MESSAGE_FIXED = 2 + 4 + 8 + 8
 _CHUNK_HEAD = struct.Struct("<BQQQQI")  # opcode, record length, start, end, uncompressed size and CRC
-WRITEBACK_BYTES = 8 << 20
 _SMALL = 64 << 10  # parts below this are copied into their chunk; larger ones are referenced
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -120,24 +120,26 @@ def _shared_pool(workers: int) -> ThreadPoolExecutor:
 
 class _FileBytes:
     """The step of the writer's output thread (``written.StepThread``): each item (buffers in
-    file order) written by ``pwritev`` and hashed. The kernel's write path (page cache,
-    dirty-page throttling) and SHA-256 both release the GIL, so they overlap with filling and
-    compressing the next chunks."""
+    file order) hashed and written (``written.DirectAppender``: whole 8 MiB blocks past the page
+    cache where the file system takes it). The kernel's write path and SHA-256 both release
+    the GIL, so they overlap with filling and compressing the next chunks."""
 
     def __init__(self, fh: BinaryIO) -> None:
-        self._fd = fh.fileno()
+        name = getattr(fh, "name", None)
+        self._out = DirectAppender(fh.fileno(), name if isinstance(name, str) else None)
         self.sha = hashlib.sha256()
-        self._pos = 0  # bytes written
-        self._written = 0  # bytes whose writeback was started
 
     def step(self, views: list[Any]) -> None:
-        pwritev_all(self._fd, views, self._pos)
         for v in views:
             self.sha.update(v)
-            self._pos += memoryview(v).nbytes
-        if self._pos - self._written >= WRITEBACK_BYTES:  # the disk busy while the next chunks compress
-            start_writeback(self._fd, self._written, self._pos - self._written)
-            self._written = self._pos
+        self._out.write(views)
+
+    def finish(self) -> None:
+        """The last bytes (under a block) written; after the output thread drained."""
+        self._out.finish()
+
+    def close(self) -> None:
+        self._out.close()
 
 
 @dataclass
@@ -313,6 +315,7 @@ class ChunkWriter:
         self._records(Footer(summary_start=summary_start, summary_offset_start=offsets_start, summary_crc=crc))
         self._out(MAGIC)
         self._io.drain()
+        self._bytes.finish()
         self.close()
 
     def close(self) -> None:
@@ -324,3 +327,4 @@ class ChunkWriter:
             f.cancel()
         wait(futures)
         self._io.close()
+        self._bytes.close()

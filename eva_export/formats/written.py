@@ -14,13 +14,17 @@ the manifest then hashes the file itself, as before.
 from __future__ import annotations
 
 import ctypes
+import errno
 import hashlib
+import mmap
 import os
 import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
+
+import numpy as np
 
 _SYNC_FILE_RANGE_WRITE = 2
 _writeback: Callable[[int, int, int, int], int] | bool | None = False  # False: not looked up yet
@@ -118,6 +122,93 @@ def pwritev_all(fd: int, views: list[Any], offset: int) -> None:
             views.pop(0)
         if views and n:
             views[0] = views[0][n:]
+
+
+DIRECT_ALIGN = 4096  # O_DIRECT: offsets, lengths and buffers on page boundaries (file systems need <= this)
+
+
+def open_direct(path: str | None) -> int | None:
+    """A second, write-only descriptor of ``path`` that bypasses the page cache (Linux
+    ``O_DIRECT``), or None where there is none (another OS, tmpfs and the like refuse it)."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag or not path:
+        return None
+    try:
+        return os.open(path, os.O_WRONLY | flag)
+    except OSError:
+        return None
+
+
+class DirectAppender:
+    """The bytes of a file written front to back, sent to the disk without the page cache.
+
+    They are gathered into one reused page-aligned buffer and written in whole blocks of it
+    through ``open_direct``'s descriptor; the last part block (``finish``), and everything once
+    the file system refused an aligned write (EINVAL) or when there is no such descriptor, go
+    through ``fd`` as ordinary writes with their writeback started. Raw frames are written once
+    and never read here again: the page-cache path (a copy into it, dirty-page throttling,
+    writeback) cost 2.5-6 kernel CPU-s per 2.2 GB on this loaded machine against 0.1-0.15
+    direct, 7.7-12.4 s against 1.4-1.7 s of wall time, ``fdatasync`` included.
+    """
+
+    BLOCK = 8 << 20
+
+    def __init__(self, fd: int, path: str | None) -> None:
+        self._fd = fd
+        self._direct = open_direct(path)
+        self._stage = mmap.mmap(-1, self.BLOCK) if self._direct is not None else None  # page-aligned
+        self._arr = None if self._stage is None else np.frombuffer(self._stage, np.uint8)  # numpy copies without the GIL
+        self._fill = 0  # bytes in the stage
+        self._pos = 0  # file offset of the stage's first byte (bytes written before it)
+        self._started = 0  # bytes whose writeback was started (buffered path)
+
+    def write(self, views: list[Any]) -> None:
+        if self._stage is None:
+            pwritev_all(self._fd, views, self._pos)
+            self._pos += sum(memoryview(v).nbytes for v in views)
+            if self._pos - self._started >= self.BLOCK:
+                start_writeback(self._fd, self._started, self._pos - self._started)
+                self._started = self._pos
+            return
+        for v in views:
+            a = np.frombuffer(v, np.uint8)
+            while a.size:
+                if self._arr is None:  # refused mid-way: the rest buffered
+                    self.write([a])
+                    break
+                k = min(a.size, self.BLOCK - self._fill)
+                self._arr[self._fill:self._fill + k] = a[:k]
+                self._fill += k
+                a = a[k:]
+                if self._fill == self.BLOCK:
+                    self._write_stage()
+
+    def _write_stage(self) -> None:
+        assert self._stage is not None and self._direct is not None
+        stage = memoryview(self._stage)[:self._fill]
+        try:
+            pwritev_all(self._direct, [stage], self._pos)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:  # ENOSPC, EIO: the file fails, as it would buffered
+                raise
+            self._stage, self._arr, self._fill = None, None, 0  # this file system takes none: buffered from here on
+            self.close()
+            self.write([stage])
+            return
+        self._pos += self._fill
+        self._fill = 0
+
+    def finish(self) -> None:
+        """The last part block, through the ordinary descriptor (any length, any offset)."""
+        if self._stage is not None and self._fill:
+            pwritev_all(self._fd, [memoryview(self._stage)[:self._fill]], self._pos)
+            self._pos += self._fill
+            self._fill = 0
+
+    def close(self) -> None:
+        if self._direct is not None:
+            os.close(self._direct)
+            self._direct = None
 
 
 @dataclass(frozen=True)
