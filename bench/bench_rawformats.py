@@ -10,9 +10,11 @@ own subprocess:
 * hdf5 and mcap (lz4, the default; ``mcap:none`` = ``export.mcap_compression: none``) exports, every output file
   fdatasync'ed, then ``build_manifest`` of the output (what publication does next), each paired
   with the write limit, ``dd if=/dev/zero bs=4M conv=fdatasync`` of as many bytes, run right
-  before or after it (alternating by round); with ``--baseline`` the same exports from another
-  checkout in the same rounds. The child also times a plain SHA-256 re-read of the output (what
-  the manifest did before the exporters hashed their files while writing).
+  before or after it (alternating by round), and then ``dd ... oflag=direct`` (the page cache
+  bypassed, as the writers now do where they can); with ``--baseline`` the same exports from
+  another checkout in the same rounds. The child also times a plain SHA-256 re-read of the
+  output (what the manifest did before the exporters hashed their files while writing; from the
+  disk, not the page cache, for what was written O_DIRECT).
 
 Reported: medians of seconds, MB/s of output, the per-pair ratio to dd (goal >= 0.8x), peak
 RSS, and the load.
@@ -94,11 +96,11 @@ def run_child(mode: str, src: Path, out: Path, repo: Path) -> dict[str, float]:
     return res
 
 
-def run_dd(out: Path, nbytes: int) -> dict[str, float]:
+def run_dd(out: Path, nbytes: int, direct: bool = False) -> dict[str, float]:
     count = max(1, nbytes // (4 << 20))
     t0 = time.perf_counter()
-    subprocess.run(["dd", "if=/dev/zero", f"of={out}", "bs=4M", f"count={count}", "conv=fdatasync"],
-                   check=True, capture_output=True)
+    subprocess.run(["dd", "if=/dev/zero", f"of={out}", "bs=4M", f"count={count}", "conv=fdatasync"]
+                   + (["oflag=direct"] if direct else []), check=True, capture_output=True)
     seconds = time.perf_counter() - t0
     size = out.stat().st_size
     out.unlink()
@@ -131,25 +133,29 @@ def run_rounds(rows: list[tuple[str, str, Path]], src: Path, work: Path, rounds:
                 dd = run_dd(work / "dd.bin", int(res["bytes"]))
             res["dd_s"] = dd["seconds"] * res["bytes"] / dd["bytes"]
             res["ratio"] = res["dd_s"] / res["seconds"]
+            ddd = run_dd(work / "dd.bin", int(res["bytes"]), direct=True)  # the page cache bypassed, as the writers do
+            res["dd_direct_s"] = ddd["seconds"] * res["bytes"] / ddd["bytes"]
+            res["ratio_direct"] = res["dd_direct_s"] / res["seconds"]
             runs[label].append(res)
     return runs
 
 
 def table(runs: dict[str, list[dict[str, float]]], frames: int) -> list[str]:
     lines = ["| row | s (export + fsync + manifest) | of which manifest s | re-read hash s (before) | CPU s | "
-             "output MB | MB/s | dd conv=fdatasync s (same bytes) | ratio to dd | frames/s | peak RSS MB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "output MB | MB/s | dd conv=fdatasync s (same bytes) | ratio to dd | dd oflag=direct s | ratio to it | "
+             "frames/s | peak RSS MB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for label, rs in runs.items():
         med = {k: _median([r[k] for r in rs if k in r]) for k in rs[0]}
         mb = med["bytes"] / 1e6
         if "dd_s" not in med:
             lines.append(f"| {label} (PyAV to RGB, cameras in parallel, nothing written) | {med['seconds']:.2f} | | | "
-                         f"{med['cpu_s']:.1f} | | | | | {frames / med['seconds']:.0f} | {med['peak_rss_mb']:.0f} |")
+                         f"{med['cpu_s']:.1f} | | | | | | | {frames / med['seconds']:.0f} | {med['peak_rss_mb']:.0f} |")
             continue
         pairs = ", ".join(f"{r['ratio']:.2f}" for r in rs)
         lines.append(f"| {label} | {med['seconds']:.2f} | {med['manifest_s']:.2f} | {med['reread_hash_s']:.2f} | "
                      f"{med['cpu_s']:.1f} | {mb:.0f} | {mb / med['seconds']:.0f} | {med['dd_s']:.2f} | "
-                     f"{med['ratio']:.2f}x (pairs {pairs}) | "
+                     f"{med['ratio']:.2f}x (pairs {pairs}) | {med['dd_direct_s']:.2f} | {med['ratio_direct']:.2f}x | "
                      f"{frames / med['seconds']:.0f} | {max(r['peak_rss_mb'] for r in rs):.0f} |")
     return lines
 

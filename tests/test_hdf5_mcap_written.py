@@ -38,7 +38,7 @@ def test_iter_frames_equal_pyav_own_conversion(tmp_path: Path) -> None:
         want = [f.to_ndarray(format="rgb24") for f in container.decode(container.streams.video[0])]
     got = list(iter_frames(path))
     assert len(got) == len(want) == 12
-    assert all(g.shape == (H, W, 3) and g.dtype == np.uint8 and np.array_equal(g, w) for g, w in zip(got, want))
+    assert all(g.shape == (H, W, 3) and g.dtype == np.uint8 and np.array_equal(g, w) for g, w in zip(got, want, strict=True))
 
 
 @pytest.mark.parametrize("cameras", [1, 3])
