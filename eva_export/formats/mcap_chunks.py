@@ -168,7 +168,7 @@ class ChunkWriter:
         self._pending: deque[tuple[_Chunk, Future[Packed]]] = deque()
         self._pos = 0  # bytes written: offsets for the indexes without asking the file
         self._bytes = _FileBytes(fh)
-        self._io: StepThread[list[Any]] = StepThread(self._bytes.step, "mcap-out", 4)  # 4 chunks behind at most
+        self._io: StepThread[list[Any]] = StepThread(self._bytes.step, "mcap-out", 2)  # 2 chunks behind at most
         self._chunk = _Chunk()
         self._schemas: list[Schema] = []
         self._channels: list[Channel] = []
