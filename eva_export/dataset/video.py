@@ -110,7 +110,7 @@ def iter_frames(path: Path) -> Iterator[NDArray[Any]]:
     """Decode every frame of the first video stream as an (H, W, 3) uint8 RGB array."""
     # One converter for the stream, one swscale thread: ``frame.to_ndarray`` makes a new
     # scaler with its own thread pool for every frame (3-10x the conversion's cost, issue 28).
-    # The pixels are the same (tests/test_video.py).
+    # The pixels are the same (tests/test_hdf5_mcap_written.py).
     reformatter = VideoReformatter()
     try:
         with av.open(str(path)) as container:
