@@ -197,10 +197,12 @@ def _read_all(path: str, order: list[int], store: Any = None) -> tuple[int, list
 
 
 _FORKED_STORE: Any = None
+_FORK_BARRIER: Any = None  # both workers wait here: neither can take both tasks, and they read at once
 
 
 def _forked_worker(order: list[int]) -> tuple[int, list[float], list[int]]:
     """Runs in a forked child: reads through the store object the parent created and used."""
+    _FORK_BARRIER.wait()
     pid, sums = _read_all("", order, _FORKED_STORE)
     fds = sorted(fd for h in _FORKED_STORE._open.values() for fd, _, _ in h.records.values())
     return pid, sums, fds
@@ -208,7 +210,7 @@ def _forked_worker(order: list[int]) -> tuple[int, list[float], list[int]]:
 
 def _fork_check(out: str) -> None:
     """The parent half of the fork test, run in a fresh interpreter (see the test)."""
-    global _FORKED_STORE
+    global _FORKED_STORE, _FORK_BARRIER
     store = open_store(out)
     n = len(store)
     _, expect = _read_all(out, list(range(n)), store)  # the parent has opened every shard
@@ -216,6 +218,7 @@ def _fork_check(out: str) -> None:
     _FORKED_STORE = store
     orders = [random.Random(seed).sample(range(n), n) for seed in (1, 2)]
     ctx = mp.get_context("fork")
+    _FORK_BARRIER = ctx.Barrier(2, timeout=240)  # inherited by the forked workers
     with ctx.Pool(2) as pool:
         results = pool.map(_forked_worker, orders)  # both workers read at the same time
     assert len({pid for pid, _, _ in results} | {os.getpid()}) == 3
