@@ -194,6 +194,11 @@ def _plain_below(root: str, relative: str) -> bool:
             continue  # a directory this job already found to be a real directory
         try:
             mode = os.lstat(here).st_mode
+        except FileNotFoundError:
+            # Nothing exists from here on, so no symlink either: the path resolves to the
+            # checked prefix plus plain components, inside ``root`` (a file about to be
+            # written took two realpaths per path: issue 28).
+            return True
         except OSError:
             return False
         if stat.S_ISLNK(mode):

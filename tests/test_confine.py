@@ -153,6 +153,26 @@ def test_confined_follows_symlinks(tmp_path: Path) -> None:
     assert confine.confined(tmp_path / "alias", "data/in.parquet")
 
 
+def test_confined_paths_not_written_yet(tmp_path: Path) -> None:
+    """A file about to be written (missing, maybe in missing directories) passes without a
+    realpath when every existing component is a plain directory; under a symlinked directory
+    that leaves the root it is still refused, in a checked_dirs block too."""
+    root = tmp_path / "ds"
+    (root / "data").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (root / "data" / "out").symlink_to(tmp_path / "elsewhere")
+    (root / "data" / "dangling").symlink_to(tmp_path / "nowhere")
+    with confine.checked_dirs():
+        for _ in range(2):
+            assert confine.confined(root, "data/new.parquet") == root / "data/new.parquet"
+            assert confine.confined(root, "data/chunk-001/new.parquet") == root / "data/chunk-001/new.parquet"
+            for rel in ("data/out/new.parquet", "data/out/chunk/new.parquet", "data/dangling/new.parquet"):
+                with pytest.raises(UnsafeNameError, match="outside"):
+                    confine.confined(root, rel)
+    (root / "data" / "file").write_bytes(b"x")  # a file where a directory is expected: refused as before
+    assert not confine._plain_below(str(root), "data/file/new.parquet")
+
+
 @SETTINGS
 @given(segments=st.lists(st.sampled_from(["..", ".", "data", "in", "out", "link_out", "link_in", "//"]),
                          max_size=8))

@@ -232,3 +232,13 @@ def test_auto_pool_runs_cheap_units_in_the_caller_and_starts_workers_for_heavy_o
     assert len(heavy) == 8 and heavy[0] == os.getpid()  # the first one measured the cost ...
     assert os.getpid() not in heavy[-4:] and len(set(heavy) - {os.getpid()}) >= 1  # ... then workers
 
+
+
+def test_units_that_compute_get_the_larger_serial_budget() -> None:
+    """Units busy on the CPU in the caller stay there up to SERIAL_BUDGET_CPU_S of projected
+    work (workers would compete for the same cores and pay their imports); units that wait
+    (I/O, sleep) keep the small budget, where workers overlap the waits."""
+    assert pool.SERIAL_BUDGET_CPU_S > pool.SERIAL_BUDGET_S
+    assert pool.serial_budget_s(2.0, 1.9) == pool.SERIAL_BUDGET_CPU_S
+    assert pool.serial_budget_s(2.0, 0.1) == pool.SERIAL_BUDGET_S
+    assert pool.serial_budget_s(0.0, 0.0) == pool.SERIAL_BUDGET_S

@@ -27,7 +27,8 @@ from ..dataset.records import FORMAT_V21
 from ..dataset.video import count_frames, decode_count, iter_frames
 from ..dataset.records import QUALITY_SPLIT_FILE, QualitySplit
 from ..errors import DatasetError, EvaError, ExportError, VideoError
-from ..dataset.validate import validate_source
+from ..dataset.episode_list import rows_at
+from ..dataset.validate import SourceCheck, validate_source
 from .base import Progress, VerifyReport
 from .checks import check_sample, check_totals, start_report
 from .images import iter_table_images, parquet_image_keys
@@ -90,6 +91,23 @@ class _Verifier:
         except DatasetError as exc:
             report.errors.append(str(exc))
             return report
+        check = _check_structure(Path(out_dir), report, meta)
+        if check is not None and not self.decode_frames:
+            # validate_source just read every table's footer and every MP4's index, and
+            # refuses a row count other than the episode's length or a camera's frame count
+            # other than the rows: the per-episode count below would read them all again.
+            frames = sum(rows_at(check.episodes, n) for n in range(len(check.episodes)))
+            report.checks.append(f"every episode: Parquet rows == demuxed MP4 frames for "
+                                 f"{len(meta.info.video_keys)} camera(s)")
+        else:  # decoding proves more; a failed validation: every episode's fault listed
+            frames = self._count(meta, report)
+        check_totals(report, info, len(meta.episodes), frames, "the episode tables")
+        self._sample(meta, report)
+        return report
+
+    def _count(self, meta: DatasetMeta, report: VerifyReport) -> int:
+        """Each episode's Parquet rows against its length and its cameras' frames (decoded or
+        demuxed), every mismatch reported; returns the rows counted."""
         frames = 0
         bad = 0
         for ep in meta.episodes:
@@ -119,10 +137,7 @@ class _Verifier:
             how = "decoded" if self.decode_frames else "demuxed"
             report.checks.append(f"every episode: Parquet rows == {how} MP4 frames for {len(meta.info.video_keys)} "
                                  "camera(s)")
-        check_totals(report, info, len(meta.episodes), frames, "the episode tables")
-        _check_structure(Path(out_dir), report, meta)
-        self._sample(meta, report)
-        return report
+        return frames
 
     def _sample(self, meta: DatasetMeta, report: VerifyReport) -> None:
         if not meta.episodes:
@@ -150,7 +165,7 @@ class _Verifier:
 
 
 
-def _check_structure(root: Path, report: VerifyReport, meta: DatasetMeta) -> None:
+def _check_structure(root: Path, report: VerifyReport, meta: DatasetMeta) -> SourceCheck | None:
     """What a raw v2.1 dataset must satisfy (validate_source, as an export, not a source), the
     marker's episode count, and episode_index / global index columns contiguous per episode
     (validate_source reads and checks both columns of every table against the running offset)."""
@@ -159,10 +174,11 @@ def _check_structure(root: Path, report: VerifyReport, meta: DatasetMeta) -> Non
         marker = QualitySplit.read(root)
     except (EvaError, OSError, ValueError, TypeError) as exc:
         report.errors.append(str(exc))
-        return
+        return None
     if len(marker.source_episode_indices) != len(check.episodes):
         report.errors.append(f"{QUALITY_SPLIT_FILE}: {len(marker.source_episode_indices)} source_episode_indices "
                              f"for {len(check.episodes)} episodes")
-        return
+        return None
     report.checks.append(f"{len(check.episodes)} episodes valid as a v2.1 dataset: episode_index and "
                          "index columns contiguous")
+    return check
