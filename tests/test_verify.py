@@ -106,6 +106,25 @@ def test_v21_frame_count_mismatch_is_an_error(source: Path, tmp_path: Path) -> N
     assert any("episode 2 observation.images.cam0: 3 video frames, 4 Parquet rows" in e for e in report.errors)
 
 
+def test_v21_rewritten_table_is_caught_without_the_per_episode_count(source: Path, tmp_path: Path) -> None:
+    """The verifier takes row and frame counts from the subset's validation when it passes; a
+    table changed after the export (a row dropped, or its index column shifted with the same
+    row count) fails that validation, and the per-episode count then names the episode."""
+    out = export(source, tmp_path, "lerobot_v21")
+    data = out / "data/chunk-000/episode_000001.parquet"
+    table = pq.read_table(data)
+    data.unlink()  # a link: the source keeps its file
+    pq.write_table(table.slice(0, table.num_rows - 1), data)
+    report = verify_export(out)
+    assert any("episode 1: 8 Parquet rows, length 9" in e for e in report.errors), report.errors
+    assert any("has 8 rows but episodes.jsonl says length 9" in e for e in report.errors), report.errors
+    i = table.schema.get_field_index("index")
+    shifted = table.set_column(i, "index", pa.array([v + 1 for v in table.column("index").to_pylist()], pa.int64()))
+    pq.write_table(shifted, data)
+    report = verify_export(out)
+    assert any("episode 1" in e and "index" in e for e in report.errors), report.errors
+
+
 def test_v3_shifted_locator_is_an_error(source: Path, tmp_path: Path) -> None:
     out = export(source, tmp_path, "lerobot_v3")
     path = out / "meta/episodes/chunk-000/file-000.parquet"
