@@ -204,7 +204,8 @@ def run_delay_s() -> float:
 
 
 def serial_budget_s(wall_s: float, cpu_s: float) -> float:
-    """The serial budget for units that took ``wall_s`` of which ``cpu_s`` in this thread."""
+    """The serial budget for units that ran ``wall_s`` (their waits for a core left out) of
+    which ``cpu_s`` on this thread's CPU."""
     return SERIAL_BUDGET_CPU_S if wall_s > 0 and cpu_s >= 0.5 * wall_s else SERIAL_BUDGET_S
 
 
@@ -242,9 +243,9 @@ class LocalPool:
             on_done(u, u.fn(*u.args))  # as serial mode: exceptions propagate unchanged
             done += 1
             self.serial_units += 1
-            wall = time.perf_counter() - t0
-            rest = projected_rest_s(wall, run_delay_s() - w0, max(1, done - 1), len(units) - done)
-            budget = serial_budget_s(wall, time.thread_time() - c0)
+            wall, waited = time.perf_counter() - t0, run_delay_s() - w0
+            rest = projected_rest_s(wall, waited, max(1, done - 1), len(units) - done)
+            budget = serial_budget_s(wall - waited, time.thread_time() - c0)  # a wait for a core is not I/O
             if done == 1:
                 # The first unit pays the cold start (lazy imports, caches): it only decides when
                 # it is clearly heavy; the units after it are the measure.
