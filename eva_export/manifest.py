@@ -21,13 +21,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import stat
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from .fsutil import atomic_write_bytes
+from .fsutil import FILE_MODE, atomic_write_bytes, fsync_dir, storage_guard
 
 MANIFEST_FILE = "meta/manifest.json"
 MANIFEST_VERSION = 1
@@ -150,52 +152,91 @@ def written_digest(path: Path) -> str:
     return _WRITTEN.pop((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), None) or sha256_file(path)
 
 
-def scan_tree(root: Path) -> tuple[list[str], list[tuple[str, Path]]]:
-    """Directories and regular files (relative POSIX path, path) of ``root``, sorted."""
-    dirs: list[str] = []
-    files: list[tuple[str, Path]] = []
+def walk_tree(root: Path) -> Iterator[tuple[str, Path, os.stat_result]]:
+    """(relative POSIX path, path, stat) of every directory (parents first, ``root`` itself
+    not) and regular file of ``root``, sorted; anything else is refused."""
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
         rel_dir = os.path.relpath(dirpath, root)
         if rel_dir != ".":
-            dirs.append(Path(rel_dir).as_posix())
-        for name in sorted(filenames):
-            p = Path(dirpath) / name
-            if not stat.S_ISREG(p.stat().st_mode):
-                raise ValueError(f"{p} is not a regular file; a subset holds only files and directories")
-            files.append((p.relative_to(root).as_posix(), p))
-    return dirs, files
-
-
-def build_manifest(subset_dir: Path, hash_file: Callable[[Path], str] | None = None) -> Manifest:
-    """Hash every file of ``subset_dir`` except an existing manifest. ``hash_file``: the export
-    job passes one that answers a hard-linked source file from its facts index (issue 28)."""
-    root = Path(subset_dir)
-    digest = hash_file or written_digest
-    dirs: list[str] = []
-    entries: list[ManifestEntry] = []
-    # scan_tree's order and checks, one file's Path at a time (not a Path per file of the subset)
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        rel_dir = os.path.relpath(dirpath, root)
-        if rel_dir != ".":
-            dirs.append(Path(rel_dir).as_posix())
+            yield Path(rel_dir).as_posix(), Path(dirpath), os.stat(dirpath)
         for name in sorted(filenames):
             p = Path(dirpath) / name
             st = p.stat()
             if not stat.S_ISREG(st.st_mode):
                 raise ValueError(f"{p} is not a regular file; a subset holds only files and directories")
-            rel = p.relative_to(root).as_posix()
-            if rel != MANIFEST_FILE:
-                entries.append(ManifestEntry(rel, st.st_size, digest(p)))
-    return Manifest(tuple(entries), tuple(dirs))
+            yield p.relative_to(root).as_posix(), p, st
 
 
-def write_manifest(subset_dir: Path, hash_file: Callable[[Path], str] | None = None) -> Manifest:
-    """Build and write ``meta/manifest.json`` for a finished (staged) subset."""
-    manifest = build_manifest(subset_dir, hash_file)
-    manifest.write(subset_dir)
-    return manifest
+def scan_tree(root: Path) -> tuple[list[str], list[tuple[str, Path]]]:
+    """Directories and regular files (relative POSIX path, path) of ``root``, sorted."""
+    dirs: list[str] = []
+    files: list[tuple[str, Path]] = []
+    for rel, p, st in walk_tree(root):
+        (dirs.append(rel) if stat.S_ISDIR(st.st_mode) else files.append((rel, p)))
+    return dirs, files
+
+
+def _entries(root: Path, hash_file: Callable[[Path], str] | None,
+             dirs: list[str]) -> Iterator[ManifestEntry]:
+    """The manifest's files in order, hashed one at a time; directories appended to ``dirs``."""
+    digest = hash_file or written_digest
+    for rel, p, st in walk_tree(root):
+        if stat.S_ISDIR(st.st_mode):
+            dirs.append(rel)
+        elif rel != MANIFEST_FILE:
+            yield ManifestEntry(rel, st.st_size, digest(p))
+
+
+def build_manifest(subset_dir: Path, hash_file: Callable[[Path], str] | None = None) -> Manifest:
+    """Hash every file of ``subset_dir`` except an existing manifest. ``hash_file``: the export
+    job passes one that answers a hard-linked source file from its facts index (issue 28)."""
+    dirs: list[str] = []
+    files = tuple(_entries(Path(subset_dir), hash_file, dirs))
+    return Manifest(files, tuple(dirs))
+
+
+def _entry_json(e: ManifestEntry) -> str:
+    # exactly json.dumps(e.to_dict(), indent=1) one level down, as Manifest.to_bytes lays it out
+    return (f'  {{\n   "path": {json.dumps(e.path, ensure_ascii=False)},\n   "size": {e.size},'
+            f'\n   "sha256": "{e.sha256}"\n  }}')
+
+
+def write_manifest(subset_dir: Path, hash_file: Callable[[Path], str] | None = None) -> None:
+    """Write ``meta/manifest.json`` for a finished (staged) subset, byte for byte what
+    ``build_manifest(...).write`` writes, streamed: each entry goes to a spool file as it is
+    hashed, so memory does not grow with the file count (issue 28); the manifest replaces
+    the old one by rename."""
+    root = Path(subset_dir)
+    dirs: list[str] = []
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as spool:  # outside the tree being walked
+        count = 0
+        for e in _entries(root, hash_file, dirs):
+            spool.write((",\n" if count else "") + _entry_json(e))
+            count += 1
+        spool.seek(0)
+        _write_spooled(root / MANIFEST_FILE, dirs, spool, count)
+
+
+def _write_spooled(path: Path, dirs: list[str], spool: IO[str], count: int) -> None:
+    head = {"version": MANIFEST_VERSION, "algorithm": "sha256", "directories": dirs}
+    text = json.dumps(head, indent=1, ensure_ascii=False)[:-2]  # without the closing "\n}"
+    with storage_guard(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            os.fchmod(fd, FILE_MODE)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text + (',\n "files": [\n' if count else ',\n "files": []'))
+                shutil.copyfileobj(spool, fh)
+                fh.write("\n ]\n}\n" if count else "\n}\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        fsync_dir(path.parent)
 
 
 def manifest_digest(data: bytes) -> str:

@@ -14,19 +14,53 @@ file outside the template) is kept whole.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from array import array
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import overload
+from typing import TypeVar, overload
 
 import pyarrow as pa
 
 from .records import DatasetInfo, EpisodeRow
 from .source_rules import SourceEpisode
 
+T = TypeVar("T")
 
-class EpisodeList(Sequence[SourceEpisode]):
+
+class LazySequence(Sequence[T]):
+    """A sequence whose items are rebuilt from compact storage on access: a subclass gives
+    ``__len__`` and ``_item(n)`` (``0 <= n < len``); indexing, slices and iteration are here."""
+
+    what = "item"  # named in the IndexError
+
+    @abstractmethod
+    def _item(self, n: int) -> T: ...
+
+    @overload
+    def __getitem__(self, n: int) -> T: ...
+
+    @overload
+    def __getitem__(self, n: slice) -> list[T]: ...
+
+    def __getitem__(self, n: int | slice) -> T | list[T]:
+        if isinstance(n, slice):
+            return [self._item(k) for k in range(*n.indices(len(self)))]
+        if n < 0:
+            n += len(self)
+        if not 0 <= n < len(self):
+            raise IndexError(f"{self.what} position out of range")
+        return self._item(n)
+
+    def __iter__(self) -> Iterator[T]:
+        for n in range(len(self)):
+            yield self._item(n)
+
+
+class EpisodeList(LazySequence[SourceEpisode]):
     """The episodes of one source in order; ``append`` as a list's, items rebuilt on access."""
+
+    what = "episode"
 
     def __init__(self, root: Path, info: DatasetInfo) -> None:
         self._root = Path(root)
@@ -89,25 +123,6 @@ class EpisodeList(Sequence[SourceEpisode]):
                              video_paths={k: self._root / self._info.video_file(k, i) for k in self._keys},
                              rows=self._nrows[n], task_indices=list(self._task_sets[self._task[n]]),
                              columns=cols, bytes=self._bytes[n], schema=schema)
-
-    @overload
-    def __getitem__(self, n: int) -> SourceEpisode: ...
-
-    @overload
-    def __getitem__(self, n: slice) -> list[SourceEpisode]: ...
-
-    def __getitem__(self, n: int | slice) -> SourceEpisode | list[SourceEpisode]:
-        if isinstance(n, slice):
-            return [self._item(k) for k in range(*n.indices(len(self)))]
-        if n < 0:
-            n += len(self)
-        if not 0 <= n < len(self):
-            raise IndexError("episode position out of range")
-        return self._item(n)
-
-    def __iter__(self) -> Iterator[SourceEpisode]:
-        for n in range(len(self)):
-            yield self._item(n)
 
     def __eq__(self, other: object) -> bool:  # as the list it replaces: equal items in order
         if not isinstance(other, (list, tuple, EpisodeList)):

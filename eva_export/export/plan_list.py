@@ -11,16 +11,18 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterator, Sequence
-from typing import Any, overload
+from typing import Any
 
-from ..dataset.episode_list import index_at, row_at, rows_at
+from ..dataset.episode_list import LazySequence, index_at, row_at, rows_at
 from ..dataset.records import EpisodeRow
 from ..dataset.validate import SourceCheck
 from .units import PlannedEpisode
 
 
-class PlanList(Sequence[PlannedEpisode]):
+class PlanList(LazySequence[PlannedEpisode]):
     """The planned episodes of one subset in their new order (new index = position)."""
+
+    what = "planned episode"
 
     def __init__(self, checks: tuple[SourceCheck, ...], subset: str) -> None:
         self.checks = checks
@@ -46,25 +48,6 @@ class PlanList(Sequence[PlannedEpisode]):
         no = self._no[n]
         return PlannedEpisode(self.checks[no].episodes[self._pos[n]], self.subset, n, self._offset[n],
                               self.task_maps[no], no, self.provenance[no])
-
-    @overload
-    def __getitem__(self, n: int) -> PlannedEpisode: ...
-
-    @overload
-    def __getitem__(self, n: slice) -> list[PlannedEpisode]: ...
-
-    def __getitem__(self, n: int | slice) -> PlannedEpisode | list[PlannedEpisode]:
-        if isinstance(n, slice):
-            return [self._item(k) for k in range(*n.indices(len(self)))]
-        if n < 0:
-            n += len(self)
-        if not 0 <= n < len(self):
-            raise IndexError("planned episode out of range")
-        return self._item(n)
-
-    def __iter__(self) -> Iterator[PlannedEpisode]:
-        for n in range(len(self)):
-            yield self._item(n)
 
     # ---- per-episode facts without rebuilding the episode -------------------------------------
     def source_no(self, n: int) -> int:
