@@ -18,7 +18,7 @@ from eva_export.dataset.video import iter_frames
 from eva_export.formats.hdf5 import Hdf5Exporter, find_item
 from eva_export.formats.mcap_eva import McapExporter, decode_image
 from eva_export.formats.written import RegionHasher
-from eva_export.manifest import build_manifest, recorded_digest, sha256_file
+from eva_export.manifest import MANIFEST_FILE, Manifest, build_manifest, recorded_digest, sha256_file, write_manifest
 
 W, H = 64, 48
 
@@ -220,3 +220,24 @@ def test_hdf5_files_carry_no_clock(tmp_path: Path) -> None:
     Hdf5Exporter().export(src, tmp_path / "b")
     rel = "data/chunk-000/episode_000000.hdf5"
     assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes()
+
+
+@pytest.mark.parametrize("shape", ["empty", "nested", "rewritten"])
+def test_streamed_manifest_is_byte_for_byte_the_built_one(tmp_path: Path, shape: str) -> None:
+    # write_manifest spools entries as it hashes them (issue 28); readers see the same bytes
+    root = tmp_path / "subset"
+    root.mkdir()
+    if shape != "empty":
+        (root / "data" / "chunk-000").mkdir(parents=True)
+        (root / "data" / "chunk-000" / 'é "quoted".bin').write_bytes(b"x" * 10)
+        (root / "meta").mkdir()
+        (root / "meta" / "info.json").write_text("{}\n")
+        (root / "empty_dir").mkdir()
+    if shape == "rewritten":
+        write_manifest(root)  # an old manifest: not listed in the new one
+        (root / "b.txt").write_text("later\n")
+    want = build_manifest(root).to_bytes()
+    write_manifest(root)
+    assert (root / MANIFEST_FILE).read_bytes() == want
+    assert not [p.name for p in (root / "meta").iterdir() if p.name.startswith(".")]  # no temp file left
+    assert Manifest.read(root).files == build_manifest(root).files

@@ -30,7 +30,10 @@ from ..dataset import stats as stats_mod
 from .v3_layout import DATA_PATH_V30
 from .v3_video import Locator, Numbering
 
-ROW_GROUP_BYTES = 32 * 1024 * 1024
+ROW_GROUP_BYTES = 8 * 1024 * 1024
+# Every this many waiting episode tables become one contiguous table: a small Arrow table's
+# schema, chunk and buffer objects cost more than its rows (issue 28: memory grew per episode).
+COMPACT_TABLES = 256
 _HF_DTYPES = {"float": "float32", "double": "float64", "int64": "int64", "int32": "int32", "bool": "bool",
               "string": "string", "large_string": "large_string", "halffloat": "float16"}
 
@@ -94,6 +97,8 @@ class DataShards:
             self.schema, self.size = sch, 0
             self.files.append(path)
         self._batch.append(table.replace_schema_metadata(sch.metadata))
+        if len(self._batch) >= COMPACT_TABLES:
+            self._batch = [pa.concat_tables(self._batch).combine_chunks()]
         self._batch_size += table.nbytes
         self.size += table.nbytes
         if self._batch_size >= self.batch_bytes:
