@@ -16,6 +16,7 @@ size or mtime no longer the indexed one) is refused with a DatasetError naming i
 from __future__ import annotations
 
 import os
+from array import array
 from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,10 @@ class StatsIndex(MutableMapping[int, EpisodeStats]):
         self.path: Path | None = None
         self._fh: Any = None  # the open file the spans point into
         self._stamp: tuple[int, int] = (0, 0)
-        self._where: dict[int, tuple[int, int, int]] = {}  # episode -> (offset, length, line)
+        # episode -> slot in three flat arrays (offset, length, line): a tuple of three ints per
+        # episode was ~250 bytes of objects (issue 28); the dict keeps the file's episode order
+        self._where: dict[int, int] = {}
+        self._spans = array("q")  # offset, length, line of slot n at 3n, 3n+1, 3n+2
         self._held: dict[int, EpisodeStats] | None = {}  # rows in memory (no file, or after a change)
 
     def scan(self, path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -49,15 +53,23 @@ class StatsIndex(MutableMapping[int, EpisodeStats]):
 
     def note(self, row: EpisodeStats, lineno: int) -> None:
         """The row of the line just scanned; a later duplicate of an episode wins, as in a dict."""
-        self._where[row.episode_index] = (*self._line, lineno)
+        slot = self._where.setdefault(row.episode_index, len(self._spans) // 3)
+        if slot * 3 == len(self._spans):
+            self._spans.extend((*self._line, lineno))
+        else:
+            self._spans[3 * slot:3 * slot + 3] = array("q", (*self._line, lineno))
+
+    def _span(self, episode: int) -> tuple[int, int, int]:
+        n = 3 * self._where[episode]
+        return self._spans[n], self._spans[n + 1], self._spans[n + 2]
 
     def line_of(self, episode: int) -> int:
         """The row's line in the file (0 when held in memory only)."""
-        return self._where.get(episode, (0, 0, 0))[2] if self._held is None else 0
+        return self._span(episode)[2] if self._held is None and episode in self._where else 0
 
     def _read(self, episode: int) -> EpisodeStats:
         assert self.path is not None and self._fh is not None
-        offset, length, lineno = self._where[episode]
+        offset, length, lineno = self._span(episode)
         try:
             st = os.fstat(self._fh.fileno())
             if (st.st_size, st.st_mtime_ns) != self._stamp:
@@ -79,7 +91,7 @@ class StatsIndex(MutableMapping[int, EpisodeStats]):
     def _hold(self) -> dict[int, EpisodeStats]:
         if self._held is None:
             self._held = {e: self._read(e) for e in self._where}
-            self._where = {}
+            self._where, self._spans = {}, array("q")
             self.close()
         return self._held
 
