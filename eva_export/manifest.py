@@ -13,7 +13,10 @@ file's bytes names one exact version of the subset (the upload's remote staging 
 
 The manifest is written once, over the staged subset just before publication (its files were
 just written, so the read is served from the page cache); hashing inside every format writer
-would need the same change in each of them.
+would need the same change in each of them. ``write_manifest`` streams: entries go to a spool
+file as they are hashed and the manifest is assembled from it, so a subset of 10,000 episodes
+does not hold 30,000 entries (and their JSON) in memory; ``build_manifest`` is the in-memory
+form the readers and tests use, and writes the same bytes.
 """
 
 from __future__ import annotations
