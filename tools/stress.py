@@ -26,6 +26,7 @@ GROUPS = {
     "upload_openssh": ["tests/test_upload_openssh.py", "tests/test_upload_core.py"],
     "capture_kill": ["tests/test_capture_kill.py"],
     "capture_timing": ["tests/test_capture_timing.py"],
+    "capture_faults": ["tests/test_capture_faults.py"],
     "export_kill": ["tests/test_export_kill.py"],
     "console": ["tests/test_console.py"],
     # Ray batch: several datasets in flight in one driver share the facts index (CI run C).
