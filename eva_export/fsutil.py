@@ -9,7 +9,7 @@ import fcntl
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -95,13 +95,19 @@ def set_file_mode(fd_or_path: int | Path) -> None:
 
 def atomic_write_bytes(path: Path, data: bytes, mode: int = FILE_MODE) -> None:
     """Replace ``path`` with ``data``: readers see the old or the new file, never a mix."""
+    atomic_write_with(path, lambda fh: fh.write(data), mode)
+
+
+def atomic_write_with(path: Path, fill: Callable[[BinaryIO], object], mode: int = FILE_MODE) -> None:
+    """Replace ``path`` with what ``fill`` writes to the new file (streamed: e.g. a spool
+    copied in), by rename after an fsync: readers see the old or the new file, never a mix."""
     with storage_guard(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
             os.fchmod(fd, mode)
             with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
+                fill(fh)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)

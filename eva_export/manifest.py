@@ -30,9 +30,9 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, BinaryIO
 
-from .fsutil import FILE_MODE, atomic_write_bytes, fsync_dir, storage_guard
+from .fsutil import atomic_write_bytes, atomic_write_with
 
 MANIFEST_FILE = "meta/manifest.json"
 MANIFEST_VERSION = 1
@@ -212,34 +212,21 @@ def write_manifest(subset_dir: Path, hash_file: Callable[[Path], str] | None = N
     the old one by rename."""
     root = Path(subset_dir)
     dirs: list[str] = []
-    with tempfile.TemporaryFile("w+", encoding="utf-8") as spool:  # outside the tree being walked
+    with tempfile.TemporaryFile("w+b") as spool:  # outside the tree being walked
         count = 0
         for e in _entries(root, hash_file, dirs):
-            spool.write((",\n" if count else "") + _entry_json(e))
+            spool.write(((",\n" if count else "") + _entry_json(e)).encode("utf-8"))
             count += 1
         spool.seek(0)
-        _write_spooled(root / MANIFEST_FILE, dirs, spool, count)
+        head = {"version": MANIFEST_VERSION, "algorithm": "sha256", "directories": dirs}
+        text = json.dumps(head, indent=1, ensure_ascii=False)[:-2]  # without the closing "\n}"
 
+        def fill(fh: BinaryIO) -> None:
+            fh.write((text + (',\n "files": [\n' if count else ',\n "files": []')).encode("utf-8"))
+            shutil.copyfileobj(spool, fh)
+            fh.write(b"\n ]\n}\n" if count else b"\n}\n")
 
-def _write_spooled(path: Path, dirs: list[str], spool: IO[str], count: int) -> None:
-    head = {"version": MANIFEST_VERSION, "algorithm": "sha256", "directories": dirs}
-    text = json.dumps(head, indent=1, ensure_ascii=False)[:-2]  # without the closing "\n}"
-    with storage_guard(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            os.fchmod(fd, FILE_MODE)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text + (',\n "files": [\n' if count else ',\n "files": []'))
-                shutil.copyfileobj(spool, fh)
-                fh.write("\n ]\n}\n" if count else "\n}\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        fsync_dir(path.parent)
+        atomic_write_with(root / MANIFEST_FILE, fill)
 
 
 def manifest_digest(data: bytes) -> str:
