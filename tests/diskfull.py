@@ -1,4 +1,5 @@
-"""A small real filesystem (tmpfs) for disk-full tests, filled to a known free amount."""
+"""A small real filesystem (tmpfs) for disk-full tests, filled to a known free amount; and whether
+a directory's file system takes O_DIRECT (the raw-frame writers' direct path)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 PAGE = 4096
+
+
+def direct_supported(d: Path) -> bool:
+    """True when a file in ``d`` can be opened O_DIRECT (tmpfs and the like refuse it)."""
+    try:
+        os.close(os.open(d / "probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600))
+        return True
+    except OSError:
+        return False
 
 
 def free_bytes(path: Path) -> int:

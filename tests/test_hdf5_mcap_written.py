@@ -10,6 +10,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from diskfull import direct_supported
 from dsfactory import Ep, make_subset
 from mcap.reader import make_reader
 
@@ -69,9 +70,9 @@ def _direct_writes(monkeypatch: pytest.MonkeyPatch, fail_direct: bool) -> list[t
     import errno
     import fcntl
 
-    from eva_export.formats import hdf5_frames
+    from eva_export.formats import written  # hdf5's frame writes go through written.DirectWrites
 
-    real, seen = hdf5_frames.pwritev_all, []
+    real, seen = written.pwritev_all, []
 
     def recording(fd: int, views: list, offset: int) -> None:  # type: ignore[type-arg]
         direct = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)
@@ -80,16 +81,8 @@ def _direct_writes(monkeypatch: pytest.MonkeyPatch, fail_direct: bool) -> list[t
             raise OSError(errno.EINVAL, "alignment refused")
         real(fd, views, offset)
 
-    monkeypatch.setattr(hdf5_frames, "pwritev_all", recording)
+    monkeypatch.setattr(written, "pwritev_all", recording)
     return seen
-
-
-def _direct_supported(d: Path) -> bool:
-    try:
-        os.close(os.open(d / "probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600))
-        return True
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize("fail_direct", [False, True])
@@ -113,7 +106,7 @@ def test_hdf5_page_sized_frames_go_direct_else_buffered(tmp_path: Path, monkeypa
     assert recorded_digest(path) == sha256_file(path)
     assert all(off % 4096 == 0 and n % 4096 == 0 for _d, off, n in seen)
     direct = [d for d, _o, _n in seen]
-    if _direct_supported(tmp_path):
+    if direct_supported(tmp_path):
         assert direct[0], "page-sized frames were not written O_DIRECT"
         assert all(direct) != fail_direct  # after a refusal the rest go buffered
         assert sum(n for d, _o, n in seen if not d) == (w * h * 3 * 40 if fail_direct else 0)

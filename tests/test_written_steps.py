@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from diskfull import direct_supported
 from dsfactory import Ep, make_subset
 
 from eva_export.errors import StorageError
-from eva_export.formats import hdf5_frames, mcap_chunks
+from eva_export.formats import mcap_chunks, written
 from eva_export.formats.hdf5 import Hdf5Exporter
 from eva_export.formats.mcap_eva import McapExporter
 from eva_export.formats.written import StepThread
@@ -89,7 +90,8 @@ def test_mcap_output_step_failing_names_the_file_and_leaves_nothing(tmp_path: Pa
 def test_hdf5_frame_write_failing_names_the_file_and_leaves_nothing(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-    monkeypatch.setattr(hdf5_frames, "pwritev_all", _enospc_on_call(2, hdf5_frames.pwritev_all, calls))
+    # the frame writes go through written.DirectWrites (h5py's own writes do not use pwritev_all)
+    monkeypatch.setattr(written, "pwritev_all", _enospc_on_call(2, written.pwritev_all, calls))
     err = _export_fails(Hdf5Exporter(), tmp_path)
     assert err.errno == errno.ENOSPC
     assert "episode_000000.hdf5" in str(err) and "episode 0" in str(err), str(err)
@@ -116,8 +118,6 @@ def _appended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refuse_after: int
     direct or not; direct writes refused (EINVAL) after ``refuse_after`` of them, if given."""
     import fcntl
 
-    from eva_export.formats import written
-
     real, kinds = written.pwritev_all, []
 
     def recording(fd: int, views: list[Any], offset: int) -> None:
@@ -142,14 +142,6 @@ def _appended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refuse_after: int
     return path.read_bytes(), kinds
 
 
-def _direct_supported(d: Path) -> bool:
-    try:
-        os.close(os.open(d / "probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600))
-        return True
-    except OSError:
-        return False
-
-
 @pytest.mark.parametrize("refuse_after", [None, 0, 3])
 def test_direct_appender_writes_exactly_the_bytes_direct_or_buffered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                      refuse_after: int | None) -> None:
@@ -157,7 +149,7 @@ def test_direct_appender_writes_exactly_the_bytes_direct_or_buffered(tmp_path: P
     (EINVAL: a file system that takes no such alignment) the rest go buffered. The file holds
     exactly the bytes given, in order, either way."""
     _data, kinds = _appended(tmp_path, monkeypatch, refuse_after)
-    if not _direct_supported(tmp_path):
+    if not direct_supported(tmp_path):
         assert not any(kinds)
         return
     if refuse_after is None:

@@ -20,9 +20,7 @@ Compressed datasets (lzf, gzip) keep h5py's own write path and get no digest.
 
 from __future__ import annotations
 
-import errno
 import mmap
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +30,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import ExportError, VideoError
-from .written import DIRECT_ALIGN, RegionHasher, StepThread, open_direct, pwritev_all, start_writeback
+from .written import DIRECT_ALIGN, DirectWrites, RegionHasher, StepThread
 
 FRAMES_PER_WRITE = 8  # ~7 MB per pwritev at 640x480: large for the disk, small in memory
 # h5py.File options: every allocation of 256 KiB or more (frame chunks, not metadata) on a page
@@ -106,36 +104,27 @@ class _FrameWrites:
     """
 
     def __init__(self, fd: int, path: str) -> None:
-        self._fd = fd
-        self._direct = open_direct(path)
+        self._out = DirectWrites(fd, path)
         self._stage: mmap.mmap | None = None
 
     def __call__(self, item: tuple[list[Any], int]) -> None:
         views, offset = item
         n = sum(memoryview(v).nbytes for v in views)
-        if self._direct is not None and offset % DIRECT_ALIGN == 0 and n % DIRECT_ALIGN == 0:
-            if self._stage is None or len(self._stage) < n:
-                self._stage = mmap.mmap(-1, n)  # anonymous: page-aligned, reused for every batch
-            stage = np.frombuffer(self._stage, np.uint8, n)
-            pos = 0
-            for v in views:  # numpy's copy releases the GIL
-                a = np.frombuffer(v, np.uint8)
-                stage[pos:pos + a.size] = a
-                pos += a.size
-            try:
-                pwritev_all(self._direct, [stage], offset)
-                return
-            except OSError as exc:
-                if exc.errno != errno.EINVAL:  # ENOSPC, EIO: the export fails, as on the buffered path
-                    raise
-                self.close()  # alignment this file system does not take: buffered from here on
-        pwritev_all(self._fd, views, offset)
-        start_writeback(self._fd, offset, n)
+        if self._out.direct is None or offset % DIRECT_ALIGN or n % DIRECT_ALIGN:
+            self._out.buffered(views, offset, n)
+            return
+        if self._stage is None or len(self._stage) < n:
+            self._stage = mmap.mmap(-1, n)  # anonymous: page-aligned, reused for every batch
+        stage = np.frombuffer(self._stage, np.uint8, n)
+        pos = 0
+        for v in views:  # numpy's copy releases the GIL
+            a = np.frombuffer(v, np.uint8)
+            stage[pos:pos + a.size] = a
+            pos += a.size
+        self._out.write([stage], offset, n)
 
     def close(self) -> None:
-        if self._direct is not None:
-            os.close(self._direct)
-            self._direct = None
+        self._out.close()
 
 
 def background_writes(fd: int, path: str, depth: int = 2) -> tuple[Writes, _FrameWrites]:

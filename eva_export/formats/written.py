@@ -139,6 +139,37 @@ def open_direct(path: str | None) -> int | None:
         return None
 
 
+class DirectWrites:
+    """A file's descriptor and its ``open_direct`` twin: aligned writes go past the page cache
+    until the file system refuses one (EINVAL: buffered from then on); the buffered path starts
+    the writeback of what it wrote. Used from one thread at a time."""
+
+    def __init__(self, fd: int, path: str | None) -> None:
+        self.fd = fd
+        self.direct = open_direct(path)
+
+    def write(self, views: list[Any], offset: int, n: int) -> None:
+        """``n`` bytes of page-aligned ``views`` at an aligned ``offset``."""
+        if self.direct is not None:
+            try:
+                pwritev_all(self.direct, views, offset)
+                return
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:  # ENOSPC, EIO: the file fails, as it would buffered
+                    raise
+                self.close()  # this file system takes no such write
+        self.buffered(views, offset, n)
+
+    def buffered(self, views: list[Any], offset: int, n: int) -> None:
+        pwritev_all(self.fd, views, offset)
+        start_writeback(self.fd, offset, n)
+
+    def close(self) -> None:
+        if self.direct is not None:
+            os.close(self.direct)
+            self.direct = None
+
+
 class DirectAppender:
     """The bytes of a file written front to back, sent to the disk without the page cache.
 
@@ -158,14 +189,14 @@ class DirectAppender:
 
     def __init__(self, fd: int, path: str | None) -> None:
         self._fd = fd
-        self._direct = open_direct(path)
+        self._out = DirectWrites(fd, path)
         self._pos = 0  # file offset of the filling stage's first byte (bytes handed on before it)
         self._started = 0  # bytes whose writeback was started (unstaged path)
         self._fill = 0  # bytes in the filling stage
         self._turn = 0  # index of the filling stage
         self._stages: list[Any] = []
         self._writes: StepThread[tuple[Any, int]] | None = None
-        if self._direct is not None:
+        if self._out.direct is not None:
             # anonymous maps are page-aligned; numpy copies into them without the GIL
             self._stages = [np.frombuffer(mmap.mmap(-1, self.BLOCK), np.uint8) for _ in range(self.STAGES)]
             self._writes = StepThread(self._write_block, "direct-writes", 1)
@@ -173,17 +204,7 @@ class DirectAppender:
     def _write_block(self, item: tuple[Any, int]) -> None:
         """On the writes thread: one full stage at its offset."""
         stage, pos = item
-        if self._direct is not None:
-            try:
-                pwritev_all(self._direct, [stage], pos)
-                return
-            except OSError as exc:
-                if exc.errno != errno.EINVAL:  # ENOSPC, EIO: the file fails, as it would buffered
-                    raise
-                os.close(self._direct)  # this file system takes no such write: buffered from here on
-                self._direct = None
-        pwritev_all(self._fd, [stage], pos)
-        start_writeback(self._fd, pos, stage.nbytes)
+        self._out.write([stage], pos, stage.nbytes)
 
     def write(self, views: list[Any]) -> None:
         if self._writes is None:
@@ -218,9 +239,7 @@ class DirectAppender:
     def close(self) -> None:
         if self._writes is not None:
             self._writes.close()
-        if self._direct is not None:
-            os.close(self._direct)
-            self._direct = None
+        self._out.close()
 
 
 @dataclass(frozen=True)
