@@ -179,8 +179,9 @@ def _plain_below(root: str, relative: str) -> bool:
 
     One lstat per component of the relative part, instead of two realpaths (an lstat of every
     component of both absolute paths): the per-episode path checks were 1.7 s of a
-    1000-episode export (issue 28). Anything else (a symlink, a missing component) takes the
-    full realpath check.
+    1000-episode export (issue 28). A missing component ends the walk: nothing below it exists,
+    so no symlink either. Anything else (a symlink, a file with components below it, an lstat
+    that fails otherwise) takes the full realpath check.
     """
     parts = relative.split("/")
     if any(p in ("", ".", "..") for p in parts):
