@@ -20,9 +20,9 @@ from typing import Any
 
 import av
 import numpy as np
-from av.video.reformatter import VideoReformatter
 
 from ..config import CollectionConfig
+from ..dataset.video import RgbConverter
 from ..errors import ConfigError
 from .features import ACTION, EE_POSE, STATE
 
@@ -205,7 +205,7 @@ class ImageDecoder:
 
     def __init__(self) -> None:
         self._ctx: dict[str, Any] = {}
-        self._rgb = VideoReformatter()  # kept: a frame's to_ndarray(format=...) sets swscale up every call
+        self._rgb = RgbConverter()
 
     def rgb(self, raw: RawImage, expect: tuple[int, int] | None = None) -> np.ndarray[Any, Any]:
         """The frame as HxWx3 RGB. ``expect`` (width, height): a compressed frame whose header
@@ -248,8 +248,7 @@ class ImageDecoder:
         frames = ctx.decode(av.Packet(data.tobytes()))  # type: ignore[union-attr]  # a video/image codec
         if not frames:
             raise ValueError(f"{codec} decoder returned no frame")
-        rgb: np.ndarray[Any, Any] = self._rgb.reformat(frames[-1], format="rgb24").to_ndarray()
-        return rgb
+        return self._rgb(frames[-1])
 
 
 def fingerprint(raw: RawImage) -> int:

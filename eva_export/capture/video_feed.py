@@ -18,8 +18,8 @@ from typing import Any
 
 import av
 import numpy as np
-from av.video.reformatter import VideoReformatter
 
+from ..dataset.video import RgbConverter
 from .intake import RawImage
 
 H264 = "h264"
@@ -31,9 +31,7 @@ class VideoFeed:
 
     def __init__(self) -> None:
         self._ctx: Any = None
-        # one converter for the stream: a frame's own to_ndarray(format=...) sets up swscale
-        # again for every frame (about 4x the conversion itself; the pixels are the same)
-        self._rgb = VideoReformatter()
+        self._rgb = RgbConverter()
         self.count = 0  # messages fed so far (the next frame_no)
 
     def take(self, raw: RawImage) -> RawImage:
@@ -60,7 +58,7 @@ class VideoFeed:
             return _undecodable(no, f"decodes to {len(frames)} frames (one per message expected: no B-frames, "
                                     f"and the stream must start at a keyframe)")
         f = frames[0]
-        rgb: np.ndarray[Any, Any] = self._rgb.reformat(f, format="rgb24").to_ndarray()
+        rgb = self._rgb(f)
         h, w = rgb.shape[:2]
         return RawImage(rgb.reshape(-1), h, w, "rgb8", w * 3, packet=data, key=bool(f.key_frame), frame_no=no)
 

@@ -106,18 +106,29 @@ class VideoEncoder:
             self.abort()
 
 
+class RgbConverter:
+    """Decoded frames of one stream as (H, W, 3) uint8 RGB arrays, through one converter with one
+    swscale thread: ``frame.to_ndarray(format="rgb24")`` makes a new scaler with its own thread
+    pool for every frame (3-10x the conversion's cost, issue 28). The pixels are the same
+    (tests/test_hdf5_mcap_written.py)."""
+
+    def __init__(self) -> None:
+        self._reformatter = VideoReformatter()
+
+    def __call__(self, frame: Any) -> NDArray[Any]:
+        rgb: NDArray[Any] = self._reformatter.reformat(frame, format="rgb24", threads=1).to_ndarray()
+        return rgb
+
+
 def iter_frames(path: Path) -> Iterator[NDArray[Any]]:
     """Decode every frame of the first video stream as an (H, W, 3) uint8 RGB array."""
-    # One converter for the stream, one swscale thread: ``frame.to_ndarray`` makes a new
-    # scaler with its own thread pool for every frame (3-10x the conversion's cost, issue 28).
-    # The pixels are the same (tests/test_hdf5_mcap_written.py).
-    reformatter = VideoReformatter()
+    rgb = RgbConverter()
     try:
         with av.open(str(path)) as container:
             stream = container.streams.video[0]
             stream.thread_type = "AUTO"
             for frame in container.decode(stream):
-                yield reformatter.reformat(frame, format="rgb24", threads=1).to_ndarray()
+                yield rgb(frame)
     except av.FFmpegError as exc:
         raise VideoError(f"cannot decode {path}: {exc}") from exc
 

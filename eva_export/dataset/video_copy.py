@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import av
-from av.video.reformatter import VideoReformatter
 from numpy.typing import NDArray
 
 from ..errors import VideoError
+from .video import RgbConverter
 
 
 class PacketCopy:
@@ -39,12 +39,12 @@ class PacketCopy:
         """The frames written so far, decoded (RGB), in order."""
         self._fh.flush()
         n = 0
-        rgb = VideoReformatter()  # one swscale set-up for the stream (as capture's VideoFeed)
+        rgb = RgbConverter()
         try:
             with av.open(str(self.side), format="h264") as src:
                 for f in src.decode(video=0):
                     n += 1
-                    yield rgb.reformat(f, format="rgb24").to_ndarray()
+                    yield rgb(f)
         except av.FFmpegError as exc:
             raise VideoError(f"{self.path.name}: cannot decode the copied packets: {exc}") from exc
         if n != self.frames:

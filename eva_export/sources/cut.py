@@ -18,7 +18,7 @@ from typing import Any
 
 import av
 
-from ..dataset.video import VideoEncoder, VideoSettings, count_frames
+from ..dataset.video import RgbConverter, VideoEncoder, VideoSettings, count_frames
 from ..errors import ExportError, VideoError
 
 #: Packets scanned past the episode's end for frames still to come in decode order (B-frames).
@@ -134,10 +134,11 @@ def _reencode(src: Path, first: int, count: int, fps: int, dst: Path, settings: 
         ratio = _frame_ratio(s, fps)
         seek_to_frame(c, s, first, fps)
         cc = s.codec_context
+        rgb = RgbConverter()
         with VideoEncoder(dst, cc.width, cc.height, fps, settings) as enc:
             for frame in c.decode(s):
                 k = round((frame.pts or 0) * ratio)
                 if first <= k < end:
-                    enc.add(frame.to_ndarray(format="rgb24"))
+                    enc.add(rgb(frame))
                 if enc.frames == count or k >= end + REORDER_MARGIN:
                     break
