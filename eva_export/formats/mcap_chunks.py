@@ -120,7 +120,7 @@ def _shared_pool(workers: int) -> ThreadPoolExecutor:
 
 class _FileBytes:
     """The step of the writer's output thread (``written.StepThread``): each item (buffers in
-    file order) hashed and written (``written.DirectAppender``: whole 8 MiB blocks past the page
+    file order) hashed and written (``written.DirectAppender``: whole blocks (``DirectAppender.BLOCK``, 4 MiB) past the page
     cache where the file system takes it). The kernel's write path and SHA-256 both release
     the GIL, so they overlap with filling and compressing the next chunks."""
 
