@@ -11,6 +11,9 @@ and 1000 episodes, and measures, each in its own subprocess, in interleaved roun
 rotated each round; the median of the rounds):
 
 * anchors of the same bytes: ``cp -r`` of the source, and sha256 of every source byte;
+* the least work a split does, unverified ("least work"): every table read and rewritten with its
+  episode renumbered (pyarrow defaults), every MP4 hard-linked, meta copied: how far the goal
+  "split <= 2x hashing" is from what any split of per-episode files costs on this machine;
 * the full lerobot_v21 export job (validate, split, verify, publish: ExportService.run), its wall
   time, time per episode, CPU seconds (the job and its unit workers, from wait4) and peak RSS,
   twice: the first export of the source (no facts index yet: every file read) and the rerun on
@@ -59,6 +62,22 @@ elif mode == "sha256":
         for n in sorted(names):
             with open(os.path.join(dirpath, n), "rb") as fh:
                 hashlib.file_digest(fh, "sha256")
+elif mode == "floor":  # the least a split does: every table read and rewritten renumbered, every MP4 linked
+    import pyarrow as pa, pyarrow.parquet as pq
+    t0 = time.perf_counter()  # without the import, as the job's row
+    tables = sorted((src / "data").rglob("*.parquet"))
+    for i, path in enumerate(tables):
+        tab = pq.read_table(path)
+        col = tab.schema.get_field_index("episode_index")
+        tab = tab.set_column(col, "episode_index", pa.array([i] * tab.num_rows, tab.schema.field(col).type))
+        (out / path.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(tab, out / path.relative_to(src))
+    for dirpath, _d, names in os.walk(src / "videos"):
+        dst = out / Path(dirpath).relative_to(src)
+        dst.mkdir(parents=True, exist_ok=True)
+        for n in names:
+            os.link(os.path.join(dirpath, n), dst / n)
+    shutil.copytree(src / "meta", out / "meta")
 elif mode == "job":
     from eva_export.config import parse_config
     from eva_export.export.runner import ExportService
@@ -140,7 +159,7 @@ def measure_size(n: int, src: Path, base: Path, rounds: int, baseline: Path | No
     first export of the source (a new jobs directory: no facts index, every file read);
     ``job_warm``: the rerun on the unchanged source (the jobs directory's index kept, the
     published pair and its staging removed)."""
-    modes = [("cp", REPO), ("sha256", REPO), ("job", REPO), ("job_warm", REPO)]
+    modes = [("cp", REPO), ("sha256", REPO), ("floor", REPO), ("job", REPO), ("job_warm", REPO)]
     modes += [("job_base", baseline)] if baseline else []
     runs: dict[str, list[dict[str, float]]] = {}
     loads = []
@@ -186,23 +205,25 @@ def exporter_memory(n: int, src: Path, base: Path) -> dict[str, float]:
 
 
 def report(results: list[dict[str, Any]], memory: dict[int, dict[str, float]]) -> str:
-    lines = ["| episodes | size MB | cp -r s | sha256 s | job s (first) | job s (rerun) | ms/episode | "
+    lines = ["| episodes | size MB | cp -r s | sha256 s | least work s | job s (first) | job s (rerun) | ms/episode | "
              "job / sha256 | rerun / sha256 | job CPU s | rerun CPU s | job peak RSS MB | baseline job s | load |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     goals = []
     for r in results:
         b = r["rows"]
         job, warm, sha = b["job"], b["job_warm"], b["sha256"]["seconds"]
         base = f"{b['job_base']['seconds']:.2f} ({b['job_base']['cpu_s']:.1f} CPU s)" if "job_base" in b else "-"
         lines.append(f"| {r['episodes']} | {r['bytes'] / 1e6:.1f} | {b['cp']['seconds']:.3f} | "
-                     f"{sha:.3f} | {job['seconds']:.2f} | {warm['seconds']:.2f} | "
+                     f"{sha:.3f} | {b['floor']['seconds']:.3f} | {job['seconds']:.2f} | {warm['seconds']:.2f} | "
                      f"{1000 * job['seconds'] / r['episodes']:.1f} | {job['seconds'] / sha:.1f}x | "
                      f"{warm['seconds'] / sha:.1f}x | {job['cpu_s']:.1f} | {warm['cpu_s']:.1f} | {job['peak_rss_mb']:.0f} | {base} | "
                      f"{r['load_min']:.1f}-{r['load_max']:.1f} |")
         for what, row in (("first export", job), ("rerun", warm)):
             ratio = row["seconds"] / sha
             goals.append(f"goal split <= 2x hashing ({r['episodes']} episodes, {what}): "
-                         f"{'met' if ratio <= 2 else 'NOT met'} ({ratio:.1f}x)")
+                         f"{'met' if ratio <= 2 else 'NOT met'} ({ratio:.1f}x; the least work, every table "
+                         f"read and rewritten renumbered and every MP4 linked, unverified: "
+                         f"{b['floor']['seconds'] / sha:.1f}x)")
     if len(memory) < 2:  # one size: no growth to show
         return "\n".join(lines + [""] + goals)
     small, big = min(memory), max(memory)
