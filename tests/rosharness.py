@@ -203,6 +203,9 @@ class NodeProcess:
             raise RuntimeError(f"{self.fqn} already started")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
+        # A crashing node (SIGSEGV, SIGABRT) then prints every thread's Python stack into its log,
+        # which the asserting test shows.
+        env.setdefault("PYTHONFAULTHANDLER", "1")
         env.update(self.env)
         cmd = self.command()
         with open(self.log_path, "wb") as log:
