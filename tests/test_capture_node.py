@@ -164,7 +164,9 @@ def test_review_during_concurrent_saves(tmp_path, node_factory, ros_client):
     cap, _sim = start_pair(node_factory, ros_client, cfg)
     wait_receiving(ros_client, cap)
     record(ros_client, cap, 1.0)
-    wait_episodes(ros_client, cap, 1)
+    # The automatic verdict as saved; a review must leave it as it is. (Whether a 1 s take on a
+    # loaded runner is green depends on the load: CI once saw it red, dropped frames.)
+    first = wait_episodes(ros_client, cap, 1)[0]
     rev = ReviewEpisode.Request()
     rev.episode_index, rev.verdict, rev.note, rev.set_note = 0, "fail", "gripper slipped", True
     notes = []
@@ -179,7 +181,9 @@ def test_review_during_concurrent_saves(tmp_path, node_factory, ros_client):
         assert r.episode.qc_verdict == "fail" and r.episode.note == rev.note
     eps = wait_episodes(ros_client, cap, 5)
     assert [e.episode_index for e in eps] == [0, 1, 2, 3, 4]
-    assert eps[0].qc_verdict == "fail" and eps[0].note == notes[-1] and eps[0].quality == "green"
+    assert eps[0].qc_verdict == "fail" and eps[0].note == notes[-1]
+    assert (eps[0].quality, list(eps[0].quality_codes)) == (first.quality, list(first.quality_codes))
+    assert first.quality in ("green", "red") and first.qc_verdict == ""
     note_only = ReviewEpisode.Request()
     note_only.episode_index, note_only.verdict, note_only.set_note = 0, "", False
     assert ros_client.call(ReviewEpisode, cap.service("review"), note_only, timeout=15).episode.qc_verdict == "fail"
