@@ -6,7 +6,7 @@ at exactly i/fps seconds, which is what LeRobot's timestamp lookup expects.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -228,11 +228,23 @@ TOLERANCE_S = Fraction(1, 10000)  # LeRobotDataset's tolerance_s default: frame 
 
 @dataclass(frozen=True)
 class StreamTiming:
-    """What a consumer's frame lookup relies on, read from the packets (nothing decoded)."""
+    """What a consumer's frame lookup relies on, read from the packets (nothing decoded). Times
+    stay integer ticks of the stream's time base: a Fraction per packet cost more than the demux."""
 
-    pts: tuple[Fraction, ...]  # presentation times in seconds, in decode order
-    dts: tuple[Fraction, ...]  # decode times in seconds, in decode order
-    duration: Fraction | None  # the stream's duration as the container states it
+    pts_ticks: tuple[int, ...]  # presentation times, in decode order
+    dts_ticks: tuple[int, ...]  # decode times, in decode order
+    time_base: Fraction
+    duration: Fraction | None  # the stream's duration in seconds, as the container states it
+
+    @property
+    def pts(self) -> tuple[Fraction, ...]:
+        """Presentation times in seconds, in decode order."""
+        return tuple(p * self.time_base for p in self.pts_ticks)
+
+    @property
+    def dts(self) -> tuple[Fraction, ...]:
+        """Decode times in seconds, in decode order."""
+        return tuple(d * self.time_base for d in self.dts_ticks)
 
 
 def stream_timing(path: Path) -> StreamTiming:
@@ -248,51 +260,58 @@ def container_timing(container: Any, path: Path) -> StreamTiming:
     errors are not wrapped here."""
     s = container.streams.video[0]
     tb = Fraction(s.time_base or 1)
-    pts: list[Fraction] = []
-    dts: list[Fraction] = []
+    pts: list[int] = []
+    dts: list[int] = []
     for p in container.demux(s):
         if p.size == 0:
             continue
         if p.pts is None or p.dts is None:
             raise VideoError(f"{path}: packet {len(pts)} has no timestamp")
-        pts.append(p.pts * tb)
-        dts.append(p.dts * tb)
+        pts.append(p.pts)
+        dts.append(p.dts)
     if s.duration:
         duration: Fraction | None = s.duration * tb
     else:
         duration = Fraction(container.duration, av.time_base) if container.duration else None
-    return StreamTiming(tuple(pts), tuple(dts), duration)
+    return StreamTiming(tuple(pts), tuple(dts), tb, duration)
 
 
-def timing_problems(t: StreamTiming, fps: int, frames: int, start: Fraction = Fraction(0),
-                    check_duration: bool = True) -> list[str]:
-    """Why a consumer reading ``frames`` frames at ``start + i / fps`` would fail ([] if it would not).
+def timing_problems(t: StreamTiming, fps: int, frames: int, check_duration: bool = True) -> list[str]:
+    """Why a consumer reading ``frames`` frames at ``i / fps`` would fail ([] if it would not).
 
     Decode times strictly increasing (a muxer's and a decoder's rule), presentation times on the
     fps grid within LeRobot's tolerance, one frame per slot, and (``check_duration``) a stated
     duration that covers the last frame without reaching a frame past it: decoders that derive
     the rate from the duration look frames up by ``round(t * frames / duration)``.
     """
+    return tick_problems(t.pts_ticks, t.dts_ticks, t.time_base, t.duration, fps, frames, check_duration)
+
+
+def tick_problems(pts: Sequence[int], dts: Sequence[int], tb: Fraction, duration: Fraction | None, fps: int,
+                  frames: int, check_duration: bool = True) -> list[str]:
+    """``timing_problems`` of times in ticks of ``tb``: integer arithmetic throughout."""
     out: list[str] = []
-    if len(t.pts) != frames:
-        out.append(f"{len(t.pts)} frames, {frames} expected")
-    for k in range(1, len(t.dts)):
-        if t.dts[k] <= t.dts[k - 1]:
+    if len(pts) != frames:
+        out.append(f"{len(pts)} frames, {frames} expected")
+    for k in range(1, len(dts)):
+        if dts[k] <= dts[k - 1]:
             out.append(f"decode timestamps do not increase at packet {k} "
-                       f"({float(t.dts[k - 1]):.4f} s -> {float(t.dts[k]):.4f} s)")
+                       f"({float(dts[k - 1] * tb):.4f} s -> {float(dts[k] * tb):.4f} s)")
             break
-    for i, p in enumerate(sorted(t.pts)):
-        want = start + Fraction(i, fps)
-        if abs(p - want) > TOLERANCE_S:
-            out.append(f"frame {i} is shown at {float(p):.4f} s, not {float(want):.4f} s "
-                       f"({fps} fps from {float(start):.4f} s)")
+    # |p*n/d - i/fps| <= 1/T  <=>  |p*n*fps*T - i*d*T| <= d*fps  (n/d = tb, 1/T = TOLERANCE_S)
+    n, d, big_t = tb.numerator, tb.denominator, TOLERANCE_S.denominator
+    a, b, c = n * fps * big_t, d * big_t, d * fps
+    for i, p in enumerate(sorted(pts)):
+        if abs(p * a - i * b) > c:
+            out.append(f"frame {i} is shown at {float(p * tb):.4f} s, not {float(Fraction(i, fps)):.4f} s "
+                       f"({fps} fps from {0.0:.4f} s)")
             break
     if check_duration and frames:
-        end = Fraction(len(t.pts), fps)
-        if t.duration is None:
+        end = Fraction(len(pts), fps)
+        if duration is None:
             out.append("the stream states no duration")
-        elif not end - TOLERANCE_S <= t.duration < end + Fraction(1, fps) - TOLERANCE_S:
-            out.append(f"the stream lasts {float(t.duration):.4f} s, its {len(t.pts)} frames need "
+        elif not end - TOLERANCE_S <= duration < end + Fraction(1, fps) - TOLERANCE_S:
+            out.append(f"the stream lasts {float(duration):.4f} s, its {len(pts)} frames need "
                        f"{float(end):.4f} s")
     return out
 
