@@ -125,3 +125,60 @@ def test_the_option_is_checked_and_matches_the_policies() -> None:
     assert parse_config({"collection": {"log_dir": "/tmp/x"}}).export.nonfinite == "keep_passed"
     with pytest.raises(ConfigError, match=r"export.nonfinite must be one of \['keep_passed', 'refuse', 'keep'\]"):
         parse_config({"collection": {"log_dir": "/tmp/x"}, "export": {"nonfinite": "null"}})
+
+
+# ---- the units' own counts (issue 28): the scan reads a staged table only when they do not apply
+
+
+def split_poisoned(tmp_path: Path):  # type: ignore[no-untyped-def]
+    from eva_export.export.split import split_dataset
+
+    src, _bad = source(tmp_path, verdict="pass")
+    res = split_dataset(src, tmp_path / "out")
+    return res.subsets[ACCEPTED]
+
+
+def test_scan_takes_the_units_counts_without_reading_the_tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from eva_export.formats import nonfinite
+
+    acc = split_poisoned(tmp_path)
+    read = [(e.episode_index, e.features) for e in nonfinite.scan_subset(acc.dir)]
+    assert read == [(1, (("observation.state", 4),))]
+
+    def no_read(*_a: object, **_k: object) -> None:
+        raise AssertionError("a staged table was read")
+
+    monkeypatch.setattr(nonfinite.pq, "ParquetFile", no_read)
+    assert [(e.episode_index, e.features) for e in nonfinite.scan_subset(acc.dir, acc.nonfinite)] == read
+
+
+def test_a_table_changed_after_its_unit_counted_it_is_read(tmp_path: Path) -> None:
+    import os
+
+    from eva_export.formats import nonfinite
+
+    acc = split_poisoned(tmp_path)
+    path = poison(acc.dir, 0)  # a finite episode made non-finite after the split counted it
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a later mtime, whatever the clock's tick
+    found = nonfinite.scan_subset(acc.dir, acc.nonfinite)
+    assert [(e.episode_index, e.features) for e in found] == [(0, (("observation.state", 4),)),
+                                                             (1, (("observation.state", 4),))]
+    other = nonfinite.KnownCounts(["action"])  # counted for other features: not used
+    assert other.keys != acc.nonfinite.keys
+    assert len(nonfinite.scan_subset(acc.dir, other)) == 2
+
+
+def test_unit_record_states_its_counts_or_nothing() -> None:
+    from eva_export.dataset.commits import TableNonFinite, UnitRecord
+
+    facts = TableNonFinite((1, 2, 3, 4), ("observation.state", "action"), (("action", 5),))
+    rec = UnitRecord(7, 0, 4, 0, {"episode_index": 0}, {}, {"cam": 10}, facts)
+    assert UnitRecord.from_dict(rec.to_dict()) == rec
+    old = rec.to_dict()
+    del old["nonfinite"]  # a record written before the counts existed
+    assert UnitRecord.from_dict(old).nonfinite is None
+    for bad in ({"file": [1, 2, 3], "keys": [], "counts": []}, {"file": [1, 2, 3, 4], "keys": [1], "counts": []},
+                {"file": [1, 2, 3, 4], "keys": [], "counts": [["a", 0]]}, {"file": [1, 2, 3, 4.0], "keys": [],
+                                                                          "counts": []}, [], None):
+        assert TableNonFinite.from_dict(bad) is None, bad

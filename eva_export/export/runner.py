@@ -260,7 +260,8 @@ class ExportService:
             # a v3.0 source episode that could not be cut exactly was re-encoded: said in the job
             self.jobs.update(job_id, unrated_episodes=len(split.unrated), reencoded_episodes=len(split.reencoded))
             # NaN/inf in accepted episodes: refused (naming them) or kept and recorded, per export.nonfinite
-            check_accepted(native_dir(paths.staging, ACCEPTED), self.config.export.nonfinite, fmt)
+            check_accepted(native_dir(paths.staging, ACCEPTED), self.config.export.nonfinite, fmt,
+                           split.subsets[ACCEPTED].nonfinite)
             moved = spec.native and fmt not in self.exporters  # the registry's own native exporter
             try:
                 pair = (self._move_native(exporter, paths.staging, faults) if moved

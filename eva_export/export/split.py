@@ -28,6 +28,7 @@ from ..dataset.episode_list import row_at
 from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS
 from ..dataset.records import FORMAT_V21, DatasetInfo, EpisodeRow, Quality, Verdict
 from ..dataset.validate import SourceCheck
+from ..formats.nonfinite import KnownCounts, float_keys
 from ..fsutil import atomic_write_json, dumps_json, jsonl_dumps, read_json
 from ..quality.store import quality_for, read_sidecar
 from .assemble import JsonlStream, StatsSum
@@ -144,6 +145,7 @@ class SubsetResult:
     episodes: int
     frames: int
     reencoded: list[int] = field(default_factory=list)  # source indices cut by re-encoding
+    nonfinite: KnownCounts | None = None  # what the units counted (formats/nonfinite.py)
 
 
 @dataclass
@@ -197,9 +199,11 @@ def assemble_subset(plan: SplitPlan, name: str, staging: Path, marker: QualitySp
     episodes, ep_stats, total = JsonlStream(out / EPISODES), JsonlStream(out / EPISODES_STATS), StatsSum()
     frames = 0
     reencoded: list[int] = []
+    known = KnownCounts(float_keys(info))
     try:
         for p in items:
             u = UnitRecord.from_dict(read_json(unit_record(staging, p)))
+            known.add(p.new_index, u.nonfinite)
             episodes.write(u.row)
             if REENCODED_FIELD in u.row:
                 reencoded.append(p.source.index)
@@ -218,7 +222,7 @@ def assemble_subset(plan: SplitPlan, name: str, staging: Path, marker: QualitySp
     write_text(out / STATS, dumps_json(total.result()))
     write_text(out / INFO, dumps_json(info.to_dict()))
     write_text(out / QUALITY_SPLIT_FILE, dumps_json(marker.to_dict()))
-    return SubsetResult(name, out, items.indices(), len(items), frames, reencoded)
+    return SubsetResult(name, out, items.indices(), len(items), frames, reencoded, known)
 
 
 def judged_rows(plan: SplitPlan) -> dict[str, list[EpisodeRow]]:

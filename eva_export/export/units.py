@@ -27,6 +27,7 @@ from ..dataset.table import to_numpy
 from ..dataset.validate import SourceEpisode
 from ..dataset.video import iter_frames
 from ..errors import DatasetError, ExportError
+from ..formats.nonfinite import float_keys, table_facts
 from ..fsutil import read_json, set_file_mode
 from ..sources.base import place_video, read_table, staged_video_ok
 
@@ -132,6 +133,8 @@ def build_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats
     tmp = data.with_name(f".{data.name}.tmp")
     pq.write_table(table, tmp)
     os.replace(tmp, data)
+    # counted from the table as written: the accepted subset's NaN/inf scan need not read it back
+    nonfinite = table_facts(table, float_keys(info), os.stat(data))
     # Statistics: keep the source's, recompute the columns whose values changed or are missing.
     st: dict[str, Any] = dict(source_stats)
     st.update(_recomputed_stats(table, [k for k in info.table_keys if (k in RECOMPUTED_COLUMNS or k not in st)
@@ -154,8 +157,8 @@ def build_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats
         row[REENCODED_FIELD] = reencoded
     rec = unit_record(staging, p)
     rec.parent.mkdir(parents=True, exist_ok=True)
-    write_text(rec, json.dumps(UnitRecord(src.index, p.new_index, n, p.offset, row, st, sizes).to_dict()))
-    return data.stat().st_size + sum(sizes.values())
+    write_text(rec, json.dumps(UnitRecord(src.index, p.new_index, n, p.offset, row, st, sizes, nonfinite).to_dict()))
+    return nonfinite.file[2] + sum(sizes.values())
 
 
 def _recomputed_stats(table: pa.Table, keys: list[str]) -> dict[str, Any]:

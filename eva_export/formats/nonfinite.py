@@ -18,6 +18,8 @@ The rejected subset is not checked: it is kept for review, not for training.
 from __future__ import annotations
 
 import dataclasses
+import os
+from array import array
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -27,6 +29,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..dataset.commits import TableNonFinite
+from ..dataset.info_record import DatasetInfo
 from ..dataset.meta import read_meta
 from ..dataset.records import QualitySplit, Verdict
 from ..dataset.table import to_numpy
@@ -96,22 +100,80 @@ def _count_nonfinite(col: pa.ChunkedArray) -> int:
     return int(values.size - np.count_nonzero(np.isfinite(values)))
 
 
-def scan_subset(root: Path) -> list[NonFiniteEpisode]:
-    """Every episode of the native (v2.1) subset at ``root`` holding NaN/inf in a float feature."""
+def float_keys(info: DatasetInfo) -> list[str]:
+    """The features scanned: numeric (not camera or image) ones of a float dtype."""
+    return [k for k, f in info.features.items() if not f.is_visual and f.dtype in _FLOAT_DTYPES]
+
+
+def count_table(table: pa.Table, keys: list[str]) -> tuple[tuple[str, int], ...]:
+    """(feature, NaN/inf values) of each of ``keys`` present in ``table`` holding any, in order."""
+    return tuple((k, n) for k in keys if k in table.column_names and (n := _count_nonfinite(table.column(k))) > 0)
+
+
+def table_facts(table: pa.Table, keys: list[str], written: os.stat_result) -> TableNonFinite:
+    """What a unit's writer records of the table it just wrote (``written``: its stat after the
+    rename into place), so the scan need not read it back."""
+    return TableNonFinite((written.st_dev, written.st_ino, written.st_size, written.st_mtime_ns), tuple(keys),
+                          count_table(table, keys))
+
+
+class KnownCounts:
+    """A staged subset's episodes (0..n-1) as their unit records counted them: four ints each
+    (the table's identity when written; -1s: unknown) and the counts of the few holding any, so
+    memory stays small in the episode count. A table whose identity differs now, or counted for
+    other keys, is read by the scan as before."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self.keys = tuple(keys)
+        self._files = array("q")
+        self._counts: dict[int, tuple[tuple[str, int], ...]] = {}
+
+    def add(self, episode_index: int, facts: TableNonFinite | None) -> None:
+        if episode_index != len(self._files) // 4:
+            return  # not the next episode: it and every later one stay unknown (read)
+        ident = (-1, -1, -1, -1) if facts is None or facts.keys != self.keys else facts.file
+        try:
+            self._files.extend(ident)
+        except OverflowError:  # an inode past int64: not kept, read
+            self._files.extend((-1, -1, -1, -1))
+            return
+        if facts is not None and facts.counts and ident[0] != -1:
+            self._counts[episode_index] = facts.counts
+
+    def counts(self, episode_index: int, path: Path) -> tuple[tuple[str, int], ...] | None:
+        """The counts of the table at ``path`` if it is still the file its writer counted, else None."""
+        if not 0 <= episode_index < len(self._files) // 4 or self._files[4 * episode_index] == -1:
+            return None
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None  # the read names the fault
+        if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != tuple(self._files[4 * episode_index:4 * episode_index + 4]):
+            return None
+        return self._counts.get(episode_index, ())
+
+
+def scan_subset(root: Path, known: KnownCounts | None = None) -> list[NonFiniteEpisode]:
+    """Every episode of the native (v2.1) subset at ``root`` holding NaN/inf in a float feature.
+    ``known``: the split's own counts (a table unchanged since its unit counted it is not read)."""
     meta = read_meta(Path(root))
-    keys = [k for k, f in meta.info.features.items() if not f.is_visual and f.dtype in _FLOAT_DTYPES]
+    keys = float_keys(meta.info)
+    if known is not None and known.keys != tuple(keys):
+        known = None
     names = RawNames.of(meta)
     found: list[NonFiniteEpisode] = []
     for ep in meta.episodes:
         path = meta.data_path(ep.episode_index)
-        try:
-            with open(path, "rb") as fh, pq.ParquetFile(fh) as pf:  # a handle: no filesystem lookup per file
-                present = [k for k in keys if k in pf.schema_arrow.names]
-                table = pf.read(columns=present)
-        except (OSError, pa.ArrowException) as exc:
-            raise ExportError(f"{names.data(ep.episode_index)}: {names.episode(ep.episode_index)}: "
-                              f"cannot read its staged table {path} ({exc})") from exc
-        counts = tuple((k, n) for k in present if (n := _count_nonfinite(table.column(k))) > 0)
+        counts = known.counts(ep.episode_index, path) if known is not None else None
+        if counts is None:
+            try:
+                with open(path, "rb") as fh, pq.ParquetFile(fh) as pf:  # a handle: no filesystem lookup per file
+                    present = [k for k in keys if k in pf.schema_arrow.names]
+                    table = pf.read(columns=present)
+            except (OSError, pa.ArrowException) as exc:
+                raise ExportError(f"{names.data(ep.episode_index)}: {names.episode(ep.episode_index)}: "
+                                  f"cannot read its staged table {path} ({exc})") from exc
+            counts = count_table(table, present)
         if counts:
             raw_file = names.data(ep.episode_index)
             found.append(NonFiniteEpisode(ep.episode_index, names.index(ep.episode_index),
@@ -140,13 +202,14 @@ def decide(found: list[NonFiniteEpisode], policy: str, fmt: str) -> list[NonFini
                       f"(export.nonfinite = {pol.value}): {shown}{more}. Nothing was written; {hint}")
 
 
-def check_accepted(root: Path, policy: str, fmt: str) -> list[NonFiniteEpisode]:
-    """Scan the staged accepted subset, apply ``policy``, and record the kept episodes in its marker.
+def check_accepted(root: Path, policy: str, fmt: str, known: KnownCounts | None = None) -> list[NonFiniteEpisode]:
+    """Scan the staged accepted subset (``known``: scan_subset's), apply ``policy``, and record
+    the kept episodes in its marker.
 
     The marker is rewritten every run (its list replaced, not appended), so a resumed export
     states exactly what this run kept; every exporter copies it, and the card shows it.
     """
-    kept = decide(scan_subset(root), policy, fmt)
+    kept = decide(scan_subset(root, known), policy, fmt)
     marker = QualitySplit.read(root)
     # an empty list says "checked, none kept"; an absent key (an export made without the check) says nothing
     extra = {**marker.extra, NONFINITE_KEY: [e.to_dict() for e in kept]}
