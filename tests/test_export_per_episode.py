@@ -18,7 +18,7 @@ from test_video_facts import age
 
 from eva_export import confine, jsonbound
 from eva_export.config import parse_config
-from eva_export.dataset import video_facts
+from eva_export.dataset import mp4_index, video_facts
 from eva_export.dataset.validate import validate_source
 from eva_export.errors import DatasetError, UnsafeNameError
 from eva_export.export.paths import ExportPaths
@@ -48,17 +48,26 @@ def service(source: Path, fail_at: str | None = None) -> ExportService:
 
 
 class Opens:
-    """Every av.open of this process, by the inode it opened (the real PyAV open runs)."""
+    """Every av.open of this process, and every MP4 whose facts mp4_index read from its boxes
+    instead, by the path it read (the real reads run)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.paths: list[Path] = []
         real: Callable[..., Any] = av.open
+        boxes: Callable[[Path], Any] = mp4_index.read
 
         def counted(file: Any, *args: Any, **kw: Any) -> Any:
             self.paths.append(Path(str(file)))
             return real(file, *args, **kw)
 
+        def read(path: Path) -> Any:
+            facts = boxes(path)
+            if facts is not None:  # None: PyAV opens it (counted there)
+                self.paths.append(Path(path))
+            return facts
+
         monkeypatch.setattr(av, "open", counted)
+        monkeypatch.setattr(mp4_index, "read", read)
 
     def of(self, root: Path) -> list[Path]:
         return [p for p in self.paths if root in p.parents]
@@ -74,7 +83,7 @@ def test_one_mp4_open_per_file_per_job_and_none_on_a_rerun(source: Path, monkeyp
     assert job.state == "completed", job.error
     mp4s = source_mp4s(source)
     assert len(mp4s) == 12
-    # the source validated once: every camera file opened exactly once ...
+    # the source validated once: every camera file read exactly once ...
     assert sorted(opens.of(source)) == mp4s
     # ... and the staged subsets' verification (hard links) opens only its one sample per subset
     staged = [p for p in opens.paths if source not in p.parents]

@@ -104,6 +104,8 @@ MODULES = [
     "eva_export.dataset.stats_index",
     "eva_export.dataset.source_rules",
     "eva_export.dataset.validate_media",
+    "eva_export.dataset.mp4_index",
+    "eva_export.dataset.mp4_sps",
     "eva_export.dataset.video_facts",
     "eva_export.dataset.facts_index",
     "eva_export.dataset.validate_tables",

@@ -4,13 +4,14 @@ Every message names the raw file and the raw episode index."""
 
 from __future__ import annotations
 
+from fractions import Fraction
 from pathlib import Path
 
 import av
 import pyarrow.parquet as pq
 
 from ..errors import DatasetError, VideoError
-from . import video_facts
+from . import mp4_index, video_facts
 from .meta import INFO, DatasetMeta
 from .video import (
     StreamTiming,
@@ -70,6 +71,17 @@ def _demux_size(e: int, key: str, path: Path) -> tuple[int, int, int, StreamTimi
     if why:
         raise DatasetError(f"episode {e}: {path} ({key}) is not a complete MP4 (truncated, empty or "
                            f"garbage: {why})")
+    plain = mp4_index.read(path)
+    if plain is not None:  # the writer's plain shape, read from its boxes: no PyAV open (issue 28)
+        tb = Fraction(1, plain.timescale)
+        times = tuple(d * tb for d in plain.dts)  # no composition offsets: pts == dts
+        # the stated duration is not read: check_video does not check it
+        return plain.width, plain.height, plain.frames, StreamTiming(times, times, None)
+    return _pyav_size(e, key, path)
+
+
+def _pyav_size(e: int, key: str, path: Path) -> tuple[int, int, int, StreamTiming | Exception | None]:
+    """``_demux_size`` by PyAV's open and demux (any MP4 a box reading does not answer)."""
     try:
         with av.open(str(path)) as container:
             if not container.streams.video:

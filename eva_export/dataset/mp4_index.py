@@ -1,0 +1,309 @@
+"""A camera MP4's size, frame count and frame timing read from its box structure (no PyAV).
+
+Source validation needs, per MP4, what PyAV's open and demux give (validate_media): the first
+video stream's width and height, its frame count and each packet's decode/presentation time.
+Opening a container costs PyAV ~0.4 ms even for a four-frame file: most of a short episode's
+media check (issue 28). Files of the one plain shape the project's writer makes are read here
+from their boxes; anything else (a fragmented file, more than one track, a box or field value
+not listed below, a codec other than H.264 avc1, an edit list that is not the identity, a
+composition offset table, parameter sets inside the samples) gives None, and the caller takes
+PyAV's path as before. Every check here keeps the answer PyAV would give for the shapes let
+through (tests/test_mp4_index.py compares both on mutated files): a table must fill its box
+exactly, since FFmpeg reads past a short box into the next one.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+
+from .mp4_sps import avcc_size
+
+#: Larger files take PyAV's path (this one reads the whole file into memory).
+MAX_BYTES = 64 << 20
+_FORBIDDEN_NALS = frozenset((7, 8, 13, 15))  # parameter sets: FFmpeg's size would follow them
+_TOP = frozenset((b"ftyp", b"free", b"mdat", b"moov"))
+_STBL = frozenset((b"stsd", b"stts", b"stss", b"stsc", b"stsz", b"stco", b"co64"))
+
+
+@dataclass(frozen=True)
+class Mp4Facts:
+    """What validate_media reads of a plain MP4: sizes, frames, and each sample's decode time
+    in ``timescale`` units (presentation times are the same: no composition offsets)."""
+
+    width: int
+    height: int
+    frames: int
+    timescale: int
+    dts: tuple[int, ...]
+
+
+class _Unusual(Exception):
+    """Outside the plain shape: PyAV decides."""
+
+
+Box = tuple[bytes, int, int]  # (kind, payload start, box end)
+
+
+def read(path: Path) -> Mp4Facts | None:
+    """The file's facts, or None when it is not of the plain shape (or unreadable here)."""
+    try:
+        if os.stat(path).st_size > MAX_BYTES:
+            return None
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_BYTES + 1)
+        return _parse(data)
+    except (_Unusual, OSError, struct.error, IndexError, ValueError):
+        return None
+
+
+def _boxes(data: bytes, start: int, end: int) -> list[Box]:
+    """The boxes tiling data[start:end] exactly (32-bit sizes only)."""
+    out: list[Box] = []
+    pos = start
+    while pos < end:
+        if end - pos < 8:
+            raise _Unusual("cut box header")
+        size, kind = struct.unpack_from(">I4s", data, pos)
+        if size < 8 or pos + size > end:
+            raise _Unusual("box size")
+        out.append((kind, pos + 8, pos + size))
+        pos += size
+    return out
+
+
+def _one(boxes: list[Box], kind: bytes, optional: bool = False) -> Box | None:
+    found = [b for b in boxes if b[0] == kind]
+    if len(found) > 1 or (not found and not optional):
+        raise _Unusual(f"{kind!r} count")
+    return found[0] if found else None
+
+
+def _need(boxes: list[Box], kind: bytes) -> Box:
+    box = _one(boxes, kind)
+    assert box is not None
+    return box
+
+
+def _only(boxes: list[Box], allowed: frozenset[bytes]) -> None:
+    if any(b[0] not in allowed for b in boxes):
+        raise _Unusual("unknown box")
+
+
+def _full(data: bytes, box: Box, sizes: tuple[int, ...], any_flags: bool = False) -> int:
+    """A full box of version 0 or 1 (flags 0 unless ``any_flags``) whose payload has
+    sizes[version] bytes."""
+    _, start, end = box
+    version, flags = data[start], int.from_bytes(data[start + 1:start + 4], "big")
+    if (flags != 0 and not any_flags) or version >= len(sizes) or end - start != sizes[version]:
+        raise _Unusual("full box")
+    return version
+
+
+def _parse(data: bytes) -> Mp4Facts:
+    top = _boxes(data, 0, len(data))
+    _only(top, _TOP)
+    ftyp = data[top[0][1]:top[0][2]]  # its brands are container metadata strings
+    if top[0][0] != b"ftyp" or ftyp[:4] != b"isom" or len(ftyp) % 4 or not _text(ftyp[:4] + ftyp[8:]):
+        raise _Unusual("brand")
+    mdat, moov = _need(top, b"mdat"), _need(top, b"moov")
+    children = _boxes(data, moov[1], moov[2])
+    _only(children, frozenset((b"mvhd", b"trak", b"udta")))
+    mvhd = _need(children, b"mvhd")
+    movie_scale = _u32(data, mvhd[1] + (20 if _full(data, mvhd, (100, 112)) else 12))
+    udta = _one(children, b"udta", optional=True)
+    if udta is not None:
+        _check_udta(data, udta)
+    trak = _boxes(data, *_need(children, b"trak")[1:])
+    _only(trak, frozenset((b"tkhd", b"edts", b"mdia")))
+    _full(data, _need(trak, b"tkhd"), (84, 96), any_flags=True)  # enabled/in-movie: no size
+    mdia = _boxes(data, *_need(trak, b"mdia")[1:])
+    _only(mdia, frozenset((b"mdhd", b"hdlr", b"minf")))
+    mdhd = _need(mdia, b"mdhd")
+    scale = _u32(data, mdhd[1] + (20 if _full(data, mdhd, (24, 36)) else 12))
+    hdlr = _need(mdia, b"hdlr")
+    name = data[hdlr[1] + 24:hdlr[2]]  # a stream metadata string: PyAV decodes it as UTF-8
+    if data[hdlr[1]:hdlr[1] + 12] != bytes(8) + b"vide" or not _text(name[:-1]) or name[-1:] != b"\0":
+        raise _Unusual("handler")
+    minf = _boxes(data, *_need(mdia, b"minf")[1:])
+    _only(minf, frozenset((b"vmhd", b"dinf", b"stbl")))
+    _one(minf, b"vmhd", optional=True)
+    _check_dinf(data, _need(minf, b"dinf"))
+    stbl = _boxes(data, *_need(minf, b"stbl")[1:])
+    width, height = _sample_entry(data, _need(stbl, b"stsd"))
+    dts, total = _decode_times(data, stbl)
+    if not (0 < scale < 1 << 31 and 0 < movie_scale < 1 << 31):  # FFmpeg: a signed int, else 1
+        raise _Unusual("timescale")
+    edts = _one(trak, b"edts", optional=True)
+    if edts is not None:
+        _check_edit(data, edts, movie_scale, scale, total)
+    sizes = _sample_sizes(data, stbl, len(dts))
+    _check_samples(data, stbl, sizes, mdat)
+    return Mp4Facts(width, height, len(dts), scale, dts)
+
+
+def _u32(data: bytes, at: int) -> int:
+    return int.from_bytes(data[at:at + 4], "big")
+
+
+def _table(data: bytes, box: Box, entry: int, head: int = 0) -> tuple[int, int]:
+    """(first entry's offset, count) of a version-0 table box that fills its box exactly."""
+    _, start, end = box
+    if data[start:start + 4] != bytes(4):
+        raise _Unusual("table version")
+    count = _u32(data, start + 4 + head)
+    first = start + 8 + head
+    if first + count * entry != end:
+        raise _Unusual("table size")
+    return first, count
+
+
+def _check_udta(data: bytes, udta: Box) -> None:
+    """Only the muxer's encoder tag (udta/meta/hdlr mdir + ilst/\xa9too/data, UTF-8)."""
+    meta = _boxes(data, udta[1], udta[2])
+    if [b[0] for b in meta] != [b"meta"] or data[meta[0][1]:meta[0][1] + 4] != bytes(4):
+        raise _Unusual("udta")
+    inner = _boxes(data, meta[0][1] + 4, meta[0][2])
+    if [b[0] for b in inner] != [b"hdlr", b"ilst"]:
+        raise _Unusual("meta")
+    if data[inner[0][1]:inner[0][2]] != bytes(8) + b"mdirappl" + bytes(9):
+        raise _Unusual("meta hdlr")
+    items = _boxes(data, inner[1][1], inner[1][2])
+    if [b[0] for b in items] != [b"\xa9too"]:
+        raise _Unusual("ilst")
+    value = _boxes(data, items[0][1], items[0][2])
+    if [b[0] for b in value] != [b"data"] or data[value[0][1]:value[0][1] + 8] != b"\0\0\0\x01\0\0\0\0":
+        raise _Unusual("ilst data")
+    if not _text(data[value[0][1] + 8:value[0][2]]):
+        raise _Unusual("ilst text")
+
+
+def _text(raw: bytes) -> bool:
+    """Printable ASCII: a metadata string PyAV decodes as it stands."""
+    return all(0x20 <= c < 0x7F for c in raw)
+
+
+def _check_dinf(data: bytes, dinf: Box) -> None:
+    """One self-contained data reference (else FFmpeg reads the samples from another file)."""
+    if data[dinf[1]:dinf[2]] != b"\0\0\0\x1cdref" + bytes(7) + b"\x01\0\0\0\x0curl \0\0\0\x01":
+        raise _Unusual("dref")
+
+
+def _sample_entry(data: bytes, stsd: Box) -> tuple[int, int]:
+    """(width, height) of the one avc1 entry, which its SPS must state too."""
+    if data[stsd[1]:stsd[1] + 8] != b"\0\0\0\0\0\0\0\x01":  # version 0, one entry
+        raise _Unusual("stsd")
+    entries = _boxes(data, stsd[1] + 8, stsd[2])
+    if len(entries) != 1 or entries[0][0] != b"avc1":
+        raise _Unusual("sample entry")
+    _, start, end = entries[0]
+    if data[start:start + 8] != b"\0\0\0\0\0\0\0\x01" or end - start < 78:
+        raise _Unusual("avc1 reference")
+    width, height = struct.unpack_from(">HH", data, start + 24)
+    depth, table = struct.unpack_from(">Hh", data, start + 74)
+    # no compressor name (FFmpeg makes it stream metadata) and no palette (read from the entry)
+    if depth != 0x18 or table != -1 or data[start + 42:start + 74] != bytes(32):
+        raise _Unusual("avc1 depth")
+    children = _boxes(data, start + 78, end)
+    _only(children, frozenset((b"avcC", b"btrt")))
+    _one(children, b"btrt", optional=True)
+    if avcc_size(data[_need(children, b"avcC")[1]:_need(children, b"avcC")[2]]) != (width, height):
+        raise _Unusual("SPS size")
+    return width, height
+
+
+def _decode_times(data: bytes, stbl: list[Box]) -> tuple[tuple[int, ...], int]:
+    """Each sample's decode time from stts, and their total duration."""
+    _only(stbl, _STBL)
+    first, count = _table(data, _need(stbl, b"stts"), 8)
+    dts: list[int] = []
+    t = 0
+    for n, delta in struct.iter_unpack(">II", data[first:first + 8 * count]):
+        if n == 0 or not 0 < delta < 1 << 24 or len(dts) + n > 1 << 20:
+            raise _Unusual("stts entry")
+        dts.extend(range(t, t + n * delta, delta))
+        t += n * delta
+    if not dts:
+        raise _Unusual("no samples")
+    return tuple(dts), t
+
+
+def _check_edit(data: bytes, edts: Box, movie_scale: int, scale: int, total: int) -> None:
+    """An identity edit list: one edit from media time 0 at rate 1 spanning every sample."""
+    elst = _boxes(data, edts[1], edts[2])
+    if [b[0] for b in elst] != [b"elst"]:
+        raise _Unusual("edts")
+    first, count = _table(data, elst[0], 12)
+    if count != 1:
+        raise _Unusual("edits")
+    duration, media_time, rate = struct.unpack_from(">Iii", data, first)
+    if media_time != 0 or rate != 0x10000 or duration * scale < total * movie_scale:
+        raise _Unusual("edit")
+
+
+def _sample_sizes(data: bytes, stbl: list[Box], frames: int) -> list[int]:
+    box = _need(stbl, b"stsz")
+    if data[box[1]:box[1] + 4] != bytes(4) or box[2] - box[1] < 12:
+        raise _Unusual("stsz")
+    uniform, count = struct.unpack_from(">II", data, box[1] + 4)
+    if count != frames:
+        raise _Unusual("stsz count")
+    sizes = [uniform] * count if uniform else [v for (v,) in struct.iter_unpack(">I", data[box[1] + 12:box[2]])]
+    if count != frames or len(sizes) != count or (uniform and box[2] != box[1] + 12) or 0 in sizes:
+        raise _Unusual("stsz table")
+    return sizes
+
+
+def _chunk_offsets(data: bytes, stbl: list[Box]) -> list[int]:
+    stco, co64 = _one(stbl, b"stco", optional=True), _one(stbl, b"co64", optional=True)
+    if (stco is None) == (co64 is None):
+        raise _Unusual("chunk offsets")
+    wide = stco is None
+    box = co64 if wide else stco
+    assert box is not None
+    first, _count = _table(data, box, 8 if wide else 4)
+    return [v for (v,) in struct.iter_unpack(">Q" if wide else ">I", data[first:box[2]])]
+
+
+def _check_samples(data: bytes, stbl: list[Box], sizes: list[int], mdat: Box) -> None:
+    """Every sample inside the mdat payload (stsc/stco), its NAL units tiling it, none a
+    parameter set; and stss naming samples that exist, in order."""
+    chunks = _chunk_offsets(data, stbl)
+    first, count = _table(data, _need(stbl, b"stsc"), 12)
+    runs = list(struct.iter_unpack(">III", data[first:first + 12 * count]))
+    if not runs or runs[0][0] != 1 or any(b[0] <= a[0] for a, b in pairwise(runs)) \
+            or any(spc == 0 or sdi != 1 for _, spc, sdi in runs) or runs[-1][0] > len(chunks):
+        raise _Unusual("stsc")
+    sample = 0
+    for r, (chunk, spc, _sdi) in enumerate(runs):
+        last = runs[r + 1][0] - 1 if r + 1 < len(runs) else len(chunks)
+        for c in range(chunk - 1, last):
+            pos = chunks[c]
+            for _ in range(spc):
+                if sample >= len(sizes) or pos < mdat[1] or pos + sizes[sample] > mdat[2]:
+                    raise _Unusual("sample place")
+                _check_nals(data, pos, pos + sizes[sample])
+                pos += sizes[sample]
+                sample += 1
+    if sample != len(sizes):
+        raise _Unusual("samples mapped")
+    stss = _one(stbl, b"stss", optional=True)
+    if stss is not None:
+        first, count = _table(data, stss, 4)
+        keys = [v for (v,) in struct.iter_unpack(">I", data[first:stss[2]])]
+        if not keys or keys[0] < 1 or keys[-1] > len(sizes) or any(b <= a for a, b in pairwise(keys)):
+            raise _Unusual("stss")
+
+
+def _check_nals(data: bytes, pos: int, end: int) -> None:
+    while pos < end:
+        if end - pos < 5:
+            raise _Unusual("NAL cut")
+        n = _u32(data, pos)
+        head = data[pos + 4]
+        if n == 0 or pos + 4 + n > end or head & 0x80 or head & 0x1F in _FORBIDDEN_NALS:
+            raise _Unusual("NAL")
+        pos += 4 + n
