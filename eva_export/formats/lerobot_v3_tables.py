@@ -80,14 +80,16 @@ class DataShards:
         self._batch_size = 0
 
     def _schema(self, src: pa.Schema) -> pa.Schema:
-        if self._src is None or self._v3 is None or not src.equals(self._src):
-            self._src, self._v3 = src, v3_data_schema(src)
+        # the source files' own metadata (pandas, huggingface) is not part of the schema compared:
+        # the writer and concat_tables ignore it too, and the shard carries only the v3 metadata
+        if self._src is None or self._v3 is None or not src.equals(self._src, check_metadata=False):
+            self._src, self._v3 = src, v3_data_schema(src.remove_metadata())
         return self._v3
 
     def add(self, table: pa.Table) -> Locator:
-        table = table.replace_schema_metadata(None)
         sch = self._schema(table.schema)
-        if self.writer is not None and (sch is not self.schema or self.size + table.nbytes > self.limit):
+        nbytes = table.nbytes
+        if self.writer is not None and (sch is not self.schema or self.size + nbytes > self.limit):
             self.close()
         if self.writer is None:
             self.loc = self.numbering.next()
@@ -96,18 +98,23 @@ class DataShards:
             self.writer = pq.ParquetWriter(path, sch)
             self.schema, self.size = sch, 0
             self.files.append(path)
-        self._batch.append(table.replace_schema_metadata(sch.metadata))
+        self._batch.append(table)
         if len(self._batch) >= COMPACT_TABLES:
-            self._batch = [pa.concat_tables(self._batch).combine_chunks()]
-        self._batch_size += table.nbytes
-        self.size += table.nbytes
+            self._batch = [self._concat().combine_chunks()]
+        self._batch_size += nbytes
+        self.size += nbytes
         if self._batch_size >= self.batch_bytes:
             self._flush()
         return Locator(self.loc.chunk_index, self.loc.file_index)
 
+    def _concat(self) -> pa.Table:
+        """The waiting tables as one, with the shard's schema (its v3 metadata)."""
+        assert self.schema is not None
+        return pa.concat_tables(self._batch).replace_schema_metadata(self.schema.metadata)
+
     def _flush(self) -> None:
         if self._batch and self.writer is not None:
-            self.writer.write_table(pa.concat_tables(self._batch), row_group_size=1 << 30)
+            self.writer.write_table(self._concat(), row_group_size=1 << 30)
         self._batch, self._batch_size = [], 0
 
     def close(self) -> None:
@@ -148,8 +155,15 @@ class StatColumn:
         of the column's length."""
         if type(value) is not list or self.shape != (len(value),) or not value:
             return False
-        if self.floats is not None and all(type(v) is float for v in value):
-            self.floats.extend(value)
+        if self.floats is not None:
+            # array("d") takes floats and ints (as np.float64 would) and refuses anything else;
+            # a refused list may have left a prefix, taken back before the numpy path decides
+            n = len(self.floats)
+            try:
+                self.floats.extend(value)
+            except (TypeError, OverflowError):
+                del self.floats[n:]
+                return False
             return True
         if (self.ints is not None and all(type(v) is int for v in value)
                 and min(value) >= -(1 << 63) and max(value) < 1 << 63):

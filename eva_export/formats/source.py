@@ -50,10 +50,7 @@ def read_episode_table(meta: DatasetMeta, ep: EpisodeRow, first_index: int | Non
     if not path.is_file():
         raise ExportError(f"episode {ep.episode_index}: {path} is missing")
     try:
-        # an open file, not a path: pyarrow resolves a path's filesystem on every open (3x the
-        # cost of reading a small file); not read_table: its dataset layer costs ms per file
-        with open(path, "rb") as fh, pq.ParquetFile(fh) as pf:
-            table = pf.read()
+        table = read_parquet(path)
     except (OSError, pa.ArrowException) as exc:
         raise ExportError(f"episode {ep.episode_index}: cannot read {path} ({exc})") from exc
     if table.num_rows != ep.length:
@@ -72,6 +69,23 @@ def read_episode_table(meta: DatasetMeta, ep: EpisodeRow, first_index: int | Non
             raise ExportError(f"episode {ep.episode_index}: global index column is not contiguous from "
                               f"{first_index} (the subset must be renumbered)")
     return table
+
+#: Files above this are read with pyarrow's thread pool (column decoding in parallel); below
+#: it the pool's start and join cost more than the read (an episode table is a few KB).
+THREADED_READ_BYTES = 4 * 1024 * 1024
+
+
+def read_parquet(path: Path, columns: list[str] | None = None) -> pa.Table:
+    """A Parquet file read through ``pa.OSFile``, closed when this returns.
+
+    Not a path (pyarrow resolves a path's filesystem on every open: 3x the cost of reading a
+    small file), not a Python file object (a pyarrow reader over one was a suspect of a
+    teardown crash), not read_table (its dataset layer costs ms per file)."""
+    with pa.OSFile(str(path)) as fh:
+        threads = fh.size() > THREADED_READ_BYTES
+        with pq.ParquetFile(fh) as pf:
+            return pf.read(columns=columns, use_threads=threads)
+
 
 def column_numpy(table: pa.Table, name: str) -> NDArray[Any]:
     from ..dataset.table import to_numpy

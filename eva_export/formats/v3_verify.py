@@ -38,7 +38,7 @@ def read_columns(path: Path, columns: list[str] | None = None) -> pa.Table:
     """``columns`` of a Parquet file (all when None). Not pq.read_table: its dataset layer imports
     pyarrow.compute (0.2-0.4 s of a verify that reads a few small files) and resolves the path's
     filesystem on every call."""
-    with open(path, "rb") as fh, pq.ParquetFile(fh) as pf:
+    with pa.OSFile(str(path)) as fh, pq.ParquetFile(fh) as pf:  # never over a Python file object
         if columns is not None:
             lacking = [c for c in columns if c not in pf.schema_arrow.names]
             if lacking:
