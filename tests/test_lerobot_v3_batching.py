@@ -124,6 +124,8 @@ def test_stats_columns_and_dataset_stats_match_the_per_episode_paths(source: Pat
     [[1.0, 2.0], [3.0, 4.5]],                      # flat floats
     [[1, 2], [3, 4]],                              # ints stay int64
     [[0, 1], [0.5, 2.0]],                          # ints then floats: double, as pa.array infers
+    [[0.5, 2.0], [1, 3.0], [4, 5]],                # ints in a double column: doubles
+    [[0.5, 2.0], [3.0, None], [4.0, 5.0]],         # a null after a number: the generic path, no stray 3.0
     [[[[1.0]], [[2.0]], [[3.0]]], [[[4.0]], [[5.0]], [[6.0]]]],  # an image stat (3, 1, 1)
     [[1.0, 2.0], [1.0, 2.0, 3.0]],                 # ragged: the generic path
     [[True, False], [False, True]],                # not numbers: the generic path
