@@ -165,3 +165,28 @@ def test_only_small_files_keep_their_packets(source: Path, monkeypatch: pytest.M
     kept = {i for i, p in got.items() if p is not None and p.packets is not None}
     small = {i for i, p in paths if p.stat().st_size <= sizes[1]}
     assert kept == small and 2 <= len(kept) < len(paths)
+
+
+def _write_video(path: Path, fmt: str, frames: int = 3) -> None:
+    with av.open(str(path), mode="w", format=fmt) as c:
+        s = c.add_stream("libx264", rate=FPS)
+        s.width, s.height, s.pix_fmt = 32, 16, "yuv420p"
+        for i in range(frames):
+            img = np.full((16, 32, 3), 40 * i, np.uint8)
+            for pkt in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                c.mux(pkt)
+        for pkt in s.encode():
+            c.mux(pkt)
+
+
+def test_an_mp4_opens_with_the_mp4_demuxer_and_a_misnamed_file_still_opens(tmp_path: Path) -> None:
+    real, misnamed = tmp_path / "real.mp4", tmp_path / "misnamed.mp4"
+    _write_video(real, "mp4")
+    _write_video(misnamed, "matroska")  # a Matroska file under an .mp4 name
+    with v3_probe.open_input(real) as c:
+        assert "mp4" in c.format.name
+    with v3_probe.open_input(misnamed) as c:
+        assert c.format.name.startswith("matroska")
+    for path in (real, misnamed):
+        p = v3_probe.probe(path, FPS, keep=True)
+        assert p is not None and p.packets is not None and len(p.packets) == 3

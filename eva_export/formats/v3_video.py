@@ -32,7 +32,7 @@ import av
 from ..dataset.video import VideoEncoder, VideoSettings, iter_frames
 from ..errors import ExportError, VideoError
 from .provenance import RawNames
-from .v3_probe import CodecParams, Pkt, Probe, codec_params, frame_slot, packets_of, probe
+from .v3_probe import CodecParams, Pkt, Probe, codec_params, frame_slot, open_input, packets_of, probe
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ class VideoShards:
             if probed is not None and probed.packets is not None:
                 why = self._join(episode_index, path, rows, probed.params, probed.time_base, list(probed.packets))
             else:
-                with av.open(str(path)) as src:
+                with open_input(path) as src:
                     s = src.streams.video[0]
                     params, tb = codec_params(s), Fraction(s.time_base or Fraction(1, self.fps))
                     pkts = packets_of(src, s)
