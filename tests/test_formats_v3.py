@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from dsfactory import Ep, image, make_dataset, make_subset, replace_video, state_value
-from short_videos import short_subset
+from short_videos import encode_bframes, short_subset, textured
 
 from eva_export.dataset.table import to_numpy
 from eva_export.dataset.video import VideoSettings, iter_frames, stream_timing
@@ -268,6 +268,37 @@ def test_v3_starts_a_new_shard_when_reencoding_cannot_match(tmp_path: Path) -> N
     assert eps[1]["videos/observation.images.cam0/from_timestamp"] == 0.0
     check_through_locator(out, [8, 6], cams=1)
     assert ex.verify(out).ok
+
+
+def test_v3_a_reordered_episode_past_the_probe_window_starts_a_new_shard(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shard's decode clock is set from the episodes probed ahead when it opens; a later
+    B-frame episode needing more lead starts a new shard, stream-copied (not re-encoded)."""
+    from eva_export.formats import v3_probe
+
+    monkeypatch.setattr(v3_probe, "PROBE_WINDOW", 2)
+    lengths = [1, 2, 1, 2, 1, 30, 30]
+    src = short_subset(tmp_path / "src", lengths, "libx264")
+    key = "observation.images.cam0"
+    for e in (5, 6):  # GOPs of 12: frames really reordered (g=2 has none to reorder)
+        encode_bframes(src / f"videos/chunk-000/{key}/episode_{e:06d}.mp4",
+                       [textured(e, i, 64, 48) for i in range(30)], FPS, "libx264", gop=12)
+    leads = [v3_probe.probe(p, FPS, keep=False) for p in sorted((src / "videos").rglob("*.mp4"))]
+    assert [p.lead_frames > 0 for p in leads if p is not None] == [False] * 5 + [True] * 2
+    out = tmp_path / "out"
+    ex = LeRobotV3Exporter()
+    ex.export(src, out)
+    assert ex.last_reencoded == {}
+    eps = read_locator(out)
+    assert [e[f"videos/{key}/file_index"] for e in eps] == [0] * 5 + [1] * 2
+    rep = ex.verify(out)
+    assert rep.ok, rep.errors
+    shards = {i: decode_all(out / f"videos/{key}/chunk-000/file-{i:03d}.mp4") for i in (0, 1)}
+    for e, n in zip(eps, lengths, strict=True):
+        start = round(e[f"videos/{key}/from_timestamp"] * FPS)
+        want = list(iter_frames(src / f"videos/chunk-000/{key}/episode_{e['episode_index']:06d}.mp4"))
+        for i in range(n):
+            np.testing.assert_array_equal(shards[e[f"videos/{key}/file_index"]][start + i], want[i])
 
 
 # ---- issue 23: very short B-frame episodes anywhere in a shard --------------------------------

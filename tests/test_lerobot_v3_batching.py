@@ -167,6 +167,23 @@ def test_only_small_files_keep_their_packets(source: Path, monkeypatch: pytest.M
     assert kept == small and 2 <= len(kept) < len(paths)
 
 
+def test_probes_hold_only_the_window_and_give_the_budget_back(source: Path) -> None:
+    """Probes.next probes at most ``window`` files ahead, hands them out in order, and the
+    packet budget a copied episode's packets took is free again (memory flat in episodes)."""
+    meta = read_meta(source)
+    key = meta.info.video_keys[0]
+    paths = [(e.episode_index, meta.video_path(key, e.episode_index)) for e in meta.episodes]
+    probes = v3_probe.Probes(FPS, budget=1 << 20, window=4)
+    probes.stream(iter(paths))
+    for i, path in paths:
+        got_i, got_path, p, lead = probes.next()
+        assert (got_i, got_path) == (i, path)
+        assert p is not None and p.packets is not None and lead >= p.lead_frames
+        assert len(probes._ahead) < 4
+        assert not probes._held
+    assert probes.left == 1 << 20
+
+
 def _write_video(path: Path, fmt: str, frames: int = 3) -> None:
     with av.open(str(path), mode="w", format=fmt) as c:
         s = c.add_stream("libx264", rate=FPS)

@@ -33,6 +33,7 @@ import json
 import logging
 import shutil
 from array import array
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -188,14 +189,12 @@ class LeRobotV3Exporter:
         tmp = out / ".v3tmp"
         names = RawNames.of(meta)
         data = DataShards(out, int(self.data_mb * MIB), self.chunks_size)
-        paths = {k: [meta.video_path(k, ep.episode_index) for ep in meta.episodes] for k in info.video_keys}
-        videos, probes = self._video_shards(meta, out, tmp, names, paths)
+        videos, probes = self._video_shards(meta, out, tmp, names)
         locs, ep_stats = Locators(list(info.video_keys)), EpisodeStatsColumns()
         offset = 0
         try:
-            for pos, ep in enumerate(meta.episodes):
-                vpaths = {k: paths[k][pos] for k in videos}
-                written = self._episode(meta, ep, offset, data, videos, probes, vpaths, locs, ep_stats, names)
+            for ep in meta.episodes:
+                written = self._episode(meta, ep, offset, data, videos, probes, locs, ep_stats, names)
                 offset += ep.length
                 progress.on_episode(ep.episode_index, written)
             data.close()
@@ -228,26 +227,22 @@ class LeRobotV3Exporter:
         reenc = {k: [names.index(i) for i in v] for k, v in self.last_reencoded.items()}
         write_quality_split(src, out, self.name, {"reencoded_source_episodes": reenc} if reenc else None)
 
-    def _video_shards(self, meta: DatasetMeta, out: Path, tmp: Path, names: RawNames,
-                      paths: dict[str, list[Path]]) -> tuple[dict[str, VideoShards], dict[str, Probes]]:
-        """One shard writer per camera, its decode clock as far ahead as its episodes need.
-
-        Every episode MP4 is read here once (v3_probe); small ones keep their packets, so the
-        copy does not open them again."""
+    def _video_shards(self, meta: DatasetMeta, out: Path, tmp: Path,
+                      names: RawNames) -> tuple[dict[str, VideoShards], dict[str, Probes]]:
+        """One shard writer per camera, and its files probed a window ahead of the copy (each
+        episode MP4 is read once there; small ones keep their packets for the copy)."""
         info = meta.info
         videos, probes = {}, {}
         for k in info.video_keys:
             p = Probes(info.fps)
-            p.take_all([(ep.episode_index, path) for ep, path in zip(meta.episodes, paths[k], strict=True)])
+            p.stream(_video_files(meta, k))
             probes[k] = p
-            shards = VideoShards(out, k, info.fps, info.features[k].shape, int(self.video_mb * MIB),
-                                 self.chunks_size, self.reencode_settings, tmp, 0, names)
-            shards.delay = p.lead * shards.tick
-            videos[k] = shards
+            videos[k] = VideoShards(out, k, info.fps, info.features[k].shape, int(self.video_mb * MIB),
+                                    self.chunks_size, self.reencode_settings, tmp, 0, names)
         return videos, probes
 
     def _episode(self, meta: DatasetMeta, ep: EpisodeRow, offset: int, data: DataShards,
-                 videos: dict[str, VideoShards], probes: dict[str, Probes], vpaths: dict[str, Path],
+                 videos: dict[str, VideoShards], probes: dict[str, Probes],
                  locs: Locators, ep_stats: EpisodeStatsColumns, names: RawNames) -> int:
         """Append one episode's rows, videos, locators and statistics; the bytes written."""
         info = meta.info
@@ -260,8 +255,9 @@ class LeRobotV3Exporter:
             locs.put(name, value)
         written = int(table.nbytes)
         for key, shards in videos.items():
-            path = vpaths[key]
-            probed = probes[key].pop(ep.episode_index)
+            episode_index, path, probed, lead = probes[key].next()
+            assert episode_index == ep.episode_index, (episode_index, ep.episode_index)
+            shards.ahead = lead * shards.tick
             vloc, frames_before = shards.add(ep.episode_index, path, ep.length, probed)
             locs.put(f"videos/{key}/chunk_index", vloc.chunk_index)
             locs.put(f"videos/{key}/file_index", vloc.file_index)
@@ -322,6 +318,13 @@ class LeRobotV3Exporter:
     def verify(self, out_dir: Path) -> VerifyReport:
         from .v3_verify import verify_v3
         return verify_v3(Path(out_dir))
+
+
+def _video_files(meta: DatasetMeta, key: str) -> Iterator[tuple[int, Path]]:
+    """(episode, MP4) of one camera in episode order, each path made when it is reached (a
+    list of them was a Path object per episode, held through the job)."""
+    for ep in meta.episodes:
+        yield ep.episode_index, meta.video_path(key, ep.episode_index)
 
 
 def read_episode(meta: DatasetMeta, ep: EpisodeRow, offset: int) -> pa.Table:

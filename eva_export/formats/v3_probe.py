@@ -1,15 +1,15 @@
 """One read of each episode MP4 per v3 job: its codec parameters, reorder depth and (small files) packets.
 
-The v3 shards need every camera's reorder delay before the first shard opens (v3_video), which
-took one open of every episode MP4 before the one that copies it: on 1000 short episodes that
-second open was most of the video time. ``probe`` reads a file once; a small file
-(``KEEP_FILE_BYTES``) that fits the job's byte budget keeps its packets (``Probe.packets``), which
-``VideoShards.add`` then copies without opening the file again. Only small files: the open saved
-is a few milliseconds, worth keeping a few KB for, not megabytes (long episodes held up to the
-budget made the peak memory grow with the episode length). The budget is fixed
-(``PACKET_BUDGET``), so memory does not grow with the episode count either: past it, and for
-larger files, files are probed as before (the first ``DELAY_PROBE_PACKETS``) and opened again
-when copied.
+A v3 shard's decode clock must run as far ahead as the reorder lead of every episode it holds,
+known when the shard opens (v3_video). ``Probes`` reads each file ``PROBE_WINDOW`` episodes
+before the copy reaches it: the shard opens with the largest lead in that window, and an
+episode needing more later starts a new shard (it is not re-encoded). A small file
+(``KEEP_FILE_BYTES``) that fits the window's byte budget keeps its packets (``Probe.packets``),
+which ``VideoShards.add`` copies without opening the file again. Only small files: the open
+saved is a few milliseconds, worth keeping a few KB for, not megabytes. Memory is the window
+(at most ``PACKET_BUDGET`` of packets), whatever the episode count or length: no probe is
+kept for an episode once it is copied (probing every file before the first shard opened held
+one per episode, and the budget ran out on long jobs, whose later files were opened twice).
 
 Times are integers in the stream's time base (``num/den`` seconds per tick); the grid and
 tolerance tests below are exact integer forms of the Fraction ones (10^5 packets of Fraction
@@ -18,15 +18,19 @@ arithmetic cost seconds).
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import av
 
 DELAY_PROBE_PACKETS = 64
-PACKET_BUDGET = 16 * 1024 * 1024  # bytes of packets kept per camera and job, whatever the episode count
+PACKET_BUDGET = 16 * 1024 * 1024  # bytes of packets kept per camera in the window, whatever the episode count
+PROBE_WINDOW = 64  # episodes probed ahead of the copy (Probes.next)
 KEEP_FILE_BYTES = 1024 * 1024  # larger files are opened again to copy (an open is ~1% of reading them)
 TOLERANCE_DEN = 10000  # LeRobotDataset's tolerance_s = 1 / 10000 s
 
@@ -134,27 +138,58 @@ def probe(path: Path, fps: int, keep: bool) -> Probe | None:
 
 
 class Probes:
-    """One camera's probes, taken before its shards open and handed out once each."""
+    """One camera's probes, read a window of episodes ahead of the copy and handed out once each.
 
-    def __init__(self, fps: int, budget: int | None = None) -> None:
+    ``stream`` + ``next``: the exporter's path. Each file is probed ``window`` episodes before it
+    is copied, so a shard opening knows the reorder lead of the episodes about to join it (its
+    decode clock), and only the window's probes (and kept packets, within the byte budget) are
+    in memory, whatever the episode count. ``take_all`` + ``pop``: every file at once."""
+
+    def __init__(self, fps: int, budget: int | None = None, window: int | None = None) -> None:
         self.fps = fps
         self.left = PACKET_BUDGET if budget is None else budget  # read when a job starts (tests set it)
-        self.lead = 0  # the largest lead seen, in frames
+        self.window = PROBE_WINDOW if window is None else window
+        self.lead = 0  # take_all: the largest lead seen, in frames
         self._held: dict[int, Probe] = {}
+        self._ahead: deque[tuple[int, Path, Probe | None]] = deque()
+        self._todo: Iterator[tuple[int, Path]] = iter(())
+
+    def _take(self, path: Path) -> Probe | None:
+        try:
+            small = path.stat().st_size <= min(self.left, KEEP_FILE_BYTES)
+        except OSError:
+            return None  # missing: the copy names it
+        p = probe(path, self.fps, keep=small)
+        self.left -= _kept_bytes(p)
+        return p
 
     def take_all(self, paths: list[tuple[int, Path]]) -> None:
         for episode_index, path in paths:
-            try:
-                small = path.stat().st_size <= min(self.left, KEEP_FILE_BYTES)
-            except OSError:
-                continue  # missing: the copy names it
-            p = probe(path, self.fps, keep=small)
-            if p is None:
-                continue
-            if p.packets is not None:
-                self.left -= sum(len(k.data) for k in p.packets)
-            self.lead = max(self.lead, p.lead_frames)
-            self._held[episode_index] = p
+            p = self._take(path)
+            if p is not None:
+                self.lead = max(self.lead, p.lead_frames)
+                self._held[episode_index] = p
 
     def pop(self, episode_index: int) -> Probe | None:
         return self._held.pop(episode_index, None)
+
+    def stream(self, paths: Iterable[tuple[int, Path]]) -> None:
+        """The (episode, file) pairs ``next`` hands out, in copy order (read lazily)."""
+        self._todo = iter(paths)
+
+    def next(self) -> tuple[int, Path, Probe | None, int]:
+        """The next episode, its file and probe (None: unreadable), and the largest reorder lead
+        (frames) of it and the episodes probed behind it."""
+        if len(self._ahead) <= self.window // 2:
+            # refilled in runs of files: probing one file between each copy cost three times
+            # as much per file as probing many in a row (measured on 1000 4-frame episodes)
+            for item in islice(self._todo, self.window - len(self._ahead)):
+                self._ahead.append((item[0], item[1], self._take(item[1])))
+        episode_index, path, p = self._ahead.popleft()
+        self.left += _kept_bytes(p)  # its packets leave the window with it
+        lead = max((q.lead_frames for _, _, q in self._ahead if q is not None), default=0)
+        return episode_index, path, p, max(lead, p.lead_frames if p is not None else 0)
+
+
+def _kept_bytes(p: Probe | None) -> int:
+    return 0 if p is None or p.packets is None else sum(len(k.data) for k in p.packets)

@@ -7,8 +7,8 @@ Each episode's packets are copied (never decoded) and re-timed in the shard's ti
   at exactly ``(before + i) * F``; the source's own times only say which frame a packet is,
   and must be on the fps grid within LeRobot's 1e-4 s tolerance, once each;
 - decoding: the k-th packet of the shard is decoded at ``k * F - D``, one frame apart, where
-  ``D`` is the largest reorder delay of the camera's episodes (measured before the first
-  shard opens). B-frame episodes start their decode clock ``D`` early (H.264/HEVC written by
+  ``D`` is the largest reorder delay of the episodes probed ahead when the shard opens (an
+  episode needing more later starts a new shard; v3_probe.Probes). B-frame episodes start their decode clock ``D`` early (H.264/HEVC written by
   LeRobot) while 1- and 2-frame episodes have none; re-timing every packet on one clock keeps
   decode times strictly increasing at every join and makes the MP4 sample durations add up
   to exactly the shard's frames, so its duration and average rate are what the episodes'
@@ -115,6 +115,9 @@ class VideoShards:
         self.timescale = shard_timescale(fps)
         self.tick = self.timescale // fps  # ticks per frame
         self.delay = delay  # D: the decode clock's lead over the presentation clock, in ticks
+        # D for the next shard opened (ticks), when the caller knows the episodes ahead
+        # (Probes.next); None: every shard keeps ``delay``
+        self.ahead: int | None = None
         self.names = names
         self.container: Any = None
         self.stream: Any = None
@@ -141,6 +144,8 @@ class VideoShards:
         self.container = av.open(str(path), mode="w", format="mp4", options={"movflags": "faststart"})
         self.files.append(path)
         self.params, self.frames, self.size = params, 0, 0
+        if self.ahead is not None:
+            self.delay = self.ahead
         self.only_reencoded = False  # set when a re-encoded episode had to open this shard
         with av.open(str(template)) as src:  # once per shard, not per episode
             # opaque=True copies the codec parameters (codec id, extradata, size, pix_fmt) without
@@ -168,6 +173,12 @@ class VideoShards:
             raise ExportError(f"{self._name(episode_index, path)}: the {self.key} video is missing")
         size = probed.size if probed is not None else path.stat().st_size
         if self.container is not None and self.size + size > self.limit:
+            self.close()
+        elif (self.container is not None and self.ahead is not None and probed is not None
+              and probed.lead_frames * self.tick > self.delay):
+            # its decode order needs a clock further ahead than this shard's: a new shard
+            log.info("%s %s: starting a new shard (reorder lead %d frames)", self.key,
+                     self._name(episode_index, path), probed.lead_frames)
             self.close()
         try:
             if probed is not None and probed.packets is not None:
