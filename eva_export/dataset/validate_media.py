@@ -73,10 +73,10 @@ def _demux_size(e: int, key: str, path: Path) -> tuple[int, int, int, StreamTimi
                            f"garbage: {why})")
     plain = mp4_index.read(path)
     if plain is not None:  # the writer's plain shape, read from its boxes: no PyAV open (issue 28)
-        tb = Fraction(1, plain.timescale)
-        times = tuple(d * tb for d in plain.dts)  # no composition offsets: pts == dts
-        # the stated duration is not read: check_video does not check it
-        return plain.width, plain.height, plain.frames, StreamTiming(times, times, None)
+        # integer ticks as the demux gives them; no composition offsets: pts == dts. The stated
+        # duration is not read: check_video does not check it
+        timing = StreamTiming(plain.dts, plain.dts, Fraction(1, plain.timescale), None)
+        return plain.width, plain.height, plain.frames, timing
     return _pyav_size(e, key, path)
 
 
