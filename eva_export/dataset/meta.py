@@ -137,11 +137,14 @@ def _size(value: Any) -> int:
         return -1  # ragged or not numeric: never the declared size
 
 
-def read_meta(root: Path) -> DatasetMeta:
-    """Load info, episodes, tasks and per-episode stats; each failure names its file."""
+def read_meta(root: Path, stats: bool = True) -> DatasetMeta:
+    """Load info, episodes, tasks and per-episode stats; each failure names its file.
+
+    ``stats=False``: episodes_stats.jsonl is not read (``episodes_stats`` empty), for a reader
+    of the rows and tables only: its every line parsed and checked is most of read_meta's cost."""
     root = Path(root)
     info = read_info(root)
     episodes = [r for _, r in _rows(root / EPISODES, True, EpisodeRow.from_dict)]
     tasks = [r for _, r in _rows(root / TASKS, False, TaskRow.from_dict)]
     return DatasetMeta(root=root, info=info, episodes=episodes, tasks=tasks,
-                       episodes_stats=_stats_index(root / EPISODES_STATS))
+                       episodes_stats=_stats_index(root / EPISODES_STATS) if stats else {})
