@@ -29,6 +29,7 @@ from .source_rules import SMALL_COLUMNS as SMALL_COLUMNS
 from .source_rules import SourceEpisode as SourceEpisode
 from .source_rules import check_columns, check_info, cut, raw_info
 from .stats import STAT_KEYS
+from .table import in_memory
 from .facts_index import FileKey
 from .validate_media import check_images, check_video
 from .validate_tables import TableFacts, known_table, remember_table, table_key, table_kind
@@ -265,7 +266,8 @@ def _check_table(root: Path, meta: DatasetMeta, row: EpisodeRow, data: Path, vid
     """The episode's Parquet footer and small columns read and checked against the row."""
     info, ep = meta.info, row.episode_index
     try:
-        with pq.ParquetFile(data) as pf:
+        # pa.OSFile: a path's filesystem is resolved per open; a small file parsed in memory
+        with pa.OSFile(str(data)) as fh, pq.ParquetFile(in_memory(fh)) as pf:
             schema = pf.schema_arrow
             columns = list(schema.names)
             nrows = pf.metadata.num_rows
