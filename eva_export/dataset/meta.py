@@ -13,6 +13,7 @@ from .. import confine
 from ..errors import DatasetError
 from ..fsutil import iter_jsonl_lines, read_json
 from .records import DatasetInfo, EpisodeRow, EpisodeStats, TaskRow
+from .stats import STAT_KEYS
 from .stats_index import StatsIndex
 
 INFO = "meta/info.json"
@@ -97,9 +98,9 @@ def _scan(path: Path, required: bool, parse: Callable[[dict[str, Any]], T], keep
         raise DatasetError(f"{path}:{lineno}: malformed row (lacks or mistypes {exc})") from None
 
 
-def _stats_index(path: Path) -> StatsIndex:
+def _stats_index(path: Path, digest: Callable[[EpisodeStats], int] | None = None) -> StatsIndex:
     """episodes_stats.jsonl checked line by line, kept as spans (an empty index when absent)."""
-    index = StatsIndex()
+    index = StatsIndex(digest)
     _scan(path, False, EpisodeStats.from_dict, index.note, lambda: index.scan(path))
     return index
 
@@ -118,6 +119,16 @@ def check_stats_shapes(meta: DatasetMeta, done: Container[int] = ()) -> None:
 def check_row_shapes(meta: DatasetMeta, st: EpisodeStats) -> None:
     """``check_stats_shapes`` of one episode's row."""
     root, info, stats = meta.root, meta.info, meta.episodes_stats
+    fault = _shape_fault(info, st)
+    if fault is not None:
+        key, stat, got = fault
+        lineno = stats.line_of(st.episode_index) if isinstance(stats, StatsIndex) else 0
+        raise DatasetError(f"{root / EPISODES_STATS}:{lineno}: episode {st.episode_index}: {key} {stat} "
+                           f"has {got} values, but {root / INFO} declares shape {list(info.features[key].shape)}")
+
+
+def _shape_fault(info: DatasetInfo, st: EpisodeStats) -> tuple[str, str, int] | None:
+    """The first (feature, stat, size) whose vector size is not the feature's element count."""
     for key, feat in info.features.items():
         entry = st.stats.get(key)
         if feat.is_visual or not isinstance(entry, dict):
@@ -125,9 +136,28 @@ def check_row_shapes(meta: DatasetMeta, st: EpisodeStats) -> None:
         want = int(np.prod(feat.shape))
         for stat in ("min", "max", "mean", "std"):
             if stat in entry and (got := _size(entry[stat])) != want:
-                lineno = stats.line_of(st.episode_index) if isinstance(stats, StatsIndex) else 0
-                raise DatasetError(f"{root / EPISODES_STATS}:{lineno}: episode {st.episode_index}: {key} {stat} "
-                                   f"has {got} values, but {root / INFO} declares shape {list(feat.shape)}")
+                return key, stat, got
+    return None
+
+
+#: stats_digest: bit i set when feature i (info.features order) has all of STAT_KEYS; this bit
+#: when the row fails check_row_shapes.
+SHAPE_FAULT = 1 << 62
+
+
+def stats_digest(info: DatasetInfo) -> Callable[[EpisodeStats], int] | None:
+    """What source validation asks of each stats row (complete features, shapes), taken while
+    read_meta parses the row anyway: the episode checks then need not parse it again (issue
+    28). None when the features do not fit the bits."""
+    if len(info.features) >= 62:
+        return None
+    keys = list(info.features)
+
+    def digest(st: EpisodeStats) -> int:
+        bits = sum(1 << i for i, key in enumerate(keys)
+                   if isinstance(entry := st.stats.get(key), dict) and all(k in entry for k in STAT_KEYS))
+        return bits | (SHAPE_FAULT if _shape_fault(info, st) is not None else 0)
+    return digest
 
 
 def _size(value: Any) -> int:
@@ -137,11 +167,16 @@ def _size(value: Any) -> int:
         return -1  # ragged or not numeric: never the declared size
 
 
-def read_meta(root: Path) -> DatasetMeta:
-    """Load info, episodes, tasks and per-episode stats; each failure names its file."""
+def read_meta(root: Path, stats: bool = True, digest: bool = False) -> DatasetMeta:
+    """Load info, episodes, tasks and per-episode stats; each failure names its file.
+
+    ``stats=False``: episodes_stats.jsonl is not read (``episodes_stats`` empty), for a reader
+    of the rows and tables only: its every line parsed and checked is most of read_meta's cost.
+    ``digest``: each stats row's ``stats_digest`` kept (for validate_source)."""
     root = Path(root)
     info = read_info(root)
     episodes = [r for _, r in _rows(root / EPISODES, True, EpisodeRow.from_dict)]
     tasks = [r for _, r in _rows(root / TASKS, False, TaskRow.from_dict)]
     return DatasetMeta(root=root, info=info, episodes=episodes, tasks=tasks,
-                       episodes_stats=_stats_index(root / EPISODES_STATS))
+                       episodes_stats=_stats_index(root / EPISODES_STATS, stats_digest(info) if digest else None)
+                       if stats else {})

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from array import array
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +29,11 @@ from .records import EpisodeStats
 class StatsIndex(MutableMapping[int, EpisodeStats]):
     """episode_index -> EpisodeStats, parsed on demand from the indexed (open) file."""
 
-    def __init__(self) -> None:
+    def __init__(self, digest: Callable[[EpisodeStats], int] | None = None) -> None:
         self.path: Path | None = None
+        # what a caller asks of every row, taken from the scan's parse (meta.stats_digest)
+        self._digest = digest
+        self._digests = array("q")
         self._fh: Any = None  # the open file the spans point into
         self._stamp: tuple[int, int] = (0, 0)
         # episode -> slot in three flat arrays (offset, length, line): a tuple of three ints per
@@ -54,10 +57,20 @@ class StatsIndex(MutableMapping[int, EpisodeStats]):
     def note(self, row: EpisodeStats, lineno: int) -> None:
         """The row of the line just scanned; a later duplicate of an episode wins, as in a dict."""
         slot = self._where.setdefault(row.episode_index, len(self._spans) // 3)
+        digest = self._digest(row) if self._digest is not None else 0
         if slot * 3 == len(self._spans):
             self._spans.extend((*self._line, lineno))
+            self._digests.append(digest)
         else:
             self._spans[3 * slot:3 * slot + 3] = array("q", (*self._line, lineno))
+            self._digests[slot] = digest
+
+    def digest_of(self, episode: int) -> int | None:
+        """The digest of the episode's row as scanned (None: no digest taken, no such row, or
+        the rows are held in memory after a change)."""
+        if self._digest is None or self._held is not None or episode not in self._where:
+            return None
+        return self._digests[self._where[episode]]
 
     def _span(self, episode: int) -> tuple[int, int, int]:
         n = 3 * self._where[episode]
@@ -91,7 +104,7 @@ class StatsIndex(MutableMapping[int, EpisodeStats]):
     def _hold(self) -> dict[int, EpisodeStats]:
         if self._held is None:
             self._held = {e: self._read(e) for e in self._where}
-            self._where, self._spans = {}, array("q")
+            self._where, self._spans, self._digests = {}, array("q"), array("q")
             self.close()
         return self._held
 

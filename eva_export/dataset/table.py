@@ -66,6 +66,19 @@ def write_table(table: pa.Table, path: Path) -> None:
     pq.write_table(table, path)
 
 
+#: Parquet files up to this size are read whole and parsed in memory (issue 28): pyarrow reading
+#: a file hands every column chunk read to its I/O thread (six futex round trips a small table;
+#: on a loaded machine each wake-up waits for a core). Larger ones stream as before.
+IN_MEMORY_BYTES = 4 * 1024 * 1024
+
+
+def in_memory(fh: pa.NativeFile) -> pa.NativeFile:
+    """A small open file's bytes as a BufferReader (one read, parsed without the I/O thread);
+    a larger one as it is."""
+    size = fh.size()
+    return pa.BufferReader(fh.read_buffer(size)) if size <= IN_MEMORY_BYTES else fh
+
+
 def to_numpy(col: pa.ChunkedArray | pa.Array) -> NDArray[Any]:
     """A column as numpy; fixed-size lists become 2-D arrays (rows, size)."""
     if isinstance(col, pa.ChunkedArray):  # not combine_chunks(): it imports pyarrow.compute (0.2 s)

@@ -22,13 +22,16 @@ import pyarrow.parquet as pq
 from .. import confine
 from ..errors import DatasetError, UnsafeNameError
 from .episode_list import EpisodeList
-from .meta import EPISODES, EPISODES_STATS, INFO, TASKS, DatasetMeta, check_row_shapes, check_stats_shapes, read_meta
+from .meta import (EPISODES, EPISODES_STATS, INFO, SHAPE_FAULT, TASKS, DatasetMeta, check_row_shapes, check_stats_shapes,
+                   read_meta)
 from .records import CODEBASE_V21, FORMAT_V21, EpisodeRow, EpisodeStats
 from .source_rules import GRID_TOLERANCE_S as GRID_TOLERANCE_S  # re-exported: importers of validate
 from .source_rules import SMALL_COLUMNS as SMALL_COLUMNS
 from .source_rules import SourceEpisode as SourceEpisode
 from .source_rules import check_columns, check_info, cut, raw_info
 from .stats import STAT_KEYS
+from .stats_index import StatsIndex
+from .table import in_memory
 from .facts_index import FileKey
 from .validate_media import check_images, check_video
 from .validate_tables import TableFacts, known_table, remember_table, table_key, table_kind
@@ -96,7 +99,7 @@ def validate_source(root: Path, *, allow_empty_dataset: bool = True, as_source: 
         if not (root / name).is_file():
             raise DatasetError(f"{root / name} is missing: {root} is not a LeRobot v2.1 dataset")
     raw = raw_info(root)
-    meta = read_meta(root) if meta is None else meta
+    meta = read_meta(root, digest=True) if meta is None else meta
     info = meta.info
     if info.codebase_version != codebase:
         raise DatasetError(f"{root / INFO}: codebase_version is {info.codebase_version!r}, expected "
@@ -136,12 +139,17 @@ def _check_episodes(check: SourceCheck, kind: str, camera_stats_computed: bool) 
     shared = _Shared()
     episodes = check.episodes
     assert isinstance(episodes, EpisodeList)
+    stats = meta.episodes_stats
     for row in meta.episodes:
-        # the stats row parsed once here, for both of its checks (it was three parses a check)
-        ep_stats = meta.episodes_stats.get(row.episode_index)
+        # the stats row's checks from the digest read_meta took as it parsed the row; without
+        # one, the row parsed once here for both checks (it was three parses a check)
+        digest = stats.digest_of(row.episode_index) if isinstance(stats, StatsIndex) else None
+        ep_stats = stats.get(row.episode_index) if digest is None else None
         ep, known, tkey = _check_episode(root, meta, row, task_text, task_ids, offset, camera_stats_computed, kind,
-                                         ep_stats)
-        if ep_stats is not None:
+                                         ep_stats, digest)
+        if digest is not None and digest & SHAPE_FAULT:
+            check_row_shapes(meta, stats[row.episode_index])  # raises, naming the row's line
+        elif ep_stats is not None:
             check_row_shapes(meta, ep_stats)
         ep = shared.adopt(ep)
         if known is None:  # read (not proved by the index): its images decoded, then remembered
@@ -227,7 +235,7 @@ def _episode_tasks(root: Path, row: EpisodeRow, data: Path, task_values: Any, ta
 
 def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: dict[int, str],
                    task_ids: dict[str, int], offset: int = 0, camera_stats_computed: bool = False,
-                   kind: str = "", ep_stats: EpisodeStats | None = None
+                   kind: str = "", ep_stats: EpisodeStats | None = None, digest: int | None = None
                    ) -> tuple[SourceEpisode, TableFacts | None, FileKey | None]:
     """The episode's files and table checked; with the facts the index proved (None: read)."""
     info = meta.info
@@ -253,7 +261,7 @@ def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: di
         nrows, columns, tasks, schema = known.rows, known.columns, known.tasks, None
     else:
         nrows, columns, tasks, schema = _check_table(root, meta, row, data, videos, task_text, task_ids, offset)
-    _check_stats_present(root, meta, ep, columns, camera_stats_computed, ep_stats)
+    _check_stats_present(root, meta, ep, columns, camera_stats_computed, ep_stats, digest)
     size = data.stat().st_size + sum(v.stat().st_size for v in videos.values())
     return SourceEpisode(row=row, data_path=data, video_paths=videos, rows=nrows, task_indices=tasks,
                          columns=columns, bytes=size, schema=schema), known, tkey
@@ -265,7 +273,8 @@ def _check_table(root: Path, meta: DatasetMeta, row: EpisodeRow, data: Path, vid
     """The episode's Parquet footer and small columns read and checked against the row."""
     info, ep = meta.info, row.episode_index
     try:
-        with pq.ParquetFile(data) as pf:
+        # pa.OSFile: a path's filesystem is resolved per open; a small file parsed in memory
+        with pa.OSFile(str(data)) as fh, pq.ParquetFile(in_memory(fh)) as pf:
             schema = pf.schema_arrow
             columns = list(schema.names)
             nrows = pf.metadata.num_rows
@@ -290,11 +299,16 @@ def _check_table(root: Path, meta: DatasetMeta, row: EpisodeRow, data: Path, vid
 
 
 def _check_stats_present(root: Path, meta: DatasetMeta, ep: int, columns: list[str],
-                         camera_stats_computed: bool, ep_stats: EpisodeStats | None) -> None:
+                         camera_stats_computed: bool, ep_stats: EpisodeStats | None,
+                         digest: int | None = None) -> None:
+    """Every feature has statistics, or is computed by the split; ``digest``: read_meta's
+    stats_digest of the row (bit i: feature i complete), instead of the row."""
     have = ep_stats.stats if ep_stats is not None else {}
-    for key, feat in meta.info.features.items():
-        st = have.get(key)
-        if isinstance(st, dict) and all(k in st for k in STAT_KEYS):
+    for i, (key, feat) in enumerate(meta.info.features.items()):
+        if digest is not None:
+            if digest >> i & 1:
+                continue
+        elif isinstance(st := have.get(key), dict) and all(k in st for k in STAT_KEYS):
             continue
         if (not feat.is_visual and key in columns) or (camera_stats_computed and feat.dtype == "video"):
             continue  # computed from the table (or the decoded video) during the split

@@ -87,7 +87,7 @@ class _Verifier:
         if info is None:
             return report
         try:
-            meta = read_meta(Path(out_dir))
+            meta = read_meta(Path(out_dir), digest=True)  # validate_source's stats row checks
         except DatasetError as exc:
             report.errors.append(str(exc))
             return report

@@ -156,7 +156,7 @@ class KnownCounts:
 def scan_subset(root: Path, known: KnownCounts | None = None) -> list[NonFiniteEpisode]:
     """Every episode of the native (v2.1) subset at ``root`` holding NaN/inf in a float feature.
     ``known``: the split's own counts (a table unchanged since its unit counted it is not read)."""
-    meta = read_meta(Path(root))
+    meta = read_meta(Path(root), stats=False)  # the rows and tables only (the exporter reads the stats)
     keys = float_keys(meta.info)
     if known is not None and known.keys != tuple(keys):
         known = None

@@ -16,6 +16,7 @@ from numpy.typing import NDArray
 
 from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS, DatasetMeta, read_meta
 from ..dataset.records import CODEBASE_V21, FORMAT_V21, QUALITY_SPLIT_FILE, DatasetInfo, EpisodeRow, QualitySplit
+from ..dataset.table import in_memory
 from ..errors import DatasetError, ExportError
 from ..fsutil import atomic_write_json
 
@@ -81,10 +82,11 @@ def read_parquet(path: Path, columns: list[str] | None = None) -> pa.Table:
 
     Not a path (pyarrow resolves a path's filesystem on every open: 3x the cost of reading a
     small file), not a Python file object (a pyarrow reader over one was a suspect of a
-    teardown crash), not read_table (its dataset layer costs ms per file)."""
+    teardown crash), not read_table (its dataset layer costs ms per file). A small file is
+    parsed from its bytes in memory (table.in_memory: no I/O thread round trips)."""
     with pa.OSFile(str(path)) as fh:
         threads = fh.size() > THREADED_READ_BYTES
-        with pq.ParquetFile(fh, pre_buffer=threads) as pf:
+        with pq.ParquetFile(fh if threads else in_memory(fh), pre_buffer=threads) as pf:
             return pf.read(columns=columns, use_threads=threads)
 
 
