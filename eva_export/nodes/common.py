@@ -10,6 +10,7 @@ the status timer or another service.
 from __future__ import annotations
 
 import sys
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -129,6 +130,31 @@ def create_status_timer(
     return timer
 
 
+#: Longest wait at a SIGINT stop for rclpy's signal handler thread to shut the context down.
+SIGNAL_SHUTDOWN_WAIT_S = 5.0
+
+
+def await_signal_shutdown(context: Any = None, timeout: float = SIGNAL_SHUTDOWN_WAIT_S) -> bool:
+    """Wait until ``context`` (default: rclpy's) is shut down, at most ``timeout`` seconds.
+
+    rclpy (9.x) handles SIGINT in two places: its C handler calls Python's, so KeyboardInterrupt
+    is raised in the main thread right away, and posts to a native thread that then triggers
+    every executor's SIGINT guard condition and shuts every context down
+    (``trigger_guard_conditions(); shutdown_contexts()``). Nothing orders the two: a main
+    thread that destroys executors (their SIGINT guard conditions: ``unregister`` frees the
+    list the native thread walks) and nodes before that thread has run races it, and a fault
+    in it is a SIGSEGV in a thread without Python. Once the context is down the native thread
+    has done both; every spin thread then leaves with ExternalShutdownException. Returns
+    whether the context is down (False: no rclpy SIGINT handling, e.g. another handler)."""
+    ctx = context if context is not None else rclpy.get_default_context()
+    end = time.monotonic() + timeout
+    while ctx.ok():
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.005)
+    return True
+
+
 def run_node(
     factory: Callable[[], Node],
     args: Sequence[str] | None = None,
@@ -143,15 +169,23 @@ def run_node(
     """
     rclpy.init(args=list(args) if args is not None else sys.argv)
     node: Node | None = None
+    interrupted = False
     executor = executor_factory() if executor_factory else MultiThreadedExecutor(num_threads=num_threads)
     try:
         node = factory()
         executor.add_node(node)
         node.get_logger().info("ready")
         executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
+    except KeyboardInterrupt:
+        interrupted = True
+    except ExternalShutdownException:
         pass
     finally:
+        if interrupted:
+            # SIGINT: Python raises KeyboardInterrupt here at once, while rclpy's own handler
+            # thread (native) triggers the executors' SIGINT guard conditions and shuts the
+            # contexts down only when it gets a core; tearing down under it crashed (exit -11)
+            await_signal_shutdown(node.context if node is not None else None)
         # a node destroyed while its executor still runs a callback crashes rclpy: wait longer
         # than any service of ours takes, and leave the node to the exit if that is not enough
         stopped = executor.shutdown(timeout_sec=10.0)

@@ -66,6 +66,11 @@ class Intake:
             qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=depth, reliability=reliability)
             topic = spec.topic + DEAF_SUFFIX if deaf else spec.topic
             self.node.create_subscription(msg_cls, topic, self._callback(i, convert), qos)
+        # wakes the spin thread at close: in every wait set (a node's own guard condition), unlike
+        # the executor's guard, which Executor.shutdown destroys at once (a thread that had not
+        # put it in its wait set yet then waits until a message comes)
+        self._wake = self.node.create_guard_condition(lambda: None)
+        self._left_spin = threading.Event()  # set by the spin thread itself, last thing
         self.executor = SingleThreadedExecutor(context=parent.context)
         self.executor.add_node(self.node)
         self.thread = threading.Thread(target=self._spin, name="capture-intake", daemon=True)
@@ -81,16 +86,32 @@ class Intake:
         return out
 
     def close(self) -> None:
+        """Stop the intake executor; destroy its node only once the spin thread has provably left
+        ``spin()`` (its own event) and ended. Destroying a node its executor still waits on
+        crashes rclpy (exit -11 under load); the process is ending, so such a node is left to
+        the exit."""
         self.executor.shutdown(timeout_sec=10.0)
-        self.thread.join(10.0)
-        if self.thread.is_alive():
-            # destroying a node its executor still waits on crashes rclpy (exit -11 under load);
-            # the process is ending, so leave it to the exit
-            self.parent.get_logger().warning("intake executor still running at shutdown; node left")
+        try:
+            self._wake.trigger()
+        except Exception:  # noqa: BLE001 - already destroyed with a shut-down context
+            pass
+        left = self._left_spin.wait(10.0)
+        self.thread.join(2.0 if left else 0.0)
+        alive = self.thread.is_alive()
+        if not left or alive:
+            self.parent.get_logger().warning(
+                f"intake executor still running at shutdown (left spin: {left}, thread alive: {alive}); "
+                "node left to the exit")
             return
         self.node.destroy_node()
 
     def _spin(self) -> None:
+        try:
+            self._spin_executor()
+        finally:
+            self._left_spin.set()
+
+    def _spin_executor(self) -> None:
         try:
             self.executor.spin()
         except (ExternalShutdownException, KeyboardInterrupt):
