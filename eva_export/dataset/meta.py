@@ -13,7 +13,7 @@ from .. import confine
 from ..errors import DatasetError
 from ..fsutil import iter_jsonl_lines, read_json
 from .records import DatasetInfo, EpisodeRow, EpisodeStats, TaskRow
-from .stats import STAT_KEYS
+from .stats import complete_stats
 from .stats_index import StatsIndex
 
 INFO = "meta/info.json"
@@ -154,8 +154,7 @@ def stats_digest(info: DatasetInfo) -> Callable[[EpisodeStats], int] | None:
     keys = list(info.features)
 
     def digest(st: EpisodeStats) -> int:
-        bits = sum(1 << i for i, key in enumerate(keys)
-                   if isinstance(entry := st.stats.get(key), dict) and all(k in entry for k in STAT_KEYS))
+        bits = sum(1 << i for i, key in enumerate(keys) if complete_stats(st.stats.get(key)))
         return bits | (SHAPE_FAULT if _shape_fault(info, st) is not None else 0)
     return digest
 

@@ -79,6 +79,20 @@ def in_memory(fh: pa.NativeFile) -> pa.NativeFile:
     return pa.BufferReader(fh.read_buffer(size)) if size <= IN_MEMORY_BYTES else fh
 
 
+def read_parquet(path: Path, columns: list[str] | None = None) -> pa.Table:
+    """A Parquet file read through ``pa.OSFile``, closed when this returns.
+
+    Not a path (pyarrow resolves a path's filesystem on every open: 3x the cost of reading a
+    small file), not a Python file object (a pyarrow reader over one was a suspect of a
+    teardown crash), not read_table (its dataset layer costs ms per file). A small file is
+    parsed in memory without the thread pools (``in_memory``); a larger one uses them (column
+    decoding in parallel, the I/O pool's pre-buffering), where they cost less than they save."""
+    with pa.OSFile(str(path)) as fh:
+        threads = fh.size() > IN_MEMORY_BYTES
+        with pq.ParquetFile(fh if threads else in_memory(fh), pre_buffer=threads) as pf:
+            return pf.read(columns=columns, use_threads=threads)
+
+
 def to_numpy(col: pa.ChunkedArray | pa.Array) -> NDArray[Any]:
     """A column as numpy; fixed-size lists become 2-D arrays (rows, size)."""
     if isinstance(col, pa.ChunkedArray):  # not combine_chunks(): it imports pyarrow.compute (0.2 s)

@@ -29,7 +29,7 @@ from .source_rules import GRID_TOLERANCE_S as GRID_TOLERANCE_S  # re-exported: i
 from .source_rules import SMALL_COLUMNS as SMALL_COLUMNS
 from .source_rules import SourceEpisode as SourceEpisode
 from .source_rules import check_columns, check_info, cut, raw_info
-from .stats import STAT_KEYS
+from .stats import complete_stats
 from .stats_index import StatsIndex
 from .table import in_memory
 from .facts_index import FileKey
@@ -308,7 +308,7 @@ def _check_stats_present(root: Path, meta: DatasetMeta, ep: int, columns: list[s
         if digest is not None:
             if digest >> i & 1:
                 continue
-        elif isinstance(st := have.get(key), dict) and all(k in st for k in STAT_KEYS):
+        elif complete_stats(have.get(key)):
             continue
         if (not feat.is_visual and key in columns) or (camera_stats_computed and feat.dtype == "video"):
             continue  # computed from the table (or the decoded video) during the split

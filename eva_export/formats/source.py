@@ -11,12 +11,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS, DatasetMeta, read_meta
 from ..dataset.records import CODEBASE_V21, FORMAT_V21, QUALITY_SPLIT_FILE, DatasetInfo, EpisodeRow, QualitySplit
-from ..dataset.table import in_memory
+from ..dataset.table import read_parquet
 from ..errors import DatasetError, ExportError
 from ..fsutil import atomic_write_json
 
@@ -70,25 +69,6 @@ def read_episode_table(meta: DatasetMeta, ep: EpisodeRow, first_index: int | Non
             raise ExportError(f"episode {ep.episode_index}: global index column is not contiguous from "
                               f"{first_index} (the subset must be renumbered)")
     return table
-
-#: Files above this are read with pyarrow's thread pools (column decoding in parallel, and the
-#: I/O pool's pre-buffering); below it waking those threads costs more than the read (an
-#: episode table is a few KB: pre_buffer alone doubled its read between other work).
-THREADED_READ_BYTES = 4 * 1024 * 1024
-
-
-def read_parquet(path: Path, columns: list[str] | None = None) -> pa.Table:
-    """A Parquet file read through ``pa.OSFile``, closed when this returns.
-
-    Not a path (pyarrow resolves a path's filesystem on every open: 3x the cost of reading a
-    small file), not a Python file object (a pyarrow reader over one was a suspect of a
-    teardown crash), not read_table (its dataset layer costs ms per file). A small file is
-    parsed from its bytes in memory (table.in_memory: no I/O thread round trips)."""
-    with pa.OSFile(str(path)) as fh:
-        threads = fh.size() > THREADED_READ_BYTES
-        with pq.ParquetFile(fh if threads else in_memory(fh), pre_buffer=threads) as pf:
-            return pf.read(columns=columns, use_threads=threads)
-
 
 def column_numpy(table: pa.Table, name: str) -> NDArray[Any]:
     from ..dataset.table import to_numpy

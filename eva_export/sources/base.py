@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..dataset.table import in_memory
+from ..dataset.table import read_parquet
 from ..dataset.validate import SourceCheck, SourceEpisode
 from ..errors import DatasetError
 
@@ -110,11 +110,7 @@ def read_table(ep: SourceEpisode) -> pa.Table:
     """The episode's rows as a table (its own file, or its slice of a shared one)."""
     try:
         if not isinstance(ep, SlicedEpisode):
-            # one episode's file: through pa.OSFile (a path has its filesystem resolved on every
-            # open), in memory when small (table.in_memory), without the thread pool (its round
-            # trip cost more than it saved)
-            with pa.OSFile(str(ep.data_path)) as fh, pq.ParquetFile(in_memory(fh)) as one:
-                return one.read(use_threads=False)
+            return read_parquet(ep.data_path)  # one episode's file
         with pq.ParquetFile(ep.data_path) as pf:  # not read_table: its dataset layer costs ms per small file
             table = _read_rows(pf, ep.row_start, ep.rows)
             return table.replace_schema_metadata(v21_schema_metadata(table.schema.metadata))
