@@ -48,26 +48,27 @@ def service(source: Path, fail_at: str | None = None) -> ExportService:
 
 
 class Opens:
-    """Every av.open of this process, and every MP4 whose facts mp4_index read from its boxes
-    instead, by the path it read (the real reads run)."""
+    """Every av.open of this process, and every read of an MP4 whose facts mp4_index took from
+    its boxes instead (mp4_index.file_bytes, the one read of a small file), by the path it read
+    (the real reads run)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.paths: list[Path] = []
         real: Callable[..., Any] = av.open
-        boxes: Callable[[Path], Any] = mp4_index.read
+        whole: Callable[[Path], bytes | None] = mp4_index.file_bytes
 
         def counted(file: Any, *args: Any, **kw: Any) -> Any:
             self.paths.append(Path(str(file)))
             return real(file, *args, **kw)
 
-        def read(path: Path) -> Any:
-            facts = boxes(path)
-            if facts is not None:  # None: PyAV opens it (counted there)
+        def file_bytes(path: Path) -> bytes | None:
+            data = whole(path)
+            if data is not None and mp4_index.parse(data) is not None:  # else PyAV opens it (counted there)
                 self.paths.append(Path(path))
-            return facts
+            return data
 
         monkeypatch.setattr(av, "open", counted)
-        monkeypatch.setattr(mp4_index, "read", read)
+        monkeypatch.setattr(mp4_index, "file_bytes", file_bytes)
 
     def of(self, root: Path) -> list[Path]:
         return [p for p in self.paths if root in p.parents]

@@ -50,13 +50,27 @@ Box = tuple[bytes, int, int]  # (kind, payload start, box end)
 
 def read(path: Path) -> Mp4Facts | None:
     """The file's facts, or None when it is not of the plain shape (or unreadable here)."""
+    data = file_bytes(path)
+    return parse(data) if data is not None else None
+
+
+def file_bytes(path: Path) -> bytes | None:
+    """Every byte of the file, or None when it is over MAX_BYTES (or unreadable here)."""
     try:
         if os.stat(path).st_size > MAX_BYTES:
             return None
         with open(path, "rb") as fh:
             data = fh.read(MAX_BYTES + 1)
+    except OSError:
+        return None
+    return data if len(data) <= MAX_BYTES else None  # grown past the bound since the stat
+
+
+def parse(data: bytes) -> Mp4Facts | None:
+    """The facts of a file whose every byte is ``data``, or None when not of the plain shape."""
+    try:
         return _parse(data)
-    except (_Unusual, OSError, struct.error, IndexError, ValueError):
+    except (_Unusual, struct.error, IndexError, ValueError):
         return None
 
 

@@ -18,6 +18,7 @@ from .video import (
     container_timing,
     image_row_problem,
     mp4_truncation,
+    mp4_truncation_of,
     stream_frames,
     stream_timing,
     timing_problems,
@@ -67,11 +68,14 @@ def _demux_size(e: int, key: str, path: Path) -> tuple[int, int, int, StreamTimi
     """(width, height, frames, timing) of the file's first video stream; DatasetError naming it
     if unreadable. When the frames come from the index (no packet demuxed yet) the packet timing
     is read in the same open: its failure is returned, for check_video to raise in its turn."""
-    why = mp4_truncation(path)
+    # a small file read once for both the box tiling and the index (two opens an MP4 were
+    # a tenth of a short episode's validation, issue 28)
+    data = mp4_index.file_bytes(path)
+    why = mp4_truncation(path) if data is None else mp4_truncation_of(data)
     if why:
         raise DatasetError(f"episode {e}: {path} ({key}) is not a complete MP4 (truncated, empty or "
                            f"garbage: {why})")
-    plain = mp4_index.read(path)
+    plain = mp4_index.read(path) if data is None else mp4_index.parse(data)
     if plain is not None:  # the writer's plain shape, read from its boxes: no PyAV open (issue 28)
         # integer ticks as the demux gives them; no composition offsets: pts == dts. The stated
         # duration is not read: check_video does not check it

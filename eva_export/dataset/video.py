@@ -6,7 +6,7 @@ at exactly i/fps seconds, which is what LeRobot's timestamp lookup expects.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -143,28 +143,43 @@ def mp4_truncation(path: Path) -> str:
     size = path.stat().st_size
     if size < 8:
         return f"{size} bytes"
-    pos = 0
     with open(path, "rb") as fh:
-        while pos < size:
+
+        def head_at(pos: int) -> bytes:
             fh.seek(pos)
-            head = fh.read(16)
-            if len(head) < 8:
+            return fh.read(16)
+
+        return _box_truncation(head_at, size)
+
+
+def mp4_truncation_of(data: bytes) -> str:
+    """``mp4_truncation`` of a file whose every byte is ``data`` (read once by the caller)."""
+    if len(data) < 8:
+        return f"{len(data)} bytes"
+    return _box_truncation(lambda pos: data[pos:pos + 16], len(data))
+
+
+def _box_truncation(head_at: Callable[[int], bytes], size: int) -> str:
+    pos = 0
+    while pos < size:
+        head = head_at(pos)
+        if len(head) < 8:
+            return f"a box header is cut at byte {pos}"
+        box = int.from_bytes(head[:4], "big")
+        kind = head[4:8]
+        if not all(32 <= b < 127 for b in kind):
+            return f"no MP4 box at byte {pos}"
+        if box == 1:
+            if len(head) < 16:
                 return f"a box header is cut at byte {pos}"
-            box = int.from_bytes(head[:4], "big")
-            kind = head[4:8]
-            if not all(32 <= b < 127 for b in kind):
-                return f"no MP4 box at byte {pos}"
-            if box == 1:
-                if len(head) < 16:
-                    return f"a box header is cut at byte {pos}"
-                box = int.from_bytes(head[8:16], "big")
-            elif box == 0:
-                box = size - pos  # "to the end of the file"
-            if box < 8:
-                return f"box {kind!r} at byte {pos} has the impossible size {box}"
-            if pos + box > size:
-                return f"box {kind.decode()!r} at byte {pos} needs {pos + box} bytes, the file has {size}"
-            pos += box
+            box = int.from_bytes(head[8:16], "big")
+        elif box == 0:
+            box = size - pos  # "to the end of the file"
+        if box < 8:
+            return f"box {kind!r} at byte {pos} has the impossible size {box}"
+        if pos + box > size:
+            return f"box {kind.decode()!r} at byte {pos} needs {pos + box} bytes, the file has {size}"
+        pos += box
     return ""
 
 
