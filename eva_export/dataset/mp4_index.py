@@ -41,6 +41,16 @@ class Mp4Facts:
     dts: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class Mp4Samples:
+    """What a demux of a plain MP4 gives besides its facts (v3_probe copies the packets)."""
+
+    facts: Mp4Facts
+    avcc: bytes  # the avcC payload: the stream's extradata as FFmpeg reports it
+    spans: tuple[tuple[int, int], ...]  # each sample's (file offset, size), in decode order
+    keyframes: frozenset[int] | None  # 0-based samples stss names; None: no stss, every one is
+
+
 class _Unusual(Exception):
     """Outside the plain shape: PyAV decides."""
 
@@ -68,6 +78,12 @@ def file_bytes(path: Path) -> bytes | None:
 
 def parse(data: bytes) -> Mp4Facts | None:
     """The facts of a file whose every byte is ``data``, or None when not of the plain shape."""
+    found = samples(data)
+    return found.facts if found is not None else None
+
+
+def samples(data: bytes) -> Mp4Samples | None:
+    """``parse`` with the samples' places and key frames and the avcC, or None."""
     try:
         return _parse(data)
     except (_Unusual, struct.error, IndexError, ValueError):
@@ -117,7 +133,7 @@ def _full(data: bytes, box: Box, sizes: tuple[int, ...], any_flags: bool = False
     return version
 
 
-def _parse(data: bytes) -> Mp4Facts:
+def _parse(data: bytes) -> Mp4Samples:
     top = _boxes(data, 0, len(data))
     _only(top, _TOP)
     ftyp = data[top[0][1]:top[0][2]]  # its brands are container metadata strings
@@ -147,7 +163,7 @@ def _parse(data: bytes) -> Mp4Facts:
     _one(minf, b"vmhd", optional=True)
     _check_dinf(data, _need(minf, b"dinf"))
     stbl = _boxes(data, *_need(minf, b"stbl")[1:])
-    width, height = _sample_entry(data, _need(stbl, b"stsd"))
+    width, height, avcc = _sample_entry(data, _need(stbl, b"stsd"))
     dts, total = _decode_times(data, stbl)
     if not (0 < scale < 1 << 31 and 0 < movie_scale < 1 << 31):  # FFmpeg: a signed int, else 1
         raise _Unusual("timescale")
@@ -155,8 +171,8 @@ def _parse(data: bytes) -> Mp4Facts:
     if edts is not None:
         _check_edit(data, edts, movie_scale, scale, total)
     sizes = _sample_sizes(data, stbl, len(dts))
-    _check_samples(data, stbl, sizes, mdat)
-    return Mp4Facts(width, height, len(dts), scale, dts)
+    spans, keys = _check_samples(data, stbl, sizes, mdat)
+    return Mp4Samples(Mp4Facts(width, height, len(dts), scale, dts), avcc, spans, keys)
 
 
 def _u32(data: bytes, at: int) -> int:
@@ -206,8 +222,8 @@ def _check_dinf(data: bytes, dinf: Box) -> None:
         raise _Unusual("dref")
 
 
-def _sample_entry(data: bytes, stsd: Box) -> tuple[int, int]:
-    """(width, height) of the one avc1 entry, which its SPS must state too."""
+def _sample_entry(data: bytes, stsd: Box) -> tuple[int, int, bytes]:
+    """(width, height, avcC payload) of the one avc1 entry, whose SPS must state that size."""
     if data[stsd[1]:stsd[1] + 8] != b"\0\0\0\0\0\0\0\x01":  # version 0, one entry
         raise _Unusual("stsd")
     entries = _boxes(data, stsd[1] + 8, stsd[2])
@@ -224,9 +240,10 @@ def _sample_entry(data: bytes, stsd: Box) -> tuple[int, int]:
     children = _boxes(data, start + 78, end)
     _only(children, frozenset((b"avcC", b"btrt")))
     _one(children, b"btrt", optional=True)
-    if avcc_size(data[_need(children, b"avcC")[1]:_need(children, b"avcC")[2]]) != (width, height):
+    avcc = data[_need(children, b"avcC")[1]:_need(children, b"avcC")[2]]
+    if avcc_size(avcc) != (width, height):
         raise _Unusual("SPS size")
-    return width, height
+    return width, height, avcc
 
 
 def _decode_times(data: bytes, stbl: list[Box]) -> tuple[tuple[int, ...], int]:
@@ -282,9 +299,11 @@ def _chunk_offsets(data: bytes, stbl: list[Box]) -> list[int]:
     return [v for (v,) in struct.iter_unpack(">Q" if wide else ">I", data[first:box[2]])]
 
 
-def _check_samples(data: bytes, stbl: list[Box], sizes: list[int], mdat: Box) -> None:
+def _check_samples(data: bytes, stbl: list[Box], sizes: list[int], mdat: Box
+                   ) -> tuple[tuple[tuple[int, int], ...], frozenset[int] | None]:
     """Every sample inside the mdat payload (stsc/stco), its NAL units tiling it, none a
-    parameter set; and stss naming samples that exist, in order."""
+    parameter set; and stss naming samples that exist, in order. Returns each sample's
+    (offset, size) and the 0-based key frames (None: no stss)."""
     chunks = _chunk_offsets(data, stbl)
     first, count = _table(data, _need(stbl, b"stsc"), 12)
     runs = list(struct.iter_unpack(">III", data[first:first + 12 * count]))
@@ -292,6 +311,7 @@ def _check_samples(data: bytes, stbl: list[Box], sizes: list[int], mdat: Box) ->
             or any(spc == 0 or sdi != 1 for _, spc, sdi in runs) or runs[-1][0] > len(chunks):
         raise _Unusual("stsc")
     sample = 0
+    spans: list[tuple[int, int]] = []
     for r, (chunk, spc, _sdi) in enumerate(runs):
         last = runs[r + 1][0] - 1 if r + 1 < len(runs) else len(chunks)
         for c in range(chunk - 1, last):
@@ -300,16 +320,19 @@ def _check_samples(data: bytes, stbl: list[Box], sizes: list[int], mdat: Box) ->
                 if sample >= len(sizes) or pos < mdat[1] or pos + sizes[sample] > mdat[2]:
                     raise _Unusual("sample place")
                 _check_nals(data, pos, pos + sizes[sample])
+                spans.append((pos, sizes[sample]))
                 pos += sizes[sample]
                 sample += 1
     if sample != len(sizes):
         raise _Unusual("samples mapped")
     stss = _one(stbl, b"stss", optional=True)
-    if stss is not None:
-        first, count = _table(data, stss, 4)
-        keys = [v for (v,) in struct.iter_unpack(">I", data[first:stss[2]])]
-        if not keys or keys[0] < 1 or keys[-1] > len(sizes) or any(b <= a for a, b in pairwise(keys)):
-            raise _Unusual("stss")
+    if stss is None:
+        return tuple(spans), None
+    first, count = _table(data, stss, 4)
+    keys = [v for (v,) in struct.iter_unpack(">I", data[first:stss[2]])]
+    if not keys or keys[0] < 1 or keys[-1] > len(sizes) or any(b <= a for a, b in pairwise(keys)):
+        raise _Unusual("stss")
+    return tuple(spans), frozenset(k - 1 for k in keys)
 
 
 def _check_nals(data: bytes, pos: int, end: int) -> None:

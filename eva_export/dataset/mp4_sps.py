@@ -43,6 +43,27 @@ class _Bits:
 
 def avcc_size(avcc: bytes) -> tuple[int, int]:
     """(width, height) of the avcC payload's one SPS; ValueError outside the plain shape."""
+    return _sps_size(_avcc_sps(avcc))
+
+
+def avcc_pix_fmt(avcc: bytes) -> str | None:
+    """The pixel format FFmpeg's H.264 decoder reports for the avcC's SPS (plain shape: 8-bit
+    4:2:0): "yuv420p" when the SPS states no video signal type, so neither a full range nor a
+    matrix; None when it states one (a full-range stream is reported as yuvj420p: PyAV decides).
+    ValueError outside the plain shape."""
+    b = _avcc_sps(avcc)
+    _sps_size(b)
+    if not b.u(1):  # vui_parameters_present_flag
+        return "yuv420p"
+    if b.u(1) and b.u(8) == 255:  # aspect_ratio_info_present_flag; Extended_SAR
+        b.u(32)
+    if b.u(1):  # overscan_info_present_flag
+        b.u(1)
+    return None if b.u(1) else "yuv420p"  # video_signal_type_present_flag
+
+
+def _avcc_sps(avcc: bytes) -> _Bits:
+    """The avcC payload's one SPS, read past its NAL header."""
     if len(avcc) < 8 or avcc[0] != 1 or avcc[4] & 3 != 3 or avcc[5] & 0x1F != 1:
         raise ValueError("avcC header")
     n = int.from_bytes(avcc[6:8], "big")
@@ -58,7 +79,7 @@ def avcc_size(avcc: bytes) -> tuple[int, int]:
     pps = avcc[pos + 2:pos + 2 + m]
     if len(pps) != m or m < 2 or pps[0] & 0x9F != 0x08 or pos + 2 + m != len(avcc):
         raise ValueError("avcC PPS")
-    return _sps_size(_Bits(sps[1:]))
+    return _Bits(sps[1:])
 
 
 def _sps_size(b: _Bits) -> tuple[int, int]:

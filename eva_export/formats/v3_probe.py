@@ -28,6 +28,9 @@ from typing import Any
 
 import av
 
+from ..dataset import mp4_index
+from ..dataset.mp4_sps import avcc_pix_fmt
+
 DELAY_PROBE_PACKETS = 64
 PACKET_BUDGET = 16 * 1024 * 1024  # bytes of packets kept per camera in the window, whatever the episode count
 PROBE_WINDOW = 64  # episodes probed ahead of the copy (Probes.next)
@@ -116,6 +119,10 @@ def packets_of(container: Any, stream: Any) -> list[Pkt]:
 def probe(path: Path, fps: int, keep: bool) -> Probe | None:
     """Read ``path`` once (all packets when ``keep``, else the first few); None when unreadable
     (the copy names the file when it opens it again)."""
+    if keep:
+        known = index_probe(path, fps)
+        if known is not None:
+            return known
     try:
         size = path.stat().st_size
         with open_input(path) as src:
@@ -135,6 +142,35 @@ def probe(path: Path, fps: int, keep: bool) -> Probe | None:
     except (av.FFmpegError, OSError, IndexError):
         return None
     return Probe(params, tb, lead_of(pts, tb, fps), size, None if kept is None else tuple(kept))
+
+
+_H264: list[str] = []  # codec_params' name of H.264, from PyAV once
+
+
+def index_probe(path: Path, fps: int) -> Probe | None:
+    """A plain MP4's probe read from its boxes (mp4_index: the writer's shape), every packet
+    kept, equal to PyAV's open and demux of it (tests/test_v3_probe_index.py compares them);
+    None for any other file. A PyAV open was most of a short episode's probe (issue 28)."""
+    data = mp4_index.file_bytes(path)
+    found = mp4_index.samples(data) if data is not None else None
+    if data is None or found is None:
+        return None
+    try:
+        pix_fmt = avcc_pix_fmt(found.avcc)
+    except ValueError:
+        return None
+    if pix_fmt is None:
+        return None
+    if not _H264:
+        _H264.append(f"id{av.codec.Codec('h264', 'r').id}:video")
+    facts, keys = found.facts, found.keyframes
+    params = CodecParams(_H264[0], facts.width, facts.height, pix_fmt, found.avcc)
+    tb = Fraction(1, facts.timescale)
+    # no composition offsets in the plain shape: each packet's pts is its dts
+    kept = tuple(Pkt(data[at:at + n], t, t, keys is None or i in keys)
+                 for i, ((at, n), t) in enumerate(zip(found.spans, facts.dts, strict=True)))
+    pts = list(facts.dts[:DELAY_PROBE_PACKETS])
+    return Probe(params, tb, lead_of(pts, tb, fps), len(data), kept)
 
 
 class Probes:

@@ -1,0 +1,89 @@
+"""formats/v3_probe.index_probe: a plain MP4's probe read from its boxes equals PyAV's open and
+demux of it (codec parameters, time base, reorder lead, size, every packet's bytes, times and
+key flag), on the writer's files and on seeded mutations of them; anything else goes to PyAV."""
+
+from __future__ import annotations
+
+import random
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import pytest
+from av.video.stream import VideoStream
+from short_videos import encode_bframes, textured
+from test_mp4_index import SHAPES, mutations, without_edit_list, write
+
+from eva_export.dataset import mp4_index
+from eva_export.dataset.video import VideoSettings
+from eva_export.formats import v3_probe
+from eva_export.formats.v3_probe import Probe, index_probe
+
+
+def pyav_probe(path: Path, fps: int, monkeypatch: pytest.MonkeyPatch) -> Probe | None:
+    with monkeypatch.context() as m:
+        m.setattr(v3_probe, "index_probe", lambda _path, _fps: None)
+        return v3_probe.probe(path, fps, keep=True)
+
+
+@pytest.fixture(scope="module")
+def originals(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[bytes, int]]:
+    root = tmp_path_factory.mktemp("mp4")
+    out = [(write(root / f"v{i}.mp4", w, h, n, fps).read_bytes(), fps) for i, (w, h, n, fps) in enumerate(SHAPES)]
+    out.append((without_edit_list(out[0][0]), out[0][1]))
+    return out
+
+
+def test_the_writers_files_probe_as_pyav_does(originals: list[tuple[bytes, int]], tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    for i, (data, fps) in enumerate(originals):
+        path = tmp_path / f"o{i}.mp4"
+        path.write_bytes(data)
+        mine = index_probe(path, fps)
+        assert mine is not None and mine.packets is not None, i
+        assert mine == pyav_probe(path, fps, monkeypatch), i
+        assert v3_probe.probe(path, fps, keep=True) == mine
+
+
+def test_mutated_files_probe_as_pyav_does_or_go_to_pyav(originals: list[tuple[bytes, int]], tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(28)
+    answered = 0
+    bad: list[str] = []
+    path = tmp_path / "m.mp4"
+    for i, (data, fps) in enumerate(originals):
+        for j, mutated in enumerate(mutations(data, rng, 150)):
+            path.write_bytes(mutated)
+            mine = index_probe(path, fps)
+            if mine is None:
+                continue
+            answered += 1
+            if mine != pyav_probe(path, fps, monkeypatch):
+                bad.append(f"shape {i} mutation {j}")
+    assert not bad, bad[:5]
+    assert answered > 100
+
+
+def test_other_files_go_to_pyav(tmp_path: Path) -> None:
+    frames = [textured(2, i, 64, 48) for i in range(6)]
+    encode_bframes(tmp_path / "b.mp4", frames, 30, "libx264")  # composition offsets
+    assert index_probe(tmp_path / "b.mp4", 30) is None
+    assert index_probe(tmp_path / "absent.mp4", 30) is None
+    # the writer's settings with a full-range VUI: the boxes are read, the pixel format is not
+    full = tmp_path / "full.mp4"
+    settings = VideoSettings()
+    with av.open(str(full), "w", format="mp4") as c:
+        s = c.add_stream(settings.codec, rate=30)
+        assert isinstance(s, VideoStream)
+        s.width, s.height, s.pix_fmt = 64, 48, "yuv420p"
+        s.time_base = s.codec_context.time_base = Fraction(1, 30)
+        s.codec_context.gop_size = settings.gop
+        s.options = {"preset": settings.preset, "crf": "10", "x264-params": "fullrange=on"}
+        for i, f in enumerate(frames):
+            frame = av.VideoFrame.from_ndarray(f, format="rgb24")
+            frame.pts, frame.time_base = i, Fraction(1, 30)
+            c.mux(s.encode(frame))
+        c.mux(s.encode(None))
+    assert mp4_index.read(full) is not None and index_probe(full, 30) is None
+    with av.open(str(full)) as c:
+        assert c.streams.video[0].codec_context.pix_fmt == "yuvj420p"
