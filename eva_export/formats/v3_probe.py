@@ -18,6 +18,7 @@ arithmetic cost seconds).
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -144,7 +145,10 @@ def probe(path: Path, fps: int, keep: bool) -> Probe | None:
     return Probe(params, tb, lead_of(pts, tb, fps), size, None if kept is None else tuple(kept))
 
 
-_H264: list[str] = []  # codec_params' name of H.264, from PyAV once
+@functools.cache
+def _h264_name() -> str:
+    """codec_params' name of H.264, as PyAV reports it."""
+    return f"id{av.codec.Codec('h264', 'r').id}:video"
 
 
 def index_probe(path: Path, fps: int) -> Probe | None:
@@ -161,10 +165,8 @@ def index_probe(path: Path, fps: int) -> Probe | None:
         return None
     if pix_fmt is None:
         return None
-    if not _H264:
-        _H264.append(f"id{av.codec.Codec('h264', 'r').id}:video")
     facts, keys = found.facts, found.keyframes
-    params = CodecParams(_H264[0], facts.width, facts.height, pix_fmt, found.avcc)
+    params = CodecParams(_h264_name(), facts.width, facts.height, pix_fmt, found.avcc)
     tb = Fraction(1, facts.timescale)
     # no composition offsets in the plain shape: each packet's pts is its dts
     kept = tuple(Pkt(data[at:at + n], t, t, keys is None or i in keys)
