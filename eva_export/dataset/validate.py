@@ -198,9 +198,7 @@ def _check_tasks(root: Path, meta: DatasetMeta) -> None:
 
 def _check_stray_files(root: Path, meta: DatasetMeta) -> None:
     """Files under data/ or videos/ that no episodes.jsonl row names (an interrupted capture)."""
-    info = meta.info
-    listed = {info.data_file(e.episode_index) for e in meta.episodes}
-    listed |= {info.video_file(k, e.episode_index) for e in meta.episodes for k in info.video_keys}
+    listed = _Listed(meta)
     stray = []
     for top in ("data", "videos"):
         base = root / top
@@ -215,6 +213,36 @@ def _check_stray_files(root: Path, meta: DatasetMeta) -> None:
                            f"{EPISODES} (e.g. {stray[0]}), left by an interrupted capture or copied in. "
                            f"To recover: start the capture node on this dataset (it moves stray files to "
                            f"raw/.orphans/), or move them out of data/ and videos/ yourself, then export again")
+
+
+class _Listed:
+    """The files episodes.jsonl names, as a sorted array of their str hashes and (episode,
+    file) codes: a set of every path string was ~400 bytes per episode, held while the trees
+    were walked (issue 28). A hash match is confirmed by the path rebuilt from its code."""
+
+    def __init__(self, meta: DatasetMeta) -> None:
+        info = self.info = meta.info
+        self.keys = list(info.video_keys)
+        self.rows = meta.episodes
+        per = 1 + len(self.keys)
+        hashes = np.empty(len(self.rows) * per, dtype=np.int64)
+        for n, row in enumerate(self.rows):  # the order the set was built in (the first fault raised first)
+            hashes[n * per] = hash(info.data_file(row.episode_index))
+        for n, row in enumerate(self.rows):
+            for j, k in enumerate(self.keys, 1):
+                hashes[n * per + j] = hash(info.video_file(k, row.episode_index))
+        self.codes = np.argsort(hashes, kind="stable")
+        self.hashes = hashes[self.codes]
+
+    def _path(self, code: int) -> str:
+        n, j = divmod(code, 1 + len(self.keys))
+        ep = self.rows[n].episode_index
+        return self.info.data_file(ep) if j == 0 else self.info.video_file(self.keys[j - 1], ep)
+
+    def __contains__(self, rel: str) -> bool:
+        h = hash(rel)
+        lo, hi = (int(np.searchsorted(self.hashes, h, side=side)) for side in ("left", "right"))
+        return any(self._path(int(c)) == rel for c in self.codes[lo:hi])
 
 
 def _episode_tasks(root: Path, row: EpisodeRow, data: Path, task_values: Any, task_text: dict[int, str],
