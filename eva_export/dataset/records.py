@@ -83,6 +83,15 @@ class QualityIssue:
                    {k: copy.deepcopy(v) for k, v in d.items() if k not in ("code", "severity", "detail")})
 
 
+_PRESENT: dict[frozenset[str], frozenset[str]] = {}  # bounded: subsets of _EPISODE_FIELDS
+
+
+def present_with(present: frozenset[str], *names: str) -> frozenset[str]:
+    """``present`` with ``names`` added, as the one shared frozenset of those names."""
+    s = present.union(names) if names else present
+    return _PRESENT.setdefault(s, s)
+
+
 # The typed episode fields besides the three LeRobot ones, in the order they are written.
 _TEXT_FIELDS = ("quality", "qc_verdict", "note", "reviewed_at")
 _EPISODE_FIELDS = ("quality", "quality_issues", "stream_stats", "qc_verdict", "note", "reviewed_at")
@@ -117,13 +126,14 @@ class EpisodeRow:
     note: str = ""
     reviewed_at: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
-    present: set[str] = field(default_factory=set, compare=False, repr=False)
+    # shared (interned) sets of at most six names: a set per row was 216 bytes (issue 28)
+    present: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     def review(self, verdict: str, note: str | None, reviewed_at: str) -> None:
         """Set (or with "clear" drop) the verdict, replace the note when given, stamp the time."""
         if verdict == "clear":
             self.qc_verdict = ""
-            self.present.discard("qc_verdict")
+            self.present = present_with(self.present - {"qc_verdict"})
             self.extra.pop("qc_verdict", None)
         elif verdict:
             self._set("qc_verdict", verdict)
@@ -133,7 +143,7 @@ class EpisodeRow:
 
     def _set(self, name: str, value: str) -> None:
         setattr(self, name, value)
-        self.present.add(name)
+        self.present = present_with(self.present, name)
         self.extra.pop(name, None)
 
     def _is_written(self, name: str) -> bool:
@@ -171,6 +181,7 @@ class EpisodeRow:
             tasks = [tasks]
         row = cls(episode_index=as_int(d["episode_index"], "episode_index"),
                   tasks=[sys.intern(str(t)) for t in as_list(tasks, "tasks")], length=as_int(d["length"], "length"))
+        present: list[str] = []
         for key, value in d.items():
             if key in ("episode_index", "tasks", "length"):
                 continue
@@ -183,7 +194,8 @@ class EpisodeRow:
             else:
                 row.extra[key] = copy.deepcopy(value)
                 continue
-            row.present.add(key)
+            present.append(key)
+        row.present = present_with(frozenset(present))
         return row
 
 

@@ -50,6 +50,7 @@ from .records import (
     EpisodeStats,
     Feature,
     TaskRow,
+    present_with,
 )
 from .table import build_table, schema, write_table
 from .video import VideoSettings
@@ -341,7 +342,7 @@ class DatasetWriter:
                 row = by_index[i]
                 row.quality, row.quality_issues, row.stream_stats = new.quality, new.quality_issues, new.stream_stats
                 row.extra.update({k: v for k, v in new.extra.items() if k == "quality_rules"})
-                row.present.update({"quality", "quality_issues", "stream_stats"})
+                row.present = present_with(row.present, "quality", "quality_issues", "stream_stats")
             atomic_write_jsonl(self.root / EPISODES, [e.to_dict() for e in self.episodes])
             self._fix_meta_modes()
 

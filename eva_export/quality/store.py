@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..dataset.records import EpisodeRow, Quality, QualityIssue, Severity
+from ..dataset.records import EpisodeRow, Quality, QualityIssue, Severity, present_with
 from ..sources import sidecar
 from .offline import DatasetCheck, EpisodeCheck
 from .rules import RULE_VERSION
@@ -95,10 +95,10 @@ def quality_for(row: EpisodeRow, values: dict[str, Any] | None) -> EpisodeRow:
     """The row the split rule judges: its own rating when it has one, else the sidecar's."""
     if not values or "quality" not in values or row.quality.strip() or "quality" in row.extra:
         return row
-    rated = replace(row, extra=dict(row.extra), present=set(row.present))
+    rated = replace(row, extra=dict(row.extra))
     rated.quality = str(values["quality"])
     rated.quality_issues = [QualityIssue.from_dict(i) for i in values.get("quality_issues") or ()]
-    rated.present.update({"quality", "quality_issues"})
+    rated.present = present_with(rated.present, "quality", "quality_issues")
     return rated
 
 
@@ -112,7 +112,7 @@ def merge(row: EpisodeRow, ep: EpisodeCheck) -> EpisodeRow:
     issues = kept + ep.issues
     red = live_quality == Quality.RED or any(i.severity == Severity.ERROR for i in issues)
     sources = ("live", "offline") if live_quality or kept else ("offline",)
-    out = replace(row, extra=dict(row.extra), present=set(row.present))
+    out = replace(row, extra=dict(row.extra))
     out.quality = Quality.RED if red else Quality.GREEN
     out.quality_issues = issues
     stats = copy.deepcopy(row.stream_stats)
@@ -120,7 +120,7 @@ def merge(row: EpisodeRow, ep: EpisodeCheck) -> EpisodeRow:
         stats.setdefault(name, {})["offline"] = st  # capture's transport statistics stay
     out.stream_stats = stats
     out.extra[PROVENANCE_KEY] = Provenance(RULE_VERSION, sources, live_quality).to_dict()
-    out.present.update({"quality", "quality_issues", "stream_stats"})
+    out.present = present_with(out.present, "quality", "quality_issues", "stream_stats")
     return out
 
 
