@@ -4,13 +4,15 @@ per-episode loop that writes them."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from .. import pool
 from ..dataset.meta import EPISODES, INFO, DatasetMeta
 from ..dataset.records import DatasetInfo, EpisodeRow
 from ..errors import ExportError
@@ -92,6 +94,38 @@ def episode_file_unit(src: Path, path: Path, episode_index: int, first_index: in
     return WrittenFile(path.stat().st_size, digest)
 
 
+class _EpisodeUnits(Sequence["pool.Unit"]):
+    """The episode units still to write, each made when the pool takes it: a Unit with its
+    Path, name and arguments per episode was held for the whole export (issue 28)."""
+
+    def __init__(self, src: Path, out: Path, info: dict[str, Any], write_episode: WriteEpisode,
+                 meta: DatasetMeta | None) -> None:
+        # ``meta`` when serial: the metadata handed over instead of reread by a worker
+        self.src, self.out, self.info, self.write_episode, self.meta = src, out, info, write_episode, meta
+        self.todo = array("q")  # (episode_index, first index) of each unit, flat
+
+    def add(self, episode_index: int, first: int) -> None:
+        self.todo.extend((episode_index, first))
+
+    def __len__(self) -> int:
+        return len(self.todo) // 2
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
+        if k < 0:
+            k += len(self)
+        if not 0 <= k < len(self):
+            raise IndexError("unit position out of range")
+        ep, first = self.todo[2 * k], self.todo[2 * k + 1]
+        path = self.out / episode_file(self.info, ep)
+        return pool.Unit(f"episode {ep}", episode_file_unit, (self.src, path, ep, first, self.write_episode, self.meta))
+
+    def __iter__(self) -> Iterator[pool.Unit]:
+        for k in range(len(self)):
+            yield self[k]
+
+
 def _done(progress: Progress, path: Path, episode_index: int, written: WrittenFile) -> None:
     """A unit finished (here or in a worker): its digest for the manifest, then progress."""
     if written.sha256 is not None:
@@ -117,14 +151,11 @@ def export_episode_files(
     processes when a pool is active: ``write_episode`` must then be picklable, e.g. a bound
     method of the exporter). The common meta files and the marker are written last.
     """
-    from .. import pool
-
     meta = load_source(src)
     out.mkdir(parents=True, exist_ok=True)
     info = embedded_info(meta.info, dataset_format, extension)
     resumed: list[int] = []
-    units: list[pool.Unit] = []
-    in_process = pool.active() is None  # serial: hand the metadata over instead of rereading it
+    units = _EpisodeUnits(src, out, info, write_episode, meta if pool.active() is None else None)
     offset = 0
     for ep in meta.episodes:
         first = offset
@@ -134,8 +165,7 @@ def export_episode_files(
             resumed.append(ep.episode_index)
             progress.on_episode(ep.episode_index, 0)
             continue
-        units.append(pool.Unit(f"episode {ep.episode_index}", episode_file_unit,
-                               (src, path, ep.episode_index, first, write_episode, meta if in_process else None)))
+        units.add(ep.episode_index, first)
     pool.run_units(units, lambda u, written: _done(progress, u.args[1], u.args[2], written))
     copy_common_meta(src, out)
     atomic_write_json(out / INFO, info)
