@@ -20,6 +20,7 @@ import contextlib
 import contextvars
 import json
 import os
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -66,7 +67,12 @@ class VideoFacts:
 KIND = "mp4-demux-v1"  # what a stored row means (facts_index rows of other kinds are others')
 
 _lock = threading.Lock()
-_facts: dict[FileKey, VideoFacts] = {}
+# Outside a job: the key packed into 32 bytes and equal facts shared (most cameras of a dataset
+# have the same size, frame count and no timing problem): a tuple of four ints and a VideoFacts
+# per file were ~700 bytes per two-camera episode for validate_source alone (issue 28).
+_facts: dict[bytes, VideoFacts] = {}
+_shared: dict[VideoFacts, VideoFacts] = {}
+_KEY = struct.Struct("<QQQq")  # st_dev, st_ino, st_size (unsigned), st_mtime_ns
 # The job's index, per thread of control: several jobs run at once in one process (the export
 # service's job threads, a Ray batch's datasets), and one job leaving its block must not take
 # another's index away (a module global did, and restored a closed one).
@@ -103,7 +109,7 @@ def lookup(key: FileKey | None) -> VideoFacts | None:
         payload = index.get(key, KIND)
         return VideoFacts.from_payload(payload) if payload is not None else None
     with _lock:
-        return _facts.get(key)
+        return _facts.get(_KEY.pack(*key))
 
 
 def remember(key: FileKey | None, facts: VideoFacts) -> None:
@@ -117,13 +123,15 @@ def remember(key: FileKey | None, facts: VideoFacts) -> None:
     with _lock:
         if len(_facts) >= MAX_ENTRIES:
             _facts.clear()
-        _facts[key] = facts
+            _shared.clear()
+        _facts[_KEY.pack(*key)] = _shared.setdefault(facts, facts)
 
 
 def forget_all() -> None:
     """Drop every remembered fact (tests; a caller that distrusts the file system's mtimes)."""
     with _lock:
         _facts.clear()
+        _shared.clear()
 
 
 def index_active() -> bool:
