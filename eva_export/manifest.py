@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import stat
+import struct
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -130,29 +131,47 @@ def sha256_file(path: Path, limit: int | None = None) -> str:
     return h.hexdigest()
 
 
-_WRITTEN: dict[tuple[int, int, int, int], str] = {}  # (device, inode, size, mtime_ns) -> sha256 (issue 28)
+# (device, inode, size, mtime_ns) packed -> the sha256 as its 32 bytes (issue 28: a tuple of
+# four ints and a 64-character str were ~300 bytes per episode file held until the manifest)
+_WRITTEN: dict[bytes, bytes | str] = {}
 _WRITTEN_MAX = 100_000  # a long-running node: the oldest records (of jobs that never published) go
+_KEY = struct.Struct("<QQQq")
+
+
+def _written_key(path: Path) -> bytes:
+    st = os.stat(path)
+    return _KEY.pack(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _packed(sha256: str) -> bytes | str:
+    """The digest as bytes when its lowercase hex gives it back exactly, else the text as is."""
+    try:
+        raw = bytes.fromhex(sha256)
+    except ValueError:
+        return sha256
+    return raw if raw.hex() == sha256 else sha256
+
+
+def _text(value: bytes | str | None) -> str | None:
+    return value.hex() if isinstance(value, bytes) else value
 
 
 def record_written(path: Path, sha256: str) -> None:
     """An exporter hashed ``path``'s bytes as it wrote them: ``build_manifest`` takes this
     digest (once) instead of reading the file again, while (device, inode, size, mtime_ns) match."""
-    st = os.stat(path)
-    _WRITTEN[(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)] = sha256
+    _WRITTEN[_written_key(path)] = _packed(sha256)
     while len(_WRITTEN) > _WRITTEN_MAX:
         del _WRITTEN[next(iter(_WRITTEN))]
 
 
 def recorded_digest(path: Path) -> str | None:
     """The digest ``record_written`` holds for ``path`` as it is now, or None."""
-    st = os.stat(path)
-    return _WRITTEN.get((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+    return _text(_WRITTEN.get(_written_key(path)))
 
 
 def written_digest(path: Path) -> str:
     """The digest recorded while ``path`` was written (taken), else the file hashed."""
-    st = os.stat(path)
-    return _WRITTEN.pop((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), None) or sha256_file(path)
+    return _text(_WRITTEN.pop(_written_key(path), None)) or sha256_file(path)
 
 
 def walk_tree(root: Path) -> Iterator[tuple[str, Path, os.stat_result]]:
