@@ -68,6 +68,15 @@ def _unit_meta(src: Path) -> DatasetMeta:
     return _META_CACHE[key]
 
 
+def _row_of(meta: DatasetMeta, episode_index: int) -> EpisodeRow | None:
+    """The episode's row: at its own position in a renumbered subset (a scan of every row per
+    unit was quadratic in the episode count), else found by a scan."""
+    rows = meta.episodes
+    if 0 <= episode_index < len(rows) and rows[episode_index].episode_index == episode_index:
+        return rows[episode_index]
+    return next((e for e in rows if e.episode_index == episode_index), None)
+
+
 def episode_file_unit(src: Path, path: Path, episode_index: int, first_index: int,
                       write_episode: WriteEpisode, meta: DatasetMeta | None = None) -> WrittenFile:
     """One episode file (a unit of eva_export.pool): written as ``.partial``, renamed into place.
@@ -76,7 +85,7 @@ def episode_file_unit(src: Path, path: Path, episode_index: int, first_index: in
     read from ``src``); returns the file's size and the digest ``write_episode`` took of it.
     """
     meta = meta if meta is not None else _unit_meta(src)
-    ep = next((e for e in meta.episodes if e.episode_index == episode_index), None)
+    ep = _row_of(meta, episode_index)
     if ep is None:
         raise ExportError(f"episode {episode_index}: not in {src / EPISODES}")
     table = read_episode_table(meta, ep, first_index=first_index)
