@@ -16,12 +16,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 STAT_KEYS = ("min", "max", "mean", "std", "count")
+QUANTILES = {"q01": 0.01, "q10": 0.10, "q50": 0.50, "q90": 0.90, "q99": 0.99}
 
 
 def complete_stats(entry: Any) -> bool:
     """A feature's entry of an episodes_stats row holds every one of STAT_KEYS."""
     return isinstance(entry, dict) and all(k in entry for k in STAT_KEYS)
-QUANTILES = {"q01": 0.01, "q10": 0.10, "q50": 0.50, "q90": 0.90, "q99": 0.99}
 
 
 class RunningStats:

@@ -88,8 +88,9 @@ def read_parquet(path: Path, columns: list[str] | None = None) -> pa.Table:
     parsed in memory without the thread pools (``in_memory``); a larger one uses them (column
     decoding in parallel, the I/O pool's pre-buffering), where they cost less than they save."""
     with pa.OSFile(str(path)) as fh:
-        threads = fh.size() > IN_MEMORY_BYTES
-        with pq.ParquetFile(fh if threads else in_memory(fh), pre_buffer=threads) as pf:
+        src = in_memory(fh)
+        threads = src is fh  # not read into memory: large enough for the pools
+        with pq.ParquetFile(src, pre_buffer=threads) as pf:
             return pf.read(columns=columns, use_threads=threads)
 
 

@@ -75,7 +75,7 @@ def _demux_size(e: int, key: str, path: Path) -> tuple[int, int, int, StreamTimi
     if why:
         raise DatasetError(f"episode {e}: {path} ({key}) is not a complete MP4 (truncated, empty or "
                            f"garbage: {why})")
-    plain = mp4_index.read(path) if data is None else mp4_index.parse(data)
+    plain = mp4_index.parse(data) if data is not None else None  # None: over mp4_index's bound
     if plain is not None:  # the writer's plain shape, read from its boxes: no PyAV open (issue 28)
         # integer ticks as the demux gives them; no composition offsets: pts == dts. The stated
         # duration is not read: check_video does not check it
