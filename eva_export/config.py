@@ -179,7 +179,7 @@ class StoreSettings:
 
 #: export.nonfinite: what an accepted episode with NaN/inf values does (formats/nonfinite.py's
 #: NonFinitePolicy; spelled out here so the config stays free of numpy and pyarrow).
-NONFINITE_POLICIES = ("keep_passed", "refuse", "keep")
+NONFINITE_POLICIES = ("finite_runs", "keep_passed", "refuse", "keep")
 
 
 @dataclass(frozen=True)
@@ -192,7 +192,8 @@ class ExportConfig:
     mcap_compression: str = "lz4"  # "lz4", "zstd" or "none": MCAP chunk compression
     eva_store: StoreSettings = StoreSettings()
     workers: int = 0  # worker processes for episode units; 0 -> auto (os.cpu_count() when worth it); 1 -> serial
-    nonfinite: str = "keep_passed"  # NaN/inf in accepted episodes: keep_passed, refuse or keep (formats/nonfinite.py)
+    nonfinite: str = "finite_runs"  # NaN/inf in accepted episodes: finite_runs, keep_passed, refuse or keep (formats/nonfinite.py)
+    nonfinite_min_run: int = 10  # finite_runs: shorter finite runs are dropped (and counted)
 
 
 @dataclass(frozen=True)
@@ -341,7 +342,8 @@ def _sftp(col: dict[str, Any]) -> SftpSettings | None:
 def _export(raw: dict[str, Any], log_dir: Path) -> ExportConfig:
     ex = _take(raw.get("export") or {}, "export",
                {"data_roots", "jobs_dir", "v3_data_file_mb", "v3_video_file_mb", "hdf5_compression",
-                "mcap_compression", "eva_store", "workers", "nonfinite"})
+                "mcap_compression", "eva_store", "workers", "nonfinite",
+                "nonfinite_min_run"})
     roots = tuple(Path(r).expanduser().absolute() for r in (ex.get("data_roots") or [log_dir]))
     export = ExportConfig(
         data_roots=roots,
@@ -352,10 +354,13 @@ def _export(raw: dict[str, Any], log_dir: Path) -> ExportConfig:
         mcap_compression=str(ex.get("mcap_compression", "lz4")),
         eva_store=_store_settings(ex.get("eva_store")),
         workers=_workers(ex.get("workers", 0)),
-        nonfinite=str(ex.get("nonfinite", "keep_passed")),
+        nonfinite=str(ex.get("nonfinite", "finite_runs")),
+        nonfinite_min_run=int(ex.get("nonfinite_min_run", 10)),
     )
     if export.nonfinite not in NONFINITE_POLICIES:
         raise ConfigError(f"export.nonfinite must be one of {list(NONFINITE_POLICIES)}, got {export.nonfinite!r}")
+    if export.nonfinite_min_run < 1:
+        raise ConfigError(f"export.nonfinite_min_run must be at least 1 frame, got {export.nonfinite_min_run}")
     if export.hdf5_compression not in ("", "lzf", "gzip"):
         raise ConfigError("export.hdf5_compression must be '', 'lzf' or 'gzip'")
     if export.mcap_compression not in ("lz4", "zstd", "none"):

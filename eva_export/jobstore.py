@@ -77,6 +77,10 @@ class Job:
     finished_at: float = 0.0
     unrated_episodes: int = 0  # export: no quality field and no verdict (rejected by the rule)
     reencoded_episodes: int = 0  # export: v3.0 source episodes re-encoded (no exact stream-copy cut)
+    nonfinite_cut_episodes: int = 0  # export: accepted episodes with NaN/inf exported as their finite runs
+    nonfinite_dropped_frames: int = 0  # export: their frames left out (non-finite, or in a too-short run)
+    nonfinite_kept_episodes: int = 0  # export: accepted episodes with NaN/inf kept as they are (keep policies)
+    warning: str = ""  # export: what the user must know about a completed job (e.g. it will not train as is)
     attempts: int = 0  # upload: connection attempts so far
     last_error: str = ""  # upload: error of the last failed attempt, kept while retrying
     messages_done: int = 0  # ingest: bag messages read so far

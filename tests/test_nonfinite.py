@@ -62,7 +62,7 @@ def test_unpassed_nonfinite_episode_is_refused_naming_file_and_episode(tmp_path:
     assert job.state == FAILED
     assert f"{fmt} export refused: the accepted subset holds NaN/inf values in 1 episode(s)" in job.error
     assert f"{bad}: source episode 1: observation.state (4 NaN/inf)" in job.error
-    assert "export.nonfinite = keep_passed" in job.error and "--verdict pass" in job.error
+    assert "export.nonfinite = finite_runs" in job.error and "--verdict pass" in job.error
     assert not ExportPaths.of(src, fmt).pair_dir.exists()  # nothing published
 
 
@@ -87,7 +87,7 @@ def read_state(root: Path, episode: int, fmt: str) -> pa.Array:
 def test_passed_nonfinite_episode_is_kept_exactly_and_said_in_the_card(tmp_path: Path, fmt: str) -> None:
     src, bad = source(tmp_path, verdict="pass")
     raw = pq.read_table(bad).column("observation.state").combine_chunks()
-    job = export(tmp_path, src, fmt)
+    job = export(tmp_path, src, fmt, policy="keep_passed")
     assert job.state == COMPLETED, job.error
     acc = ExportPaths.of(src, fmt).accepted
     state = read_state(acc, 1, fmt)  # subset episode 1 is source episode 1 (0 green, 1 passed)
@@ -122,8 +122,8 @@ def test_keep_policy_keeps_an_unpassed_episode_and_a_rejected_one_never_blocks(t
 
 def test_the_option_is_checked_and_matches_the_policies() -> None:
     assert tuple(p.value for p in NonFinitePolicy) == NONFINITE_POLICIES
-    assert parse_config({"collection": {"log_dir": "/tmp/x"}}).export.nonfinite == "keep_passed"
-    with pytest.raises(ConfigError, match=r"export.nonfinite must be one of \['keep_passed', 'refuse', 'keep'\]"):
+    assert parse_config({"collection": {"log_dir": "/tmp/x"}}).export.nonfinite == "finite_runs"
+    with pytest.raises(ConfigError, match=r"export.nonfinite must be one of \['finite_runs', 'keep_passed', 'refuse', 'keep'\]"):
         parse_config({"collection": {"log_dir": "/tmp/x"}, "export": {"nonfinite": "null"}})
 
 

@@ -1,4 +1,4 @@
-"""Statistics: streamed values equal numpy's over the whole data; NaNs do not poison them."""
+"""Statistics: streamed values equal numpy's over the whole data; every number written is finite."""
 
 from __future__ import annotations
 
@@ -18,16 +18,54 @@ def test_column_stats_equal_numpy_with_quantiles() -> None:
         assert np.allclose(d[name], np.quantile(f, q, axis=0)), name
 
 
-def test_non_finite_values_are_left_out() -> None:
+def test_rows_with_non_finite_values_are_left_out_and_counted() -> None:
     v = np.tile(np.arange(10.0)[:, None], (1, 2))
     v[3, 0] = np.nan
-    v[4, 0] = np.inf
+    v[4, 1] = np.inf
     d = S.column_stats(v)
-    kept = np.delete(np.arange(10.0), [3, 4])
-    assert d["count"] == [10]
-    assert d["mean"][0] == kept.mean() and d["min"][0] == 0 and d["max"][0] == 9
-    assert np.isclose(d["std"][0], kept.std()) and np.isclose(d["q50"][0], np.median(kept))
-    assert d["mean"][1] == 4.5  # the other element is untouched
+    kept = np.delete(np.arange(10.0), [3, 4])  # a row goes in only when all its values are finite
+    assert d["count"] == [8]
+    assert d["mean"] == [kept.mean()] * 2 and d["min"] == [0, 0] and d["max"] == [9, 9]
+    assert np.allclose(d["std"], kept.std()) and np.allclose(d["q50"], np.median(kept))
+    assert S.finite_entry(d) and S.usable_entry(d)
+
+
+def test_a_feature_without_a_finite_row_gets_finite_identity_stats_with_count_0() -> None:
+    v = np.ones((6, 3))
+    v[:, 0] = np.nan  # one element NaN in every row: no row is finite
+    d = S.column_stats(v)
+    assert d["count"] == [0] and S.finite_entry(d) and not S.usable_entry(d)
+    assert d["mean"] == [0.0] * 3 and d["std"] == [1.0] * 3 and d["q01"] == [-1.0] * 3 and d["q99"] == [1.0] * 3
+    assert set(S.STAT_KEYS) | set(S.QUANTILES) <= set(d)
+
+
+def test_aggregate_pools_only_finite_entries_and_stays_finite() -> None:
+    good = S.column_stats(np.arange(10.0)[:, None])
+    none = S.column_stats(np.full((5, 1), np.nan))  # count 0: adds nothing, not even to min/max
+    poisoned = {**good, "mean": [float("nan")]}  # e.g. an old writer's NaN statistics
+    agg = S.aggregate([{"x": good}, {"x": none}, {"x": poisoned}])["x"]
+    assert agg["count"] == [10] and agg["min"] == [0.0] and agg["max"] == [9.0] and agg["mean"] == [4.5]
+    only_nan = S.aggregate([{"x": none}])["x"]
+    assert only_nan["count"] == [0] and S.finite_entry(only_nan)
+
+
+def test_the_three_poolers_agree_and_are_finite() -> None:
+    from eva_export.export.assemble import aggregate_stream
+    from eva_export.formats.lerobot_v3_tables import _aggregate_matrices
+
+    parts = [np.arange(12.0).reshape(6, 2), np.full((4, 2), np.nan), np.arange(8.0).reshape(4, 2) + 100]
+    parts[0][2, 1] = np.inf
+    per = [{"x": S.column_stats(p)} for p in parts]
+    a, b = S.aggregate(per)["x"], aggregate_stream(per)["x"]
+    mats = {k: np.stack([np.asarray(p["x"][k], dtype=np.float64) for p in per]) for k in per[0]["x"]}
+    c = _aggregate_matrices(mats)
+    assert c is not None
+    for got in (b, c):
+        assert got["count"] == a["count"] == [9]
+        for k in ("mean", "std", "min", "max", *S.QUANTILES):
+            assert np.allclose(got[k], a[k]), k
+            assert np.isfinite(np.asarray(got[k])).all()
+    assert _aggregate_matrices({k: v[1:2] for k, v in mats.items()})["count"] == [0]  # type: ignore[index]
 
 
 def test_aggregate_matches_stats_of_concatenation() -> None:

@@ -4,11 +4,16 @@ Numbers follow LeRobot: min, max, mean, std, count per feature, plus the quantil
 q50, q90 and q99 that LeRobot 0.4 writes and its quantile normalisation (pi0.5) requires.
 Camera statistics are per channel, shaped (3, 1, 1) and scaled to [0, 1]; their quantiles come
 from a 256-bin histogram per channel, so they stay exact for 8-bit video in O(1) memory.
+
+Every number written is finite: a trainer normalises every frame with these numbers, so one NaN
+here makes every sample NaN. A row goes into a feature's statistics only when the feature's
+values in that row are all finite, and ``count`` says how many rows went in. A feature with no
+such row gets ``empty_stats``: count 0 and the identity normalisation (mean 0, std 1, min and
+q01 -1, max and q99 1), so a reader sees finite numbers and the count says none were measured.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -22,6 +27,47 @@ QUANTILES = {"q01": 0.01, "q10": 0.10, "q50": 0.50, "q90": 0.90, "q99": 0.99}
 def complete_stats(entry: Any) -> bool:
     """A feature's entry of an episodes_stats row holds every one of STAT_KEYS."""
     return isinstance(entry, dict) and all(k in entry for k in STAT_KEYS)
+
+
+def entry_count(entry: Any) -> float:
+    """The rows a feature's entry says went in (0 when it says nothing readable)."""
+    try:
+        return float(np.asarray(entry["count"], dtype=np.float64).reshape(-1)[0])
+    except (KeyError, TypeError, ValueError, IndexError):
+        return 0.0
+
+
+def finite_entry(entry: Any) -> bool:
+    """Every number of a feature's entry is finite (a list that is not numeric counts as not)."""
+    if not isinstance(entry, dict):
+        return False
+    try:
+        return all(bool(np.isfinite(np.asarray(v, dtype=np.float64)).all()) for v in entry.values())
+    except (TypeError, ValueError):
+        return False
+
+
+def usable_entry(entry: Any) -> bool:
+    """An entry that may be pooled: every stat present, finite, and at least one row in."""
+    return complete_stats(entry) and finite_entry(entry) and entry_count(entry) > 0
+
+
+def empty_stats(shape: tuple[int, ...]) -> dict[str, Any]:
+    """A feature without a finite row: count 0 and the identity normalisation (finite numbers)."""
+    def full(x: float) -> Any:
+        return np.full(shape, x, dtype=np.float64).tolist()
+    out: dict[str, Any] = {"min": full(-1.0), "max": full(1.0), "mean": full(0.0), "std": full(1.0), "count": [0]}
+    for name, q in QUANTILES.items():
+        out[name] = full(-1.0 if q < 0.25 else 1.0 if q > 0.75 else 0.0)
+    return out
+
+
+def entry_shape(entry: Any) -> tuple[int, ...]:
+    """The element shape of a feature's entry (from its mean)."""
+    try:
+        return tuple(np.asarray(entry["mean"], dtype=np.float64).shape)
+    except (KeyError, TypeError, ValueError):
+        return (1,)
 
 
 class RunningStats:
@@ -110,39 +156,45 @@ class ImageStats:
 
 
 def column_stats(values: NDArray[Any]) -> dict[str, Any]:
-    """Statistics of one Parquet column (rows first); scalars get shape [1] lists."""
+    """Statistics of one Parquet column (rows first); scalars get shape [1] lists. Only the rows
+    whose values are all finite go in (``count``); none: ``empty_stats``."""
     v = np.asarray(values)
     if v.ndim == 1:
         v = v[:, None]
+    if v.dtype.kind == "f":
+        rows = np.isfinite(v).reshape(len(v), -1).all(axis=1)
+        if not rows.all():
+            v = v[rows]
+    if len(v) == 0:
+        return empty_stats(tuple(v.shape[1:]))
     rs = RunningStats()
     rs.add_batch(v)
     d = rs.to_dict()
-    if np.issubdtype(np.asarray(values).dtype, np.integer):
+    if np.issubdtype(v.dtype, np.integer):
         d["min"] = [int(x) for x in d["min"]]
         d["max"] = [int(x) for x in d["max"]]
-    f = v.astype(np.float64)
-    quantile = np.quantile if np.isfinite(f).all() else np.nanquantile  # one sort for all five
-    f[~np.isfinite(f)] = np.nan
-    with warnings.catch_warnings():  # an element that is NaN in every row stays NaN, quietly
-        warnings.simplefilter("ignore", RuntimeWarning)
-        qs = quantile(f, list(QUANTILES.values()), axis=0)
+    qs = np.quantile(v.astype(np.float64), list(QUANTILES.values()), axis=0)  # one sort for all five
     for name, row in zip(QUANTILES, qs, strict=False):
         d[name] = row.tolist()
     return d
 
 
 def aggregate(per_episode: Iterable[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Combine episode statistics into dataset statistics (weighted mean, pooled variance)."""
+    """Combine episode statistics into dataset statistics (weighted mean, pooled variance).
+
+    Only usable entries are pooled (``usable_entry``: an episode whose feature had no finite row
+    adds nothing); a feature with none gets ``empty_stats``, so every number is finite."""
     groups: dict[str, list[dict[str, Any]]] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
     for stats in per_episode:
         for key, st in stats.items():
-            groups.setdefault(key, []).append(st)
-    out: dict[str, dict[str, Any]] = {}
+            shapes.setdefault(key, entry_shape(st))
+            if usable_entry(st):
+                groups.setdefault(key, []).append(st)
+    out: dict[str, dict[str, Any]] = {key: empty_stats(shape) for key, shape in shapes.items()}
     for key, items in groups.items():
-        counts = np.array([float(np.asarray(s["count"]).reshape(-1)[0]) for s in items])
+        counts = np.array([entry_count(s) for s in items])
         total = counts.sum()
-        if total <= 0:
-            continue
         means = np.stack([np.asarray(s["mean"], dtype=np.float64) for s in items])
         stds = np.stack([np.asarray(s["std"], dtype=np.float64) for s in items])
         w = (counts / total).reshape((-1,) + (1,) * (means.ndim - 1))

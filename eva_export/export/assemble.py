@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dataset.stats import QUANTILES
+from ..dataset.stats import QUANTILES, empty_stats, entry_shape, usable_entry
 from ..fsutil import set_file_mode
 
 Array = np.ndarray[Any, Any]
@@ -35,8 +35,13 @@ class _Feature:
     low: Array | None = None
     high: Array | None = None
     quantiles: dict[str, Array] | None = field(default_factory=dict)  # count-weighted sums; None once one lacks it
+    shape: tuple[int, ...] | None = None  # of the first entry seen (for empty_stats)
 
     def add(self, st: dict[str, Any]) -> None:
+        if self.shape is None:
+            self.shape = entry_shape(st)
+        if not usable_entry(st):  # no finite row in that episode: it adds nothing (dataset.stats)
+            return
         c = float(np.asarray(st["count"]).reshape(-1)[0])
         mean = np.asarray(st["mean"], dtype=np.float64)
         var = np.asarray(st["std"], dtype=np.float64) ** 2
@@ -61,7 +66,7 @@ class _Feature:
 
     def result(self) -> dict[str, Any] | None:
         if self.count <= 0 or self.mean is None or self.m2 is None or self.low is None or self.high is None:
-            return None
+            return None if self.shape is None else empty_stats(self.shape)
         out: dict[str, Any] = {"min": self.low.tolist(), "max": self.high.tolist(), "mean": self.mean.tolist(),
                                "std": np.sqrt(np.maximum(self.m2 / self.count, 0)).tolist(),
                                "count": [int(self.count)]}

@@ -37,12 +37,13 @@ from ..dataset.facts_index import FactsIndex
 from ..dataset.validate import SourceCheck
 from ..errors import ConfigError, EvaError, ExportError
 from ..formats.base import Exporter, Progress
-from ..formats.nonfinite import check_accepted
+from ..formats.nonfinite import NonFinitePolicy, check_accepted
 from ..formats.registry import FormatSpec, get_spec
 from ..fsutil import storage_guard
 from ..jobs import Job, JobEngine, JobKind, JobStore, QueuePolicy, ServiceStatus
 from ..sources.registry import validate_any
 from .build import Faults, SplitProgress
+from .finite_runs import write_runs
 from .merge import check_agree, check_infos, combined_hash
 from .paths import SUBSETS, ExportPaths
 from .publish import export_lock, publish_pair, recover_pair
@@ -259,13 +260,13 @@ class ExportService:
             del checks
             # a v3.0 source episode that could not be cut exactly was re-encoded: said in the job
             self.jobs.update(job_id, unrated_episodes=len(split.unrated), reencoded_episodes=len(split.reencoded))
-            # NaN/inf in accepted episodes: refused (naming them) or kept and recorded, per export.nonfinite
-            check_accepted(native_dir(paths.staging, ACCEPTED), self.config.export.nonfinite, fmt,
-                           split.subsets[ACCEPTED].nonfinite)
+            # NaN/inf in accepted episodes: cut into finite runs, refused (naming them) or kept and
+            # recorded, per export.nonfinite; ``dirs``: the native subsets the format is written from
+            dirs, acc_totals = self._nonfinite(job_id, paths.staging, fmt, split.subsets[ACCEPTED])
             moved = spec.native and fmt not in self.exporters  # the registry's own native exporter
             try:
-                pair = (self._move_native(exporter, paths.staging, faults) if moved
-                        else self._convert(job_id, exporter, paths.staging, faults, count=not spec.native))
+                pair = (self._move_native(exporter, paths.staging, faults, dirs) if moved
+                        else self._convert(job_id, exporter, paths.staging, faults, not spec.native, dirs))
                 verify_staged(fmt, pair, exporter)  # publish only what verifies
                 faults.check("verified")
                 publish_pair(paths, pair, job_id, faults)
@@ -274,17 +275,36 @@ class ExportService:
                     _move_back(paths.staging)
                 raise
             shutil.rmtree(paths.staging, ignore_errors=True)
-        acc, rej = split.subsets[ACCEPTED], split.subsets[REJECTED]
+        rej = split.subsets[REJECTED]
         return {"accepted_dir": str(paths.accepted), "rejected_dir": str(paths.rejected),
-                "accepted_episodes": acc.episodes, "accepted_frames": acc.frames,
+                "accepted_episodes": acc_totals[0], "accepted_frames": acc_totals[1],
                 "rejected_episodes": rej.episodes, "rejected_frames": rej.frames}
+
+    def _nonfinite(self, job_id: str, staging: Path, fmt: str, acc: Any) -> tuple[dict[str, Path], tuple[int, int]]:
+        """export.nonfinite applied to the staged accepted subset: the native subset directories
+        to write the format from, and the accepted (episodes, frames) they hold."""
+        policy = self.config.export.nonfinite
+        dirs = {name: native_dir(staging, name) for name in SUBSETS}
+        runs_dir = staging / "native" / f"{ACCEPTED}_runs"
+        found = check_accepted(dirs[ACCEPTED], policy, fmt, acc.nonfinite)
+        if policy != NonFinitePolicy.FINITE_RUNS or not found:
+            shutil.rmtree(runs_dir, ignore_errors=True)  # an earlier run's, under another policy
+            if found:
+                self.jobs.update(job_id, nonfinite_kept_episodes=len(found), warning=(
+                    f"{len(found)} accepted episode(s) hold NaN/inf values kept as recorded (export.nonfinite = "
+                    f"{policy}): the accepted subset will not train as is; see meta/quality_split.json"))
+            return dirs, (acc.episodes, acc.frames)
+        runs = write_runs(dirs[ACCEPTED], runs_dir, found, self.config.export.nonfinite_min_run)
+        dropped = sum(c.dropped_frames for c in runs.cut)
+        self.jobs.update(job_id, nonfinite_cut_episodes=len(runs.cut), nonfinite_dropped_frames=dropped)
+        return {**dirs, ACCEPTED: runs.dir}, (runs.episodes, runs.frames)
 
     def _staging_left(self, job: Job) -> dict[str, Any]:
         """A failed job names the staging it leaves (kept for resume) and its size."""
         staging = self.paths(job).staging
         return {"staging_dir": str(staging), "staging_bytes": tree_bytes(staging)} if staging.is_dir() else {}
 
-    def _move_native(self, exporter: Exporter, staging: Path, faults: Faults) -> Path:
+    def _move_native(self, exporter: Exporter, staging: Path, faults: Faults, dirs: dict[str, Path]) -> Path:
         """The native format's pair: each staged subset renamed into ``staging/out`` and
         relabelled (its marker and card rewritten, new inodes), instead of the exporter's hard
         link of every file (3000 links, then 3000 unlinks with the staging, for 1000 short
@@ -295,13 +315,14 @@ class ExportService:
         if out.exists():  # an earlier run's pair, never published: rebuilt from the units
             shutil.rmtree(out)
         out.mkdir()
-        for name in SUBSETS:
-            os.rename(native_dir(staging, name), out / name)
+        for name in SUBSETS:  # a rewritten subset (finite runs) is moved; its split's stays for a rerun
+            os.rename(dirs[name], out / name)
             write_quality_split(out / name, out / name, exporter.name)
             faults.check(f"convert_{name}")
         return out
 
-    def _convert(self, job_id: str, exporter: Exporter, staging: Path, faults: Faults, count: bool) -> Path:
+    def _convert(self, job_id: str, exporter: Exporter, staging: Path, faults: Faults, count: bool,
+                 dirs: dict[str, Path]) -> Path:
         """Each staged native subset written in the job's format into ``staging/out``."""
 
         def on_episode(_index: int, nbytes: int) -> None:
@@ -314,7 +335,7 @@ class ExportService:
         out.mkdir(exist_ok=True)
         for name in SUBSETS:
             with storage_guard(out / name, f"{exporter.name} export: writing"):
-                exporter.export(staging / "native" / name, out / name, Progress(on_episode=on_episode))
+                exporter.export(dirs[name], out / name, Progress(on_episode=on_episode))
             faults.check(f"convert_{name}")
         for p in out.iterdir():
             if p.name not in SUBSETS:

@@ -135,10 +135,17 @@ def build_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats
     os.replace(tmp, data)
     # counted from the table as written: the accepted subset's NaN/inf scan need not read it back
     nonfinite = table_facts(table, float_keys(info), os.stat(data))
-    # Statistics: keep the source's, recompute the columns whose values changed or are missing.
-    st: dict[str, Any] = dict(source_stats)
-    st.update(_recomputed_stats(table, [k for k in info.table_keys if (k in RECOMPUTED_COLUMNS or k not in st)
-                                        and k in table.column_names]))
+    # Statistics: keep the source's, recompute the columns whose values changed, or whose
+    # statistics are missing, lack a quantile, hold a non-finite number or may have taken a
+    # non-finite value in (dataset.stats: only finite rows go in)
+    st: dict[str, Any] = {k: v for k, v in source_stats.items() if trusted_stats(v)}
+    flagged = {k for k, _ in nonfinite.counts}
+    st.update(_recomputed_stats(table, [k for k in info.table_keys if (k in RECOMPUTED_COLUMNS or k not in st
+                                                                       or k in flagged)
+                                        and k in table.column_names and not info.features[k].is_visual]))
+    for k in info.table_keys:  # a camera carried in the table: the source's, made finite if it is not
+        if info.features[k].is_visual and k in source_stats and k not in st:
+            st[k] = stats_mod.aggregate([{k: source_stats[k]}])[k]
     del table
     sizes = {}
     reencoded = []
@@ -159,6 +166,11 @@ def build_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats
     rec.parent.mkdir(parents=True, exist_ok=True)
     write_text(rec, json.dumps(UnitRecord(src.index, p.new_index, n, p.offset, row, st, sizes, nonfinite).to_dict()))
     return nonfinite.file[2] + sum(sizes.values())
+
+
+def trusted_stats(entry: Any) -> bool:
+    """A source's statistics kept as they are: every stat and quantile there, all finite."""
+    return stats_mod.usable_entry(entry) and all(q in entry for q in stats_mod.QUANTILES)
 
 
 def _recomputed_stats(table: pa.Table, keys: list[str]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from ..store.records import (
 )
 from .base import VerifyReport
 from .checks import check_sample, check_totals, read_episode_rows, start_report
+from .train_checks import ValueCheck, check_stats, stat_keys, stats_problems
 
 
 def verify_store(root: Path) -> VerifyReport:
@@ -32,11 +33,15 @@ def verify_store(root: Path) -> VerifyReport:
         return report
     n_err = len(report.errors)
     row = 0
+    values = ValueCheck(root, info)
     for spec in manifest.shards:
         if spec.row_start != row:
             report.errors.append(f"manifest.json: {spec.shard_id} row_start {spec.row_start}, expected {row}")
         row += spec.num_rows
+        before = len(report.errors)
         _verify_shard(root, spec, report)
+        if len(report.errors) == before:
+            _check_values(root, spec, values, report)
     episodes = read_episode_rows(root, report)
     lengths = {e.episode_index: e.length for e in episodes}
     shard_len = {s.episode_index: s.num_rows for s in manifest.shards}
@@ -48,6 +53,11 @@ def verify_store(root: Path) -> VerifyReport:
         report.checks.append(f"{len(manifest.shards)} shards: block shapes and dtypes match manifest.json, offsets "
                              f"monotonic and inside their payloads, sample index enumerates all {manifest.total_rows} rows")
     check_totals(report, info, len(manifest.shards), manifest.total_rows, "the shards")
+    values.finish(report)
+    check_stats(report, root, info, empty=not manifest.shards)
+    bad = stats_problems(manifest.stats.get("features"), stat_keys(info)) if manifest.shards else []
+    if bad:
+        report.errors.append(f"manifest.json stats: would not normalise for a trainer: {'; '.join(bad[:5])}")
     if manifest.stats.get("total_frames") != manifest.total_rows:
         report.errors.append(f"manifest.json stats total_frames {manifest.stats.get('total_frames')}, shards hold "
                              f"{manifest.total_rows}")
@@ -55,6 +65,18 @@ def verify_store(root: Path) -> VerifyReport:
         return report
     _real_read(root, manifest, report)
     return report
+
+
+def _check_values(root: Path, spec: ShardSpec, values: ValueCheck, report: VerifyReport) -> None:
+    """The shard's numeric columns (its episode's) through the store's own reader."""
+    from ..store.reader import _read_numeric
+
+    try:
+        cols = _read_numeric(root / spec.relative_dir, spec)
+    except Exception as exc:  # noqa: BLE001 - zarr raises many kinds; name the shard
+        report.errors.append(f"{spec.relative_dir}: numeric columns unreadable ({type(exc).__name__}: {exc})")
+        return
+    values.episode(spec.relative_dir, spec.episode_index, cols)
 
 
 def _check_index(root: Path, manifest: Manifest, report: VerifyReport) -> None:

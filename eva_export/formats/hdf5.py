@@ -53,6 +53,7 @@ from .hdf5_frames import (
 )
 from .images import Prefetch, camera_frames
 from .source import column_numpy, state_action_keys
+from .train_checks import ValueCheck, check_stats
 from .written import RegionHasher
 
 FORMAT = "hdf5"
@@ -321,6 +322,7 @@ def verify_hdf5(root: Path) -> VerifyReport:
     sample: tuple[Any, Any, Any] = (None, None, None)
     feats = DatasetInfo.from_dict(info)
     state_key, action_key = state_action_keys(feats)
+    values = ValueCheck(root, info)
     for ep in episodes:
         path = root / episode_file(info, ep.episode_index)
         try:
@@ -345,6 +347,8 @@ def verify_hdf5(root: Path) -> VerifyReport:
                         report.errors.append(f"{path.name}: images {item.attrs['key']} has {n} frames, {rows} rows")
                 if keys != set(image_keys):
                     report.errors.append(f"{path.name}: image keys {sorted(keys)}, info.json has {image_keys}")
+                values.episode(path.name, ep.episode_index, {
+                    k: it["value"][()] for k in (*values.floats, "timestamp") if (it := find_item(f["columns"], k))})
                 md = read_group(f["metadata"])
                 if md.get("episode_index") != ep.episode_index or md.get("fps") != info["fps"]:
                     report.errors.append(f"{path.name}: metadata episode_index/fps do not match")
@@ -360,6 +364,8 @@ def verify_hdf5(root: Path) -> VerifyReport:
         report.checks.append(f"{len(episodes)} episode files: columns/images/metadata present, axis 0 of every "
                              "images/*/value equals the rows")
     check_totals(report, info, len(episodes), rows_total, "the HDF5 files")
+    values.finish(report)
+    check_stats(report, root, info, empty=not episodes)
     check_sample(report, *sample, where="episode 0 (h5py)", empty=not episodes)
     return report
 

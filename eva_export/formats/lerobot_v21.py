@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..dataset.meta import DatasetMeta, read_meta
@@ -32,6 +34,7 @@ from ..dataset.validate import SourceCheck, validate_source
 from .base import Progress, VerifyReport
 from .checks import check_sample, check_totals, start_report
 from .images import iter_table_images, parquet_image_keys
+from .train_checks import ValueCheck, check_stats
 from .source import column_numpy, link_or_copy, load_source, state_action_keys, write_quality_split
 
 
@@ -102,8 +105,25 @@ class _Verifier:
         else:  # decoding proves more; a failed validation: every episode's fault listed
             frames = self._count(meta, report)
         check_totals(report, info, len(meta.episodes), frames, "the episode tables")
+        check_stats(report, Path(out_dir), info, empty=not meta.episodes)
+        self._values(meta, report, info)
         self._sample(meta, report)
         return report
+
+    def _values(self, meta: DatasetMeta, report: VerifyReport, info: dict[str, Any]) -> None:
+        """Every episode's float features and timestamps, as a trainer reads them."""
+        values = ValueCheck(meta.root, info)
+        for ep in meta.episodes:
+            path = meta.data_path(ep.episode_index)
+            try:
+                with pq.ParquetFile(path) as pf:
+                    cols = [k for k in (*values.floats, "timestamp") if k in pf.schema_arrow.names]
+                    table = pf.read(columns=cols)
+            except (OSError, pa.ArrowException) as exc:
+                report.errors.append(f"episode {ep.episode_index}: {path} unreadable ({exc})")
+                continue
+            values.episode(str(path), ep.episode_index, {k: column_numpy(table, k) for k in cols})
+        values.finish(report)
 
     def _count(self, meta: DatasetMeta, report: VerifyReport) -> int:
         """Each episode's Parquet rows against its length and its cameras' frames (decoded or

@@ -41,6 +41,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..dataset import stats as stats_mod
 from ..dataset.meta import INFO, STATS, DatasetMeta
 from ..dataset.records import DatasetInfo, EpisodeRow, EpisodeStats
 from ..dataset.video import VideoSettings
@@ -217,7 +218,8 @@ class LeRobotV3Exporter:
         stats = ep_stats.aggregate()
         if (meta.root / STATS).is_file():  # keep anything the source knew that we could not recompute
             for key, value in read_json(meta.root / STATS).items():
-                stats.setdefault(key, value)
+                if stats_mod.usable_entry(value):  # never a non-finite number (dataset.stats)
+                    stats.setdefault(key, value)
         missing = [k for k in info.features if k not in stats]
         if missing and meta.episodes:  # an empty subset has no values to describe: stats {}
             raise ExportError(f"no statistics for features {missing}")

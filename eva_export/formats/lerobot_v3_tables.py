@@ -268,11 +268,19 @@ class EpisodeStatsColumns:
 
 
 def _aggregate_matrices(m: dict[str, np.ndarray[Any, Any]]) -> dict[str, Any] | None:
-    """stats_mod.aggregate's arithmetic on (episodes, *shape) arrays of one feature."""
+    """stats_mod.aggregate's arithmetic on (episodes, *shape) arrays of one feature: only the
+    episodes with a finite row (count > 0) and finite numbers are pooled."""
     counts = m["count"].reshape(len(m["count"]), -1)[:, 0].astype(np.float64)
+    usable = counts > 0
+    for name in ("mean", "std", "min", "max", *stats_mod.QUANTILES):
+        if name in m:
+            usable &= np.isfinite(m[name].astype(np.float64)).reshape(len(counts), -1).all(axis=1)
+    if not usable.any():
+        return stats_mod.empty_stats(tuple(m["mean"].shape[1:]))
+    if not usable.all():
+        m = {name: a[usable] for name, a in m.items()}
+        counts = counts[usable]
     total = counts.sum()
-    if total <= 0:
-        return None
     means, stds = m["mean"].astype(np.float64), m["std"].astype(np.float64)
     w = (counts / total).reshape((-1,) + (1,) * (means.ndim - 1))
     mean = (w * means).sum(0)

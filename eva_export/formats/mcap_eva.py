@@ -62,6 +62,7 @@ from .episode_files import episode_file, export_episode_files, to_plain
 from .images import Prefetch, camera_frames
 from .mcap_chunks import ChunkWriter
 from .source import column_numpy, state_action_keys
+from .train_checks import ValueCheck, check_stats
 
 FORMAT = "mcap"
 PROFILE = "eva-client"
@@ -251,6 +252,8 @@ class _FileScan:
     sample: tuple[Any, Any, Any]  # (state, action, frame) of the first episode that has them
     meta_msgs: int = 0
     rows: int | None = None
+    values: ValueCheck | None = None  # the subset's value checks (train_checks), fed each episode's columns
+    episode: int = 0
 
 
 def verify_mcap(root: Path) -> VerifyReport:
@@ -265,9 +268,11 @@ def verify_mcap(root: Path) -> VerifyReport:
     n_err = len(report.errors)
     rows_total = 0
     sample: tuple[Any, Any, Any] = (None, None, None)
+    values = ValueCheck(root, info)
     for ep in episodes:
         path = root / episode_file(info, ep.episode_index)
         scan = _FileScan({k: [] for k in image_keys}, {k: [] for k in image_keys}, sample)
+        scan.values, scan.episode = values, ep.episode_index
         try:
             _scan_file(path, scan, image_keys, fps, state_key, action_key, report)
         except (OSError, McapError, ValueError, KeyError) as exc:
@@ -284,6 +289,8 @@ def verify_mcap(root: Path) -> VerifyReport:
         report.checks.append(f"{len(episodes)} MCAP files: CRCs valid, one episode message each, every "
                              f"camera {image_keys} with sequences 0..n-1 and shared timestamps")
     check_totals(report, info, len(episodes), rows_total, "the MCAP files")
+    values.finish(report)
+    check_stats(report, root, info, empty=not episodes)
     check_sample(report, *sample, where="episode 0 (mcap reader, validate_crcs=True)", empty=not episodes)
     return report
 
@@ -307,6 +314,10 @@ def _scan_file(path: Path, scan: _FileScan, image_keys: list[str], fps: int, sta
                     report.errors.append(f"{path.name}: episode channel schema is not {EPISODE_SCHEMA}")
                 payload = msgpack.unpackb(message.data, raw=False)
                 scan.rows = len(payload["columns"]["index"])
+                if scan.values is not None:
+                    cols = payload["columns"]
+                    scan.values.episode(path.name, scan.episode, {
+                        k: cols[k] for k in (*scan.values.floats, "timestamp") if k in cols and cols[k] is not None})
                 if payload["metadata"].get("fps") != fps:
                     report.errors.append(f"{path.name}: metadata fps {payload['metadata'].get('fps')}")
                 if scan.sample[0] is None and state_key and action_key:

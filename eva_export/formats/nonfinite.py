@@ -1,18 +1,21 @@
-"""Non-finite values (NaN, +/-inf) in an accepted subset: refused, or kept on purpose.
+"""Non-finite values (NaN, +/-inf) in an accepted subset: cut out, refused, or kept on purpose.
 
 A training user expects an accepted set to be finite: one NaN reaches the loss, and LeRobot's
 own merge turns NaN into null, after which LeRobot cannot load the result. So before any format
 is written, the staged accepted subset's numeric columns are scanned, and ``export.nonfinite``
 decides:
 
-* ``keep_passed`` (default): refuse the export, naming each episode an operator did not pass
-  (its raw dataset, file and episode); an episode with qc_verdict "pass" was judged by someone
-  who saw the flag: its values are kept exactly (never rewritten, never nulled) and listed in
-  quality_split.json and the dataset card.
+* ``finite_runs`` (default): an episode an operator passed (qc_verdict "pass": someone saw the
+  flag) is exported as its finite runs, each a full episode naming the source episode and frame
+  range (export/finite_runs.py); nothing is filled in. An accepted episode nobody passed is
+  refused, naming its raw dataset, file and episode.
+* ``keep_passed``: as ``finite_runs`` for the refusal, but a passed episode's values are kept
+  exactly (never rewritten, never nulled): for consumers that mask; it will not train as is.
 * ``refuse``: refuse whenever any accepted episode holds a non-finite value.
-* ``keep``: keep every such episode as it is; still listed in the marker and the card.
+* ``keep``: keep every such episode as it is (it will not train as is).
 
-The rejected subset is not checked: it is kept for review, not for training.
+Kept episodes are listed in quality_split.json and the card; so are cut ones. The rejected
+subset is not checked: it is kept for review, not for training.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ _FLOAT_DTYPES = ("float16", "float32", "float64")
 class NonFinitePolicy(StrEnum):
     """The values of ``export.nonfinite``."""
 
+    FINITE_RUNS = "finite_runs"
     KEEP_PASSED = "keep_passed"
     REFUSE = "refuse"
     KEEP = "keep"
@@ -195,24 +199,31 @@ def decide(found: list[NonFiniteEpisode], policy: str, fmt: str) -> list[NonFini
         return list(found)
     shown = "; ".join(e.describe() for e in refused[:10])
     more = f"; ... ({len(refused) - 10} more)" if len(refused) > 10 else ""
-    hint = ("pass each episode after review (eva-export review SRC --episodes N --verdict pass) to keep its values "
-            "as they are, or fail it to move it to rejected" if pol == NonFinitePolicy.KEEP_PASSED
-            else "set export.nonfinite to keep_passed or keep to export them")
+    hint = ("pass each episode after review (eva-export review SRC --episodes N --verdict pass) to export it "
+            + ("as its finite runs" if pol == NonFinitePolicy.FINITE_RUNS else "with its values as they are")
+            + ", or fail it to move it to rejected" if pol != NonFinitePolicy.REFUSE
+            else "set export.nonfinite to finite_runs, keep_passed or keep to export them")
     raise ExportError(f"{fmt} export refused: the accepted subset holds NaN/inf values in {len(refused)} episode(s) "
                       f"(export.nonfinite = {pol.value}): {shown}{more}. Nothing was written; {hint}")
 
 
-def check_accepted(root: Path, policy: str, fmt: str, known: KnownCounts | None = None) -> list[NonFiniteEpisode]:
-    """Scan the staged accepted subset (``known``: scan_subset's), apply ``policy``, and record
-    the kept episodes in its marker.
+def record_kept(root: Path, kept: list[NonFiniteEpisode]) -> None:
+    """Record the kept episodes in the subset's marker.
 
     The marker is rewritten every run (its list replaced, not appended), so a resumed export
     states exactly what this run kept; every exporter copies it, and the card shows it.
     """
-    kept = decide(scan_subset(root, known), policy, fmt)
     marker = QualitySplit.read(root)
     # an empty list says "checked, none kept"; an absent key (an export made without the check) says nothing
     extra = {**marker.extra, NONFINITE_KEY: [e.to_dict() for e in kept]}
     if extra != marker.extra:
         dataclasses.replace(marker, extra=extra).write(root)
-    return kept
+
+
+def check_accepted(root: Path, policy: str, fmt: str, known: KnownCounts | None = None) -> list[NonFiniteEpisode]:
+    """Scan the staged accepted subset (``known``: scan_subset's), apply ``policy`` (the
+    episodes it keeps as they are are recorded in the marker) and return the found ones that
+    passed it: kept as they are, or under ``finite_runs`` to be cut (export/finite_runs.py)."""
+    found = decide(scan_subset(root, known), policy, fmt)
+    record_kept(root, [] if policy == NonFinitePolicy.FINITE_RUNS else found)
+    return found

@@ -19,14 +19,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
-from ..dataset.meta import STATS
 from ..dataset.records import DatasetInfo
 from ..errors import ExportError, VideoError
-from ..fsutil import read_json
 from .base import VerifyReport
 from .checks import check_image_rows, check_sample, check_totals, start_report
 from .images import decode_png
 from .source import column_numpy, state_action_keys
+from .train_checks import ValueCheck, check_stats
 from .v3_layout import CODEBASE_V30, FORMAT, TASKS_PARQUET
 from .v3_timing import shard_timing_problems
 
@@ -34,12 +33,13 @@ LOCATOR_COLUMNS = ("episode_index", "tasks", "length", "data/chunk_index", "data
                    "dataset_from_index", "dataset_to_index")
 
 
-def read_columns(path: Path, columns: list[str] | None = None) -> pa.Table:
-    """``columns`` of a Parquet file (all when None). Not pq.read_table: its dataset layer imports
-    pyarrow.compute (0.2-0.4 s of a verify that reads a few small files) and resolves the path's
-    filesystem on every call."""
+def read_columns(path: Path, columns: list[str] | None = None, optional: tuple[str, ...] = ()) -> pa.Table:
+    """``columns`` of a Parquet file (all when None), plus those of ``optional`` it holds. Not
+    pq.read_table: its dataset layer imports pyarrow.compute (0.2-0.4 s of a verify that reads a
+    few small files) and resolves the path's filesystem on every call."""
     with pa.OSFile(str(path)) as fh, pq.ParquetFile(fh) as pf:  # never over a Python file object
         if columns is not None:
+            columns = [*columns, *(c for c in optional if c in pf.schema_arrow.names and c not in columns)]
             lacking = [c for c in columns if c not in pf.schema_arrow.names]
             if lacking:
                 raise pa.ArrowInvalid(f"{path.name} lacks the columns {lacking}")
@@ -117,17 +117,7 @@ def verify_v3(root: Path) -> VerifyReport:
                              f"matching index, {len(video_files)} video shard(s) whose frame counts match the "
                              "from/to timestamps")
     _check_tasks(report, root, info, eps)
-    try:
-        stats = read_json(root / STATS)
-        missing = [k for k in info["features"] if k not in stats]
-        if not eps and not stats:
-            report.checks.append("stats.json is empty, as an empty subset's must be")
-        elif missing:
-            report.errors.append(f"stats.json lacks {missing}")
-        else:
-            report.checks.append("stats.json covers every feature (cameras included)")
-    except (OSError, ValueError) as exc:
-        report.errors.append(f"stats.json unreadable ({exc})")
+    check_stats(report, root, info, empty=not eps)
     _real_read(report, root, info, eps, data_files)
     return report
 
@@ -198,12 +188,14 @@ def _check_tasks(report: VerifyReport, root: Path, info: dict[str, Any], eps: li
 
 def _check_data_shards(report: VerifyReport, root: Path, info: dict[str, Any],
                        data_files: dict[tuple[int, int], list[dict[str, Any]]]) -> None:
-    """Row counts, the global index and episode_index of every data shard."""
+    """Row counts, the global index and episode_index of every data shard; every episode's
+    float features and timestamps (train_checks)."""
     data_rows = 0
+    values = ValueCheck(root, info)
     for (chunk, file), members in sorted(data_files.items()):
         path = root / str(info["data_path"]).format(chunk_index=chunk, file_index=file)
         try:
-            t = read_columns(path, ["index", "episode_index"])
+            t = read_columns(path, ["index", "episode_index"], (*values.floats, "timestamp"))
         except (OSError, pa.ArrowException) as exc:
             report.errors.append(f"{path}: unreadable ({exc})")
             continue
@@ -218,6 +210,10 @@ def _check_data_shards(report: VerifyReport, root: Path, info: dict[str, Any],
             part = epi[e["dataset_from_index"] - lo:e["dataset_to_index"] - lo]
             if not np.all(part == e["episode_index"]):
                 report.errors.append(f"{path.name}: rows of episode {e['episode_index']} carry other episode_index")
+            rows = t.slice(e["dataset_from_index"] - lo, e["length"])
+            values.episode(str(path), e["episode_index"], {k: column_numpy(rows, k) for k in rows.column_names
+                                                           if k not in ("index", "episode_index")})
+    values.finish(report)
     if data_rows != info.get("total_frames"):
         report.errors.append(f"data shards hold {data_rows} rows, info.json total_frames {info.get('total_frames')}")
 
