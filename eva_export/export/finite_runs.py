@@ -30,14 +30,13 @@ from ..dataset.records import EpisodeRow, QualitySplit
 from ..dataset.table import to_numpy
 from ..dataset.video import iter_frames
 from ..errors import ExportError
-from ..formats.nonfinite import NonFiniteEpisode, float_keys
+from ..formats.nonfinite import RUNS_KEY, NonFiniteEpisode, float_keys
 from ..fsutil import dumps_json, jsonl_dumps
 from ..sources.cut import cut_episode
 from .assemble import JsonlStream, StatsSum
+from .merge import ORIGINS_KEY
 from .units import REENCODED_FIELD, write_text
 
-#: quality_split.json key: each source episode cut into finite runs, and what was left out.
-RUNS_KEY = "nonfinite_runs"
 #: episode row field of a run: the source episode and its frame range [from, to).
 RUN_FIELD = "finite_run"
 #: runs shorter than this many frames are dropped (and counted) unless configured otherwise.
@@ -55,11 +54,13 @@ class CutEpisode:
     runs: tuple[tuple[int, int], ...]  # kept [from, to) frame ranges, each now an episode
     dropped_runs: int  # finite runs shorter than the minimum
     dropped_frames: int  # frames left out: non-finite ones and those of dropped runs
+    min_frames: int  # the minimum run length of this export
 
     def to_dict(self) -> dict[str, Any]:
         return {"source_episode_index": self.source_episode_index, "source_file": self.source_file,
                 "features": dict(self.features), "frames": self.frames, "runs": [list(r) for r in self.runs],
-                "dropped_runs": self.dropped_runs, "dropped_frames": self.dropped_frames}
+                "dropped_runs": self.dropped_runs, "dropped_frames": self.dropped_frames,
+                "min_frames": self.min_frames}
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ class _Writer:
         self.total = StatsSum()
         self.episodes = self.frames = 0
         self.sources: list[int] = []
+        self.old: list[int] = []  # each new episode's position in the split's subset
 
     def add(self, table: pa.Table, row: dict[str, Any], stats: dict[str, Any], raw_index: int,
             videos: dict[str, Path], run: tuple[int, int] | None) -> None:
@@ -143,6 +145,7 @@ class _Writer:
             for frame in iter_frames(dst):
                 img.add(frame)
             st[key] = img.to_dict()
+        self.old.append(int(row["episode_index"]))
         row = {**row, "episode_index": new, "length": n}
         if run is not None:
             row[RUN_FIELD] = {"source_episode_index": raw_index, "from_frame": run[0], "to_frame": run[1]}
@@ -166,6 +169,9 @@ class _Writer:
         write_text(out / INFO, dumps_json(info.to_dict()))
         marker = QualitySplit.read(src)
         extra = {**marker.extra, RUNS_KEY: [c.to_dict() for c in cut]}
+        origins = marker.extra.get(ORIGINS_KEY)  # a named export: each episode's source dataset
+        if isinstance(origins, list) and len(origins) == len(self.meta.episodes):
+            extra[ORIGINS_KEY] = [origins[i] for i in self.old]
         dataclasses.replace(marker, source_episode_indices=self.sources, episode_count=self.episodes,
                             frame_count=self.frames, extra=extra).write(out)
         return RunsResult(out, self.episodes, self.frames, tuple(cut))
@@ -207,7 +213,7 @@ def write_runs(src: Path, out: Path, found: list[NonFiniteEpisode], min_frames: 
                 w.add(table.slice(a, b - a), ep.to_dict(), {}, raw, videos, (a, b))
             e = flagged[i]
             cut.append(CutEpisode(e.source_episode_index, e.source_file, e.features, table.num_rows,
-                                  tuple(runs), short, table.num_rows - sum(b - a for a, b in runs)))
+                                  tuple(runs), short, table.num_rows - sum(b - a for a, b in runs), min_frames))
         return w.finish(cut)
     except BaseException:
         w.discard()

@@ -37,7 +37,7 @@ from ..dataset.facts_index import FactsIndex
 from ..dataset.validate import SourceCheck
 from ..errors import ConfigError, EvaError, ExportError
 from ..formats.base import Exporter, Progress
-from ..formats.nonfinite import NonFinitePolicy, check_accepted
+from ..formats.nonfinite import NonFinitePolicy, check_accepted, record_kept, scan_subset
 from ..formats.registry import FormatSpec, get_spec
 from ..fsutil import storage_guard
 from ..jobs import Job, JobEngine, JobKind, JobStore, QueuePolicy, ServiceStatus
@@ -262,7 +262,8 @@ class ExportService:
             self.jobs.update(job_id, unrated_episodes=len(split.unrated), reencoded_episodes=len(split.reencoded))
             # NaN/inf in accepted episodes: cut into finite runs, refused (naming them) or kept and
             # recorded, per export.nonfinite; ``dirs``: the native subsets the format is written from
-            dirs, acc_totals = self._nonfinite(job_id, paths.staging, fmt, split.subsets[ACCEPTED])
+            dirs, acc_totals = self._nonfinite(job_id, paths.staging, fmt, split.subsets[ACCEPTED],
+                                               split.subsets[REJECTED])
             moved = spec.native and fmt not in self.exporters  # the registry's own native exporter
             try:
                 pair = (self._move_native(exporter, paths.staging, faults, dirs) if moved
@@ -280,13 +281,15 @@ class ExportService:
                 "accepted_episodes": acc_totals[0], "accepted_frames": acc_totals[1],
                 "rejected_episodes": rej.episodes, "rejected_frames": rej.frames}
 
-    def _nonfinite(self, job_id: str, staging: Path, fmt: str, acc: Any) -> tuple[dict[str, Path], tuple[int, int]]:
+    def _nonfinite(self, job_id: str, staging: Path, fmt: str, acc: Any, rej: Any) -> tuple[dict[str, Path], tuple[int, int]]:
         """export.nonfinite applied to the staged accepted subset: the native subset directories
         to write the format from, and the accepted (episodes, frames) they hold."""
         policy = self.config.export.nonfinite
         dirs = {name: native_dir(staging, name) for name in SUBSETS}
         runs_dir = staging / "native" / f"{ACCEPTED}_runs"
         found = check_accepted(dirs[ACCEPTED], policy, fmt, acc.nonfinite)
+        # the rejected subset is for review: its NaN/inf are kept as recorded, and said
+        record_kept(dirs[REJECTED], scan_subset(dirs[REJECTED], rej.nonfinite))
         if policy != NonFinitePolicy.FINITE_RUNS or not found:
             shutil.rmtree(runs_dir, ignore_errors=True)  # an earlier run's, under another policy
             if found:

@@ -28,7 +28,7 @@ from ..dataset.meta import EPISODES, INFO
 from ..dataset.records import ACCEPTED, REJECTED, DatasetInfo, EpisodeRow, Quality, QualitySplit, Verdict
 from ..fsutil import atomic_write_text, iter_jsonl, read_json
 from .base import VerifyReport
-from .nonfinite import NONFINITE_KEY, NonFiniteEpisode, kept_of
+from .nonfinite import NONFINITE_KEY, RUNS_KEY, NonFiniteEpisode, kept_of
 
 CARD_FILE = "README.md"
 #: The recordings' licence is the operator's to state; "other" is a licence id the hub accepts.
@@ -259,17 +259,44 @@ def sources(rec: CardRecords) -> list[str]:
 def nonfinite(rec: CardRecords) -> list[str]:
     kept = rec.kept_nonfinite
     lines = ["## Non-finite values", ""]
-    if rec.marker.subset == REJECTED:
+    review = rec.marker.subset == REJECTED
+    if review and NONFINITE_KEY not in rec.marker.extra:
         return [*lines, "Not checked: the rejected subset is kept for review, not for training.", ""]
     if NONFINITE_KEY not in rec.marker.extra:
         return [*lines, "Not checked by this export.", ""]
+    lines += _cut(rec)
     if not kept:
         return [*lines, "None: every numeric value of this subset is finite.", ""]
+    why = ("the rejected subset is kept for review" if review
+           else "an operator passed them or export.nonfinite is keep; this subset will not train as is")
     lines += [f"{len(kept)} episode(s) hold NaN/inf values, kept exactly as recorded (not replaced, not "
-              "nulled) because an operator passed them or export.nonfinite is keep. Mask them before training:", ""]
+              f"nulled) because {why}. Their rows holding them are left out of meta/stats.json (its count "
+              "says how many rows went in). Mask them before training:", ""]
     return lines + _table(["episode", "source episode", "verdict", "NaN/inf values", "source file"],
                           ([e.episode_index, e.source_episode_index, e.qc_verdict or "none",
                             ", ".join(f"{k}: {n}" for k, n in e.features), e.source_file] for e in kept))
+
+
+def _min_run(cut: list[Any]) -> str:
+    return "/".join(sorted({str(c.get("min_frames", "?")) for c in cut if isinstance(c, dict)})) or "?"
+
+
+def _cut(rec: CardRecords) -> list[str]:
+    """The passed episodes exported as their finite runs (export/finite_runs.py's record)."""
+    cut = rec.marker.extra.get(RUNS_KEY)
+    if not isinstance(cut, list) or not cut:
+        return []
+    lines = [f"{len(cut)} passed source episode(s) held NaN/inf values. Each is exported as its finite runs: "
+             f"every run of frames whose numeric values are all finite, at least {_min_run(cut)} frames long, is an "
+             "episode of its own (its row's `finite_run` names the source episode and frame range). Nothing is "
+             "filled in or interpolated; the other frames are left out:", ""]
+    lines += _table(["source episode", "NaN/inf values", "frames", "runs kept [from, to)", "short runs dropped",
+                     "frames left out", "source file"],
+                    ([c.get("source_episode_index"), ", ".join(f"{k}: {n}" for k, n in dict(c.get("features", {})).items()),
+                      c.get("frames"), " ".join(f"[{a}, {b})" for a, b in c.get("runs", [])) or "none",
+                      c.get("dropped_runs"), c.get("dropped_frames"), c.get("source_file")] for c in cut
+                     if isinstance(c, dict)))
+    return [*lines, ""]
 
 
 def render(rec: CardRecords) -> str:
@@ -301,7 +328,9 @@ def _decision_problems(rec: CardRecords) -> list[str]:
         if sum(dec.side(side).values()) != count:
             out.append(f"quality_split.json: {DECISIONS_KEY} count {sum(dec.side(side).values())} {side} "
                        f"episodes, {side}_count says {count}")
-    if sum(dec.side(m.subset).values()) != len(rec.rows):
+    runs = rec.marker.extra.get(RUNS_KEY)  # a source episode cut into finite runs: one row per run
+    extra_rows = sum(len(c.get("runs", [])) - 1 for c in runs if isinstance(c, dict)) if isinstance(runs, list) else 0
+    if sum(dec.side(m.subset).values()) + extra_rows != len(rec.rows):
         out.append(f"quality_split.json: {DECISIONS_KEY} count {sum(dec.side(m.subset).values())} {m.subset} "
                    f"episodes, episodes.jsonl holds {len(rec.rows)}")
     return out

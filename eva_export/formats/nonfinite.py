@@ -42,6 +42,8 @@ from .provenance import RawNames
 
 #: quality_split.json key (the marker's extra) listing the non-finite episodes kept.
 NONFINITE_KEY = "nonfinite_kept"
+#: quality_split.json key: each source episode exported as its finite runs (export/finite_runs.py).
+RUNS_KEY = "nonfinite_runs"
 _FLOAT_DTYPES = ("float16", "float32", "float64")
 
 
