@@ -95,3 +95,37 @@ def replace_video(root: Path, key: str, episode: int, frames: int, width: int = 
     with VideoEncoder(path, width, height, fps, settings) as enc:
         for i in range(frames):
             enc.add(image(episode, i, int(key[-1]), width, height))
+
+
+def complete_stats(root: Path) -> None:
+    """Rewrite a dataset's episodes_stats.jsonl and stats.json with every statistic a trainer
+    needs (quantiles included), computed from its tables and frames: what the quality split
+    writes, for a dataset handed straight to an exporter."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from eva_export.dataset import stats as S
+    from eva_export.dataset.meta import read_meta
+    from eva_export.dataset.table import to_numpy
+    from eva_export.dataset.video import iter_frames
+    from eva_export.formats.images import iter_table_images
+
+    meta = read_meta(root)
+    rows = []
+    for ep in meta.episodes:
+        table = pq.read_table(meta.data_path(ep.episode_index))
+        st: dict[str, Any] = {}
+        for k, f in meta.info.features.items():
+            if f.dtype == "video" or (k in table.column_names and f.is_visual):
+                img = S.ImageStats()
+                frames = (iter_frames(meta.video_path(k, ep.episode_index)) if f.dtype == "video"
+                          else iter_table_images(table, k, k))
+                for frame in frames:
+                    img.add(frame)
+                st[k] = img.to_dict()
+            elif k in table.column_names and f.dtype != "string":
+                st[k] = S.column_stats(to_numpy(table.column(k)))
+        rows.append({"episode_index": ep.episode_index, "stats": st})
+    (root / "meta/episodes_stats.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "meta/stats.json").write_text(json.dumps(S.aggregate(r["stats"] for r in rows)))

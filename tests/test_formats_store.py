@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from dsfactory import Ep, make_dataset, make_subset, state_value
+from dsfactory import Ep, complete_stats, make_dataset, make_subset, state_value
 
 from eva_export.config import ConfigError, parse_config
 from eva_export.dataset.meta import read_meta
@@ -455,6 +455,7 @@ def test_lerobot_written_v21_fixture_exports(tmp_path: Path) -> None:
     meta = read_meta(src)
     QualitySplit(str(src), "accepted", "lerobot_v21", [e.episode_index for e in meta.episodes],
                  episode_count=len(meta.episodes), frame_count=sum(e.length for e in meta.episodes)).write(src)
+    complete_stats(src)  # LeRobot 0.3.3 writes no quantiles and no stats.json; the split computes them
     out = tmp_path / "out"
     ex = EvaStoreExporter(image_codec="png")
     ex.export(src, out)
@@ -484,6 +485,7 @@ def test_parquet_image_column_is_carried(tmp_path: Path) -> None:
         col = pa.array([{"bytes": encode_image(img, "png"), "path": f"frame_{r:06d}.png"} for r, img in enumerate(imgs)],
                        type=pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
         pq.write_table(table.append_column("observation.images.wrist", col), path)
+    complete_stats(src)  # the new camera's statistics, as the split computes them
     out = tmp_path / "out"
     EvaStoreExporter().export(src, out)  # jpeg for the camera; the PNG bytes are carried as they are
     rep = verify_export(out)

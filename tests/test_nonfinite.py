@@ -17,7 +17,7 @@ from eva_export.export.paths import ExportPaths
 from eva_export.export.records import ACCEPTED, REJECTED, QualitySplit
 from eva_export.export.runner import ExportService
 from eva_export.formats.card import CARD_FILE
-from eva_export.formats.nonfinite import NONFINITE_KEY, NonFinitePolicy, kept_of
+from eva_export.formats.nonfinite import NonFinitePolicy, kept_of
 from eva_export.formats.v3_verify import read_episodes_meta
 from eva_export.formats.verify import verify_export
 from eva_export.jobs import COMPLETED, FAILED

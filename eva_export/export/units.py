@@ -27,6 +27,7 @@ from ..dataset.table import to_numpy
 from ..dataset.validate import SourceEpisode
 from ..dataset.video import iter_frames
 from ..errors import DatasetError, ExportError
+from ..formats.images import iter_table_images
 from ..formats.nonfinite import float_keys, table_facts
 from ..fsutil import read_json, set_file_mode
 from ..sources.base import place_video, read_table, staged_video_ok
@@ -143,9 +144,12 @@ def build_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats
     st.update(_recomputed_stats(table, [k for k in info.table_keys if (k in RECOMPUTED_COLUMNS or k not in st
                                                                        or k in flagged)
                                         and k in table.column_names and not info.features[k].is_visual]))
-    for k in info.table_keys:  # a camera carried in the table: the source's, made finite if it is not
-        if info.features[k].is_visual and k in source_stats and k not in st:
-            st[k] = stats_mod.aggregate([{k: source_stats[k]}])[k]
+    for k in info.table_keys:  # a camera carried in the table without complete statistics: its frames'
+        if info.features[k].is_visual and k not in st and k in table.column_names:
+            img = stats_mod.ImageStats()
+            for frame in iter_table_images(table, k, f"{unit_name(p)}: {k}"):
+                img.add(frame)
+            st[k] = img.to_dict()
     del table
     sizes = {}
     reencoded = []

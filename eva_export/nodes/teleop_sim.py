@@ -20,7 +20,8 @@ Deterministic signals, so a recording can be checked against what was sent:
 Fault injection (parameters; times in seconds since the node started, < 0 = off):
 ``freeze_camera`` + ``freeze_after_s`` (repeat one frame), ``drop_camera`` + ``drop_every``
 (skip every k-th frame), ``stop_stream`` + ``stop_after_s`` (state, action, ee_pose or a camera
-name goes silent), ``nan_after_s`` (NaN in state), ``shape_camera`` + ``shape_after_s`` +
+name goes silent), ``nan_after_s`` (NaN in state; with ``nan_every_s`` > 0 only a burst of
+``nan_for_s`` at the start of every period from then on), ``shape_camera`` + ``shape_after_s`` +
 ``shape_width`` / ``shape_height`` (publish another image size), ``compress_jpeg`` (publish
 CompressedImage cameras as JPEG; automatic for cameras configured as CompressedImage).
 Delivery faults (no sample is lost, only published late, in order): ``jitter_s`` (each sample
@@ -166,6 +167,8 @@ class TeleopSim(Node):
         self.stop_stream = str(p("stop_stream", "").value)
         self.stop_after = float(p("stop_after_s", -1.0).value)
         self.nan_after = float(p("nan_after_s", -1.0).value)
+        self.nan_every = float(p("nan_every_s", -1.0).value)
+        self.nan_for = float(p("nan_for_s", 0.0).value)
         self.shape_camera = str(p("shape_camera", "").value)
         self.shape_after = float(p("shape_after_s", -1.0).value)
         self.shape_size = (int(p("shape_width", 0).value), int(p("shape_height", 0).value))
@@ -220,7 +223,8 @@ class TeleopSim(Node):
             if "state" in self.streams and not self._silent("state", t):
                 spec = self.streams["state"]
                 values = n + 0.25 * np.arange(len(spec.names))
-                if 0 <= self.nan_after <= t:
+                if 0 <= self.nan_after <= t and (self.nan_every <= 0
+                                                 or (t - self.nan_after) % self.nan_every < self.nan_for):
                     values[0] = np.nan
                 self.pubs["state"].publish(self._vector_msg(spec, values, stamp))
             if "ee_pose" in self.streams and not self._silent("ee_pose", t):
