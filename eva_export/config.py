@@ -342,8 +342,7 @@ def _sftp(col: dict[str, Any]) -> SftpSettings | None:
 def _export(raw: dict[str, Any], log_dir: Path) -> ExportConfig:
     ex = _take(raw.get("export") or {}, "export",
                {"data_roots", "jobs_dir", "v3_data_file_mb", "v3_video_file_mb", "hdf5_compression",
-                "mcap_compression", "eva_store", "workers", "nonfinite",
-                "nonfinite_min_run"})
+                "mcap_compression", "eva_store", "workers", "nonfinite", "nonfinite_min_run"})
     roots = tuple(Path(r).expanduser().absolute() for r in (ex.get("data_roots") or [log_dir]))
     export = ExportConfig(
         data_roots=roots,
@@ -357,10 +356,9 @@ def _export(raw: dict[str, Any], log_dir: Path) -> ExportConfig:
         nonfinite=str(ex.get("nonfinite", "finite_runs")),
         nonfinite_min_run=int(ex.get("nonfinite_min_run", 10)),
     )
-    if export.nonfinite not in NONFINITE_POLICIES:
-        raise ConfigError(f"export.nonfinite must be one of {list(NONFINITE_POLICIES)}, got {export.nonfinite!r}")
-    if export.nonfinite_min_run < 1:
-        raise ConfigError(f"export.nonfinite_min_run must be at least 1 frame, got {export.nonfinite_min_run}")
+    if export.nonfinite not in NONFINITE_POLICIES or export.nonfinite_min_run < 1:
+        raise ConfigError(f"export.nonfinite must be one of {list(NONFINITE_POLICIES)} (got {export.nonfinite!r}) "
+                          f"and export.nonfinite_min_run at least 1 frame (got {export.nonfinite_min_run})")
     if export.hdf5_compression not in ("", "lzf", "gzip"):
         raise ConfigError("export.hdf5_compression must be '', 'lzf' or 'gzip'")
     if export.mcap_compression not in ("lz4", "zstd", "none"):

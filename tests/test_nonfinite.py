@@ -125,6 +125,8 @@ def test_the_option_is_checked_and_matches_the_policies() -> None:
     assert parse_config({"collection": {"log_dir": "/tmp/x"}}).export.nonfinite == "finite_runs"
     with pytest.raises(ConfigError, match=r"export.nonfinite must be one of \['finite_runs', 'keep_passed', 'refuse', 'keep'\]"):
         parse_config({"collection": {"log_dir": "/tmp/x"}, "export": {"nonfinite": "null"}})
+    with pytest.raises(ConfigError, match=r"export.nonfinite_min_run at least 1 frame \(got 0\)"):
+        parse_config({"collection": {"log_dir": "/tmp/x"}, "export": {"nonfinite_min_run": 0}})
 
 
 # ---- the units' own counts (issue 28): the scan reads a staged table only when they do not apply

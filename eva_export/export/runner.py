@@ -285,7 +285,7 @@ class ExportService:
         """export.nonfinite applied to the staged accepted subset: the native subset directories
         to write the format from, and the accepted (episodes, frames) they hold."""
         policy = self.config.export.nonfinite
-        dirs = {name: native_dir(staging, name) for name in SUBSETS}
+        dirs: dict[str, Path] = {str(name): native_dir(staging, name) for name in SUBSETS}
         runs_dir = staging / "native" / f"{ACCEPTED}_runs"
         found = check_accepted(dirs[ACCEPTED], policy, fmt, acc.nonfinite)
         # the rejected subset is for review: its NaN/inf are kept as recorded, and said
@@ -296,11 +296,11 @@ class ExportService:
                 self.jobs.update(job_id, nonfinite_kept_episodes=len(found), warning=(
                     f"{len(found)} accepted episode(s) hold NaN/inf values kept as recorded (export.nonfinite = "
                     f"{policy}): the accepted subset will not train as is; see meta/quality_split.json"))
-            return dirs, (acc.episodes, acc.frames)
+            return dirs, (int(acc.episodes), int(acc.frames))
         runs = write_runs(dirs[ACCEPTED], runs_dir, found, self.config.export.nonfinite_min_run)
         dropped = sum(c.dropped_frames for c in runs.cut)
         self.jobs.update(job_id, nonfinite_cut_episodes=len(runs.cut), nonfinite_dropped_frames=dropped)
-        return {**dirs, ACCEPTED: runs.dir}, (runs.episodes, runs.frames)
+        return {**dirs, str(ACCEPTED): runs.dir}, (runs.episodes, runs.frames)
 
     def _staging_left(self, job: Job) -> dict[str, Any]:
         """A failed job names the staging it leaves (kept for resume) and its size."""

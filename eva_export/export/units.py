@@ -136,20 +136,7 @@ def build_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats
     os.replace(tmp, data)
     # counted from the table as written: the accepted subset's NaN/inf scan need not read it back
     nonfinite = table_facts(table, float_keys(info), os.stat(data))
-    # Statistics: keep the source's, recompute the columns whose values changed, or whose
-    # statistics are missing, lack a quantile, hold a non-finite number or may have taken a
-    # non-finite value in (dataset.stats: only finite rows go in)
-    st: dict[str, Any] = {k: v for k, v in source_stats.items() if trusted_stats(v)}
-    flagged = {k for k, _ in nonfinite.counts}
-    st.update(_recomputed_stats(table, [k for k in info.table_keys if (k in RECOMPUTED_COLUMNS or k not in st
-                                                                       or k in flagged)
-                                        and k in table.column_names and not info.features[k].is_visual]))
-    for k in info.table_keys:  # a camera carried in the table without complete statistics: its frames'
-        if info.features[k].is_visual and k not in st and k in table.column_names:
-            img = stats_mod.ImageStats()
-            for frame in iter_table_images(table, k, f"{unit_name(p)}: {k}"):
-                img.add(frame)
-            st[k] = img.to_dict()
+    st = _unit_stats(table, info, source_stats, {k for k, _ in nonfinite.counts}, unit_name(p))
     del table
     sizes = {}
     reencoded = []
@@ -170,6 +157,24 @@ def build_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats
     rec.parent.mkdir(parents=True, exist_ok=True)
     write_text(rec, json.dumps(UnitRecord(src.index, p.new_index, n, p.offset, row, st, sizes, nonfinite).to_dict()))
     return nonfinite.file[2] + sum(sizes.values())
+
+
+def _unit_stats(table: pa.Table, info: DatasetInfo, source_stats: dict[str, Any], flagged: set[str],
+                where: str) -> dict[str, Any]:
+    """The unit's statistics: the source's kept, recomputed for the columns whose values changed,
+    or whose statistics are missing, lack a quantile, hold a non-finite number or may have taken
+    a non-finite value in (``flagged``; dataset.stats: only finite rows go in)."""
+    st: dict[str, Any] = {k: v for k, v in source_stats.items() if trusted_stats(v)}
+    st.update(_recomputed_stats(table, [k for k in info.table_keys if (k in RECOMPUTED_COLUMNS or k not in st
+                                                                       or k in flagged)
+                                        and k in table.column_names and not info.features[k].is_visual]))
+    for k in info.table_keys:  # a camera carried in the table without complete statistics: its frames'
+        if info.features[k].is_visual and k not in st and k in table.column_names:
+            img = stats_mod.ImageStats()
+            for frame in iter_table_images(table, k, f"{where}: {k}"):
+                img.add(frame)
+            st[k] = img.to_dict()
+    return st
 
 
 def trusted_stats(entry: Any) -> bool:
