@@ -264,3 +264,27 @@ def test_verify_refuses_unrecorded_non_finite_values_and_off_grid_timestamps(tmp
     assert any(f"{path}: episode 1: action holds 1 NaN/inf value(s) that meta/quality_split.json does not record"
                in e for e in errors), errors
     assert any(f"{path}: episode 1: timestamp of frame 5 is" in e and "off the 1/30 s grid" in e for e in errors), errors
+
+
+def test_the_raw_datasets_own_statistics_are_finite(tmp_path: Path) -> None:
+    """The capture writer's stats: a joint NaN in every frame and an action NaN burst."""
+    from dsfactory import features, image
+
+    from eva_export.dataset.writer import DatasetWriter
+
+    dw = DatasetWriter.open(tmp_path / "raw", fps=30, features=features(1, 32, 24), robot_type="test")
+    w = dw.begin_episode("pick the cube")
+    for f in range(20):
+        s = state_value(0, f)
+        s[0] = np.nan  # one joint never reports
+        a = -state_value(0, f)
+        if 5 <= f < 8:
+            a[:] = np.inf
+        w.add_frame({"observation.state": s, "action": a, "capture_time": 1000.0 + f / 30},
+                    {"observation.images.cam0": image(0, f, 0, 32, 24)})
+    w.finish()
+    dw.commit(w, {"quality": "red", "quality_issues": RED})
+    assert_all_finite(tmp_path / "raw")
+    stats = json.loads((tmp_path / "raw/meta/stats.json").read_text())
+    assert stats["observation.state"]["count"] == [0]  # no row went in: identity numbers, said by the count
+    assert stats["action"]["count"] == [17] and stats["action"]["max"][0] == 0.0  # frames 5-7 left out

@@ -26,10 +26,11 @@ import pyarrow.parquet as pq
 
 from ..dataset import stats as stats_mod
 from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS, DatasetMeta, read_meta
-from ..dataset.records import EpisodeRow, QualitySplit
+from ..dataset.records import DatasetInfo, EpisodeRow, QualitySplit
 from ..dataset.table import to_numpy
 from ..dataset.video import iter_frames
 from ..errors import ExportError
+from ..formats.images import iter_table_images
 from ..formats.nonfinite import RUNS_KEY, NonFiniteEpisode, float_keys
 from ..fsutil import dumps_json, jsonl_dumps
 from ..sources.cut import cut_episode
@@ -102,6 +103,24 @@ def _set(table: pa.Table, name: str, values: np.ndarray[Any, Any]) -> pa.Table:
     return table.set_column(i, table.schema.field(i), pa.array(values.astype(typ.to_pandas_dtype()), type=typ))
 
 
+def _table_stats(table: pa.Table, info: DatasetInfo, run: bool) -> dict[str, Any]:
+    """A run's statistics of every table column (cameras carried in it from their frames); an
+    episode kept whole only needs its renumbered index columns' again."""
+    keys = [k for k in info.table_keys if k in table.column_names]
+    if not run:
+        keys = [k for k in ("episode_index", "index") if k in keys]
+    out: dict[str, Any] = {}
+    for k in keys:
+        if not info.features[k].is_visual:
+            out[k] = stats_mod.column_stats(to_numpy(table.column(k)))
+            continue
+        img = stats_mod.ImageStats()
+        for frame in iter_table_images(table, k, k):
+            img.add(frame)
+        out[k] = img.to_dict()
+    return out
+
+
 class _Writer:
     """Writes the new subset one episode at a time (rows, stats and totals streamed)."""
 
@@ -128,9 +147,7 @@ class _Writer:
         data = self.out / info.data_file(new)
         data.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(table, data)
-        keys = [k for k in info.table_keys if k in table.column_names]
-        redo = keys if run is not None else [k for k in ("episode_index", "index") if k in keys]
-        st = {**stats, **{k: stats_mod.column_stats(to_numpy(table.column(k))) for k in redo}}
+        st = {**stats, **_table_stats(table, info, run is not None)}
         reencoded = []
         for key, src in videos.items():
             dst = self.out / info.video_file(key, new)
