@@ -36,13 +36,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-# The torchvision wheel of these venvs is a CUDA build: on CPU torch its import fails unless the
-# two op schemas LeRobot never calls are declared first (as tools/lerobot_reader_check.py does).
+# The torchvision wheel of the 0.3/0.4 venvs is a CUDA build: on CPU torch its import fails unless
+# the two op schemas LeRobot never calls are declared first (as tools/lerobot_reader_check.py does).
 BOOT = """
 import sys, torch
-_lib = torch.library.Library("torchvision", "FRAGMENT")
-_lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-_lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+if torch.__version__.endswith("+cpu"):  # beside a CUDA torchvision; a matching pair imports as it is
+    _lib = torch.library.Library("torchvision", "FRAGMENT")
+    _lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    _lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
 from lerobot.scripts.lerobot_train import main
 sys.argv = ["lerobot-train", *sys.argv[1:]]
 sys.exit(main())
