@@ -60,11 +60,11 @@ def plan_camera(meta: DatasetMeta, episode_index: int, key: str) -> CameraPlan:
 
 
 def _h264_in_order(path: Path) -> bool:
-    """H.264 whose packets are stored in presentation order (no B-frames)."""
+    """H.264 without B-frames or a reorder delay: each packet decodes to its own frame at once."""
     try:
         with av.open(str(path)) as container:
             stream = container.streams.video[0]
-            if stream.codec_context.codec.name != "h264":
+            if stream.codec_context.codec.name != "h264" or stream.codec_context.has_b_frames:
                 return False
             last = None
             for packet in container.demux(stream):
