@@ -21,7 +21,6 @@ import pyarrow as pa
 import simplejpeg
 from foxglove_schemas_protobuf.CompressedImage_pb2 import CompressedImage
 from foxglove_schemas_protobuf.CompressedVideo_pb2 import CompressedVideo
-from google.protobuf.message import Message
 from mcap_protobuf.schema import build_file_descriptor_set
 
 from ...dataset.meta import DatasetMeta
@@ -124,8 +123,8 @@ def _jpeg(frame: Any) -> bytes:
 
 
 def camera_message(schema: str, frame_id: str, stamp_ns: int, fmt: str, data: bytes) -> bytes:
-    msg: Message = (CompressedVideo if schema == VIDEO_SCHEMA else CompressedImage)(
+    msg: Any = (CompressedVideo if schema == VIDEO_SCHEMA else CompressedImage)(
         frame_id=frame_id, data=data, format=fmt)
-    msg.timestamp.FromNanoseconds(stamp_ns)  # type: ignore[attr-defined]
+    msg.timestamp.FromNanoseconds(stamp_ns)
     out: bytes = msg.SerializeToString()
     return out

@@ -92,7 +92,7 @@ def verify_viewer(root: Path) -> VerifyReport:
             f"mcap-protobuf-support / mcap-ros2-support; cameras {feats.visual_keys} decode to one frame per row; "
             f"JointState channels {numeric_keys(feats.features)} with their names; sequences and stamps on the fps grid")
     check_totals(report, info, len(episodes), rows_total, "the MCAP files")
-    check_sample(report, *sample, where="episode 0 (mcap reader with the protobuf and ROS 2 decoders)",
+    check_sample(report, sample[0], sample[1], sample[2], where="episode 0 (mcap reader with the protobuf and ROS 2 decoders)",
                  empty=not episodes)
     return report
 

@@ -84,7 +84,7 @@ class McapViewerExporter:
             joints = self._joint_channels(w, meta)
             w.add_metadata(METADATA_NAME, episode_metadata(meta, ep))
             self._write_messages(w, meta, ep, table, plans, cams, joints)
-            w.finish()
+            w.finish()  # type: ignore[no-untyped-call]  # mcap's Writer.finish has no annotations
         return None  # the manifest hashes the file when it is recorded
 
     @staticmethod
