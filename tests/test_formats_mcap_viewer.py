@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from dsfactory import Ep, make_subset, replace_video
 from mcap.reader import make_reader
+from mcap.writer import Writer
 from mcap_protobuf.decoder import DecoderFactory as ProtobufDecoders
 from mcap_ros2.decoder import DecoderFactory as Ros2Decoders
 from short_videos import short_subset
@@ -30,6 +31,7 @@ from eva_export.errors import ExportError
 from eva_export.export.records import QualitySplit
 from eva_export.export.runner import ExportService
 from eva_export.formats.images import decode_png
+from eva_export.formats.mcap_viewer import layout
 from eva_export.formats.mcap_viewer.writer import McapViewerExporter
 from eva_export.formats.verify import verify_export
 from eva_export.jobs import COMPLETED
@@ -263,3 +265,49 @@ def test_resume_keeps_finished_episode_files(tmp_path: Path) -> None:
     ex = export(src, out)
     assert ex.resumed == [0]
     assert McapViewerExporter().verify(out).ok
+
+
+def test_a_value_that_differs_from_the_source_fails_the_export(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The read-back compares every decoded value with the source table: an encoder that writes
+    one wrong value (frame 3 of the action) is caught before the file is renamed into place."""
+    src = make_subset(tmp_path / "src", [Ep(frames=6)], "accepted", fps=FPS)
+    encode = layout.JointStateCdr.encode
+
+    def wrong_on_frame_3(self: layout.JointStateCdr, stamp_ns: int, values: Any) -> bytes:
+        if stamp_ns == layout.frame_time_ns(3, FPS) and self._dims == 6 and float(values[0]) < 0:
+            values = np.asarray(values) + 1.0
+        return encode(self, stamp_ns, values)
+
+    monkeypatch.setattr(layout.JointStateCdr, "encode", wrong_on_frame_3)
+    with pytest.raises(ExportError, match=r"episode 0: episode_000000.mcap read back: /action frame 3: values"):
+        export(src, tmp_path / "out")
+    assert not list((tmp_path / "out").rglob("*.mcap*"))
+
+
+def test_a_file_missing_a_message_is_refused(tmp_path: Path) -> None:
+    """A file whose CRCs are fine but that lost one camera message: the verifier counts it."""
+    src = make_subset(tmp_path / "src", [Ep(frames=6)], "accepted", fps=FPS)
+    out = tmp_path / "out"
+    export(src, out)
+    path = out / "data/chunk-000/episode_000000.mcap"
+    with open(path, "rb") as fh:
+        reader = make_reader(fh)
+        summary = reader.get_summary()
+        header = reader.get_header()
+        kept = [(c.id, m) for _, c, m in reader.iter_messages(log_time_order=False)
+                if not (c.topic == "/observation.images.cam1" and m.sequence == 5)]
+        metadata = list(reader.iter_metadata())
+    with open(path, "wb") as fh:
+        w = Writer(fh)
+        w.start(profile=header.profile, library=header.library)
+        for s in summary.schemas.values():
+            w.register_schema(s.name, s.encoding, s.data)
+        for c in summary.channels.values():
+            w.register_channel(c.topic, c.message_encoding, c.schema_id, c.metadata)
+        for m in metadata:
+            w.add_metadata(m.name, m.metadata)
+        for cid, m in kept:
+            w.add_message(cid, m.log_time, m.data, m.publish_time, m.sequence)
+        w.finish()
+    errors = McapViewerExporter().verify(out).errors
+    assert any("/observation.images.cam1: 5 messages, episode length 6" in e for e in errors), errors

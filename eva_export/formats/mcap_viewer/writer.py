@@ -1,6 +1,7 @@
 """The ``mcap_foxglove`` exporter: one viewer-profile MCAP file per episode (layout.py).
 
-Runs the same per-episode loop as hdf5 and the eva-client mcap (episode_files.py): each file is
+Each file is read back through the viewers' decoders and compared with its source before it
+is renamed into place (readback.py). Runs the same per-episode loop as hdf5 and the eva-client mcap (episode_files.py): each file is
 written as ``.episode_NNNNNN.mcap.partial`` and renamed when closed, a finished file is kept
 by a resumed run, and the common meta files and the quality marker come last. A camera with
 fewer or more frames than the table's rows fails the export, naming the episode, the camera
@@ -37,6 +38,7 @@ from .layout import (
     numeric_keys,
     topic,
 )
+from .readback import check_episode_file
 
 CHUNK_SIZE = 4 * 1024 * 1024
 _COMPRESSION = {"lz4": CompressionType.LZ4, "zstd": CompressionType.ZSTD, "none": CompressionType.NONE}
@@ -85,6 +87,7 @@ class McapViewerExporter:
             w.add_metadata(METADATA_NAME, episode_metadata(meta, ep))
             self._write_messages(w, meta, ep, table, plans, cams, joints)
             w.finish()  # type: ignore[no-untyped-call]  # mcap's Writer.finish has no annotations
+        check_episode_file(tmp, meta, ep, table, plans)
         return None  # the manifest hashes the file when it is recorded
 
     @staticmethod
