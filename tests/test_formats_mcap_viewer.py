@@ -311,3 +311,15 @@ def test_a_file_missing_a_message_is_refused(tmp_path: Path) -> None:
         w.finish()
     errors = McapViewerExporter().verify(out).errors
     assert any("/observation.images.cam1: 5 messages, episode length 6" in e for e in errors), errors
+
+
+def test_a_column_wider_or_narrower_than_its_names_is_a_named_error(tmp_path: Path) -> None:
+    src = make_subset(tmp_path / "src", [Ep(frames=4)], "accepted", fps=FPS)
+    info = json.loads((src / "meta/info.json").read_text())
+    info["features"]["action"]["shape"] = [7]
+    info["features"]["action"]["names"] = [f"joint_{j}" for j in range(7)]
+    (src / "meta/info.json").write_text(json.dumps(info))
+    with pytest.raises(ExportError, match=r"episode 0: .*episode_000000.parquet: column 'action' holds 6 values per "
+                                          r"row, info.json declares 7"):
+        export(src, tmp_path / "out")
+    assert not list((tmp_path / "out").rglob("*.mcap*"))

@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 from mcap.exceptions import McapError
 from mcap.reader import make_reader
 from mcap.writer import CompressionType, Writer
+from numpy.typing import NDArray
 
 from ...dataset.meta import DatasetMeta
 from ...dataset.records import EpisodeRow, QualitySplit
@@ -112,7 +114,7 @@ class McapViewerExporter:
                         joints: dict[str, tuple[int, JointStateCdr]]) -> None:
         """Frame by frame: every camera, then every numeric feature, at the frame's stamp."""
         fps, rows = meta.info.fps, table.num_rows
-        values = {k: column_numpy(table, k).reshape(rows, -1) for k in joints}
+        values = {k: feature_values(meta, ep, table, k) for k in joints}
         iters = {p.key: (p, camera_payloads(meta, ep.episode_index, table, p)) for p in plans}
         try:
             for i in range(rows):
@@ -134,6 +136,20 @@ class McapViewerExporter:
         finally:
             for _, it in iters.values():
                 getattr(it, "close", lambda: None)()
+
+
+def feature_values(meta: DatasetMeta, ep: EpisodeRow, table: pa.Table, key: str) -> NDArray[np.float64]:
+    """A numeric feature's column as (rows, dims) float64, dims as many as its names."""
+    dims = len(dimension_names(key, meta.info.features[key]))
+    try:
+        values = np.asarray(column_numpy(table, key), dtype=np.float64).reshape(table.num_rows, -1)
+    except (ValueError, TypeError) as exc:
+        raise ExportError(f"episode {ep.episode_index}: {meta.data_path(ep.episode_index)}: column {key!r} is "
+                          f"not a fixed-size numeric vector ({exc})") from exc
+    if values.shape[1] != dims:
+        raise ExportError(f"episode {ep.episode_index}: {meta.data_path(ep.episode_index)}: column {key!r} holds "
+                          f"{values.shape[1]} values per row, info.json declares {dims}")
+    return values
 
 
 def _where(plan: CameraPlan) -> str:
