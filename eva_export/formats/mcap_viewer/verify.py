@@ -152,20 +152,22 @@ def _camera_message(cam: _Camera, schema: str, msg: Any, log_time: int) -> None:
         if cam.codec is None:
             cam.codec = av.CodecContext.create("h264", "r")
         for f in cam.codec.decode(av.Packet(msg.data)):
-            _frame(cam, f.to_ndarray(format="rgb24"), where)
+            _frame(cam, f, where)
     else:
         if msg.format not in ("png", "jpeg"):
             raise ExportError(f"{where}: image format {msg.format!r}, expected png or jpeg")
         _frame(cam, decode_png(msg.data, where), where)
 
 
-def _frame(cam: _Camera, rgb: Any, where: str) -> None:
-    if rgb.shape[:2] != tuple(cam.shape):
-        raise ExportError(f"{where}: frame {rgb.shape[1]}x{rgb.shape[0]}, the feature is "
-                          f"{cam.shape[1]}x{cam.shape[0]}")
+def _frame(cam: _Camera, frame: Any, where: str) -> None:
+    """One decoded frame (a PyAV frame, or RGB pixels): its size checked; the first kept as RGB
+    for the real read (converting every frame would only cost time)."""
+    h, w = (frame.height, frame.width) if isinstance(frame, av.VideoFrame) else frame.shape[:2]
+    if (h, w) != tuple(cam.shape):
+        raise ExportError(f"{where}: frame {w}x{h}, the feature is {cam.shape[1]}x{cam.shape[0]}")
     cam.frames += 1
     if cam.first is None:
-        cam.first = np.asarray(rgb)
+        cam.first = frame.to_ndarray(format="rgb24") if isinstance(frame, av.VideoFrame) else np.asarray(frame)
 
 
 def _joint_message(scan: _Scan, key: str, msg: Any, log_time: int) -> None:
@@ -183,7 +185,7 @@ def _check_counts(scan: _Scan, ep: EpisodeRow) -> None:
     for cam in scan.cameras.values():
         if cam.codec is not None:
             for f in cam.codec.decode(None):  # frames the decoder still holds
-                _frame(cam, f.to_ndarray(format="rgb24"), f"{topic(cam.key)} (end)")
+                _frame(cam, f, f"{topic(cam.key)} (end)")
     for key in [*scan.cameras, *scan.joints]:
         if scan.counts.get(key, 0) != ep.length:
             scan.problems.append(f"{topic(key)}: {scan.counts.get(key, 0)} messages, episode length {ep.length}")
