@@ -49,7 +49,9 @@ _COMPRESSION = {"lz4": CompressionType.LZ4, "zstd": CompressionType.ZSTD, "none"
 def episode_metadata(meta: DatasetMeta, ep: EpisodeRow) -> dict[str, str]:
     """The metadata record: the episode row and why it is in this subset (all values strings)."""
     qs = QualitySplit.read(meta.root)
-    pos = next((i for i, e in enumerate(meta.episodes) if e.episode_index == ep.episode_index), -1)
+    pos = ep.episode_index  # a renumbered subset: the row's position (a scan per episode is quadratic)
+    if not (0 <= pos < len(meta.episodes) and meta.episodes[pos].episode_index == pos):
+        pos = next((i for i, e in enumerate(meta.episodes) if e.episode_index == ep.episode_index), -1)
     source = qs.source_episode_indices[pos] if 0 <= pos < len(qs.source_episode_indices) else None
     row = {**to_plain(ep.to_dict()), "subset": qs.subset, "source_episode_index": source,
            "fps": meta.info.fps, "dataset_format": FORMAT, "robot_type": meta.info.robot_type}
