@@ -322,3 +322,17 @@ def test_a_column_wider_or_narrower_than_its_names_is_a_named_error(tmp_path: Pa
                                           r"row, info.json declares 7"):
         export(src, tmp_path / "out")
     assert not list((tmp_path / "out").rglob("*.mcap*"))
+
+
+@pytest.mark.parametrize(("shape", "names", "want"), [
+    ((3,), ["a", "b", "c"], ["a", "b", "c"]),
+    ((2,), {"motors": ["left", "right"]}, ["left", "right"]),  # LeRobot's dict form
+    ((2,), ["same", "same"], ["k[0]", "k[1]"]),  # duplicates would merge two series
+    ((2,), ["only_one"], ["k[0]", "k[1]"]),
+    ((2, 2), None, ["k[0]", "k[1]", "k[2]", "k[3]"]),
+    ((), None, ["k[0]"]),
+])
+def test_dimension_names(shape: tuple[int, ...], names: Any, want: list[str]) -> None:
+    from eva_export.dataset.records import Feature
+
+    assert layout.dimension_names("k", Feature("float32", shape, names)) == want
