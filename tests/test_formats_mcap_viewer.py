@@ -85,7 +85,7 @@ def test_values_frames_and_metadata_equal_the_source(tmp_path: Path) -> None:
     for ep, n in enumerate([7, 5]):
         header, msgs, records = read_file(out / f"data/chunk-000/episode_{ep:06d}.mcap")
         assert header.profile == "eva-viewer" and header.library.startswith("eva-export ")
-        assert set(msgs) == {f"/{k}" for k in CAMS + NUMERIC}
+        assert set(msgs) == {f"/{k}" for k in CAMS + NUMERIC} | {"/eva_export/episode"}
         table = pq.read_table(src / f"data/chunk-000/episode_{ep:06d}.parquet")
         stamps = [i * 1_000_000_000 // FPS for i in range(n)]
         for key in NUMERIC:
@@ -113,6 +113,12 @@ def test_values_frames_and_metadata_equal_the_source(tmp_path: Path) -> None:
         assert rec.get("note", "") == rows[ep].get("note", "")
         if ep == 1:
             assert json.loads(rec["quality_issues"])[0]["code"] == "dropped_frames"
+        [(schema, message, text)] = msgs["/eva_export/episode"]
+        assert schema == "std_msgs/msg/String" and message.log_time == 0
+        assert text.data.startswith(f"accepted episode {ep} (raw episode {[3, 8][ep]}), {n} frames at {FPS} fps\n")
+        assert f"operator: {rows[ep].get('qc_verdict') or 'no verdict'}" in text.data
+        record = json.loads(text.data.split("\n\n", 1)[1])  # the metadata record, as JSON
+        assert record == {k: v if isinstance(record.get(k), str) else json.loads(v) for k, v in rec.items()}
 
 
 def rerun_entities(mcap: Path, tmp_path: Path) -> dict[str, list[Any]]:
@@ -149,6 +155,7 @@ def check_rerun(mcap: Path, tmp_path: Path, table: Any, cams: dict[str, str], nu
         want = to_numpy(table.column(key)).reshape(n, -1).astype(np.float64)
         np.testing.assert_array_equal(np.array(scalars), want)
     assert "eva_export.episode" in ents["/__mcap_metadata"][0].schema.names
+    assert len(column(ents["/eva_export/episode"], "TextDocument:text")) == 1
 
 
 def test_rerun_converts_every_camera_and_dimension(tmp_path: Path) -> None:

@@ -42,6 +42,7 @@ MODULES = [
     "eva_export.formats.mcap_viewer.writer",
     "eva_export.formats.mcap_viewer.verify",
     "eva_export.formats.mcap_viewer.readback",
+    "eva_export.formats.mcap_viewer.record",
     "eva_export.formats.hdf5_frames",
     "eva_export.formats.written",
     "eva_export.formats.registry",

@@ -6,8 +6,8 @@ screenshot of it (docs/mcap-viewers.md).
 
 Rerun's default layout for an MCAP puts every camera into one view at the root, where cameras
 that carry a frame id (as this profile's do, for Foxglove's 3D panel) have no transform to be
-drawn in. This writes a blueprint with one 2D view per camera and one time series per state and
-action, converts the episode with `rerun mcap convert` (durations from the episode's start on
+drawn in. This writes a blueprint with one 2D view per camera, the episode's review as text and one
+time series per state and action, converts the episode with `rerun mcap convert` (durations from the episode's start on
 the timeline) and opens both. Needs rerun-sdk (requirements.txt pins it for the tests).
 """
 
@@ -42,8 +42,9 @@ def blueprint(info: dict[str, object], path: Path) -> None:
     plots = [k for k in ("observation.state", "action") if k in features]
     cam_views = [rrb.Spatial2DView(origin=f"/{k}", name=k.removeprefix("observation.images.")) for k in cams]
     plot_views = [rrb.TimeSeriesView(origin=f"/{k}/position", name=k) for k in plots]
-    rrb.Blueprint(rrb.Horizontal(rrb.Vertical(*cam_views), rrb.Vertical(*plot_views)),
-                  collapse_panels=True).save(APP_ID, str(path))
+    why = rrb.TextDocumentView(origin="/eva_export/episode", name="episode: why it is in this subset")
+    right = rrb.Vertical(why, *plot_views, row_shares=[1] + [2] * len(plot_views))
+    rrb.Blueprint(rrb.Horizontal(rrb.Vertical(*cam_views), right), collapse_panels=True).save(APP_ID, str(path))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,7 @@
 // protobufjs with the embedded FileDescriptorSet, @foxglove/rosmsg2-serialization for CDR.
 //   cd tools/foxglove_read && npm install && node check.mjs EPISODE.mcap
 // Prints each channel's schema, message count and first message; exits 1 when a channel has no
-// decoder or the channels hold different message counts.
+// decoder or the frame channels hold different message counts.
 import { McapIndexedReader } from "@mcap/core";
 import { parse } from "@foxglove/rosmsg";
 import { MessageReader } from "@foxglove/rosmsg2-serialization";
@@ -45,14 +45,18 @@ for await (const msg of reader.readMessages()) {
   const t = (out.topics[ch.topic] ??= { schema: reader.schemasById.get(ch.schemaId).name, count: 0 });
   t.count += 1;
   if (t.count === 1) {
-    t.first = m.format !== undefined
-      ? { frame_id: m.frame_id, format: m.format, bytes: m.data.length, stamp_s: m.timestamp?.seconds ?? 0 }
-      : { name: m.name, position: Array.from(m.position) };
+    if (m.format !== undefined) {  // foxglove.CompressedVideo / CompressedImage
+      t.first = { frame_id: m.frame_id, format: m.format, bytes: m.data.length, stamp_s: m.timestamp?.seconds ?? 0 };
+    } else if (m.position !== undefined) {  // sensor_msgs/msg/JointState
+      t.first = { name: m.name, position: Array.from(m.position) };
+    } else {  // std_msgs/msg/String: the episode's review
+      t.first = { text: m.data.split("\n").slice(0, 4) };
+    }
   }
 }
 for await (const rec of reader.readMetadata()) out.metadata.push(rec.name);
 console.log(JSON.stringify(out, null, 1));
-const counts = new Set(Object.values(out.topics).map((t) => t.count));
+const counts = new Set(Object.entries(out.topics).filter(([k]) => k !== "/eva_export/episode").map(([, t]) => t.count));
 if (decoders.size !== reader.channelsById.size || counts.size !== 1) {
   console.error(`channels without a decoder or with different counts: ${[...counts]}`);
   process.exit(1);

@@ -14,7 +14,8 @@
   dimension names, ``position`` its values as float64. Rerun turns it into one named Scalars
   series per dimension; Foxglove plots ``/<feature>.position[i]``.
 * Metadata record ``eva_export.episode``: the episode row (task, length, quality, quality
-  issues, verdict, note), its subset and source episode index, fps: why it is in this subset.
+  issues, verdict, note), its subset and source episode index, fps: why it is in this subset;
+  the same as text in one ``std_msgs/msg/String`` message (``cdr``) on ``/eva_export/episode``.
 
 Message i of every channel has log_time = publish_time = header stamp = i * 1e9 // fps ns
 (the table's timestamp grid) and sequence i; messages are written in time order.
@@ -35,6 +36,9 @@ FORMAT = "mcap_foxglove"
 PROFILE = "eva-viewer"
 LIBRARY = f"eva-export {__version__}"
 METADATA_NAME = "eva_export.episode"
+EPISODE_TOPIC = "/eva_export/episode"
+STRING_SCHEMA = "std_msgs/msg/String"
+STRING_MSGDEF = "string data\n"
 VIDEO_SCHEMA = "foxglove.CompressedVideo"
 IMAGE_SCHEMA = "foxglove.CompressedImage"
 JOINT_SCHEMA = "sensor_msgs/msg/JointState"
@@ -56,6 +60,12 @@ _NUMERIC = ("float", "int", "uint", "bool")
 _CDR_LE = b"\x00\x01\x00\x00"  # encapsulation: plain CDR, little endian
 _STAMP = struct.Struct("<iI")
 _U32 = struct.Struct("<I")
+
+
+def string_cdr(text: str) -> bytes:
+    """CDR bytes of ``std_msgs/msg/String``."""
+    raw = text.encode() + b"\0"
+    return _CDR_LE + _U32.pack(len(raw)) + raw
 
 
 def frame_time_ns(frame_index: int, fps: int) -> int:

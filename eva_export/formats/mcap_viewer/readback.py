@@ -24,7 +24,7 @@ from ...errors import ExportError
 from ..images import camera_frames, decode_png
 from ..source import column_numpy
 from .cameras import CameraPlan, camera_payloads
-from .layout import numeric_keys
+from .layout import EPISODE_TOPIC, numeric_keys
 
 # Mean absolute difference per pixel (0-255) between a JPEG frame and its source frame. JPEG
 # quality 90 stays near 1-3 on camera content; a wrong or shifted frame is far above.
@@ -32,7 +32,7 @@ JPEG_TOLERANCE = 8.0
 
 
 def check_episode_file(path: Path, meta: DatasetMeta, ep: EpisodeRow, table: pa.Table,
-                       plans: list[CameraPlan]) -> None:
+                       plans: list[CameraPlan], text: str) -> None:
     rows = table.num_rows
     values = {k: column_numpy(table, k).reshape(rows, -1).astype(np.float64)
               for k in numeric_keys(meta.info.features)}
@@ -40,7 +40,7 @@ def check_episode_file(path: Path, meta: DatasetMeta, ep: EpisodeRow, table: pa.
     sources: dict[str, Iterator[Any]] = {
         p.key: (camera_frames(meta, ep.episode_index, table, p.key) if p.carrier == "jpeg encode"
                 else camera_payloads(meta, ep.episode_index, table, p)) for p in plans}
-    counts = dict.fromkeys([*values, *cams], 0)
+    counts = dict.fromkeys([*values, *cams, EPISODE_TOPIC.removeprefix("/")], 0)
     name = path.name.removeprefix(".").removesuffix(".partial")  # the file it becomes
     where = f"episode {ep.episode_index}: {name} read back"
     try:
@@ -51,7 +51,10 @@ def check_episode_file(path: Path, meta: DatasetMeta, ep: EpisodeRow, table: pa.
                 if key not in counts or message.sequence != counts[key]:
                     raise ExportError(f"{where}: unexpected {channel.topic} message {message.sequence}")
                 counts[key] += 1
-                if key in values:
+                if channel.topic == EPISODE_TOPIC:
+                    if decoded.data != text:
+                        raise ExportError(f"{where}: {EPISODE_TOPIC} does not hold the episode's record")
+                elif key in values:
                     _same_values(np.asarray(decoded.position, np.float64), values[key][message.sequence],
                                  f"{where}: {channel.topic} frame {message.sequence}")
                 else:
@@ -62,7 +65,7 @@ def check_episode_file(path: Path, meta: DatasetMeta, ep: EpisodeRow, table: pa.
     finally:
         for it in sources.values():
             getattr(it, "close", lambda: None)()
-    short = {k: n for k, n in counts.items() if n != rows}
+    short = {k: n for k, n in counts.items() if n != (1 if "/" + k == EPISODE_TOPIC else rows)}
     if short:
         raise ExportError(f"{where}: message counts {short}, the table has {rows} rows")
 

@@ -26,17 +26,20 @@ from ..episode_files import episode_file
 from ..images import decode_png
 from ..source import state_action_keys
 from .layout import (
+    EPISODE_TOPIC,
     FORMAT,
     IMAGE_SCHEMA,
     JOINT_SCHEMA,
     METADATA_NAME,
     PROFILE,
+    STRING_SCHEMA,
     VIDEO_SCHEMA,
     dimension_names,
     frame_time_ns,
     numeric_keys,
     topic,
 )
+from .record import record_of_text
 
 
 @dataclass
@@ -81,7 +84,7 @@ def verify_viewer(root: Path) -> VerifyReport:
             report.errors.append(f"{path}: unreadable, damaged or CRC mismatch ({type(exc).__name__}: {exc})")
             continue
         report.errors.extend(f"{path.name}: {p}" for p in scan.problems)
-        rows_total += min(scan.counts.values(), default=0)
+        rows_total += min((scan.counts.get(k, 0) for k in [*scan.cameras, *scan.joints]), default=0)
         if sample[0] is None and state_key in scan.first_values and action_key in scan.first_values:
             sample[:2] = scan.first_values[state_key], scan.first_values[action_key]
         if sample[2] is None and scan.cameras:
@@ -107,11 +110,13 @@ def _read_file(path: Path, scan: _Scan, ep: EpisodeRow, fps: int) -> None:
             key = channel.topic.removeprefix("/")
             n = scan.counts.get(key, 0)
             scan.counts[key] = n + 1
-            want = frame_time_ns(n, fps)
+            want = 0 if channel.topic == EPISODE_TOPIC else frame_time_ns(n, fps)
             if message.sequence != n or message.log_time != want or message.publish_time != want:
                 raise ExportError(f"{channel.topic} message {n}: sequence {message.sequence}, log_time "
                                   f"{message.log_time}; expected {n} at {want} ns")
-            if key in scan.cameras and schema is not None and schema.name in (VIDEO_SCHEMA, IMAGE_SCHEMA):
+            if channel.topic == EPISODE_TOPIC and schema is not None and schema.name == STRING_SCHEMA:
+                _episode_message(scan, decoded.data, ep)
+            elif key in scan.cameras and schema is not None and schema.name in (VIDEO_SCHEMA, IMAGE_SCHEMA):
                 _camera_message(scan.cameras[key], schema.name, decoded, message.log_time)
             elif key in scan.joints and schema is not None and schema.name == JOINT_SCHEMA:
                 _joint_message(scan, key, decoded, message.log_time)
@@ -132,6 +137,17 @@ def _check_metadata(reader: Any, scan: _Scan, ep: EpisodeRow) -> None:
                              f"{got.get('length')}, episodes.jsonl {ep.episode_index} length {ep.length}")
     if "subset" not in got or "tasks" not in got:
         scan.problems.append(f"{METADATA_NAME} lacks the subset or the tasks")
+
+
+def _episode_message(scan: _Scan, text: str, ep: EpisodeRow) -> None:
+    """The text of ``/eva_export/episode``: its JSON record names this episode."""
+    try:
+        record = record_of_text(text)
+    except (IndexError, ValueError) as exc:
+        raise ExportError(f"{EPISODE_TOPIC}: no episode record in its text ({exc})") from exc
+    if record.get("episode_index") != ep.episode_index or record.get("length") != ep.length:
+        scan.problems.append(f"{EPISODE_TOPIC} names episode {record.get('episode_index')} length "
+                             f"{record.get('length')}, episodes.jsonl {ep.episode_index} length {ep.length}")
 
 
 def _stamp_ns(msg: Any) -> int:
@@ -186,6 +202,8 @@ def _check_counts(scan: _Scan, ep: EpisodeRow) -> None:
         if cam.codec is not None:
             for f in cam.codec.decode(None):  # frames the decoder still holds
                 _frame(cam, f, f"{topic(cam.key)} (end)")
+    if scan.counts.get(EPISODE_TOPIC.removeprefix("/"), 0) != 1:
+        scan.problems.append(f"{EPISODE_TOPIC}: {scan.counts.get(EPISODE_TOPIC.removeprefix('/'), 0)} messages, expected 1")
     for key in [*scan.cameras, *scan.joints]:
         if scan.counts.get(key, 0) != ep.length:
             scan.problems.append(f"{topic(key)}: {scan.counts.get(key, 0)} messages, episode length {ep.length}")

@@ -21,41 +21,34 @@ from mcap.writer import CompressionType, Writer
 from numpy.typing import NDArray
 
 from ...dataset.meta import DatasetMeta
-from ...dataset.records import EpisodeRow, QualitySplit
+from ...dataset.records import EpisodeRow
 from ...errors import ExportError, VideoError
 from ..base import Progress, VerifyReport
-from ..episode_files import export_episode_files, to_plain
+from ..episode_files import export_episode_files
 from ..source import column_numpy
 from .cameras import CameraPlan, camera_message, camera_payloads, plan_camera, schema_data
 from .layout import (
+    EPISODE_TOPIC,
     FORMAT,
     JOINT_MSGDEF,
     JOINT_SCHEMA,
     LIBRARY,
     METADATA_NAME,
     PROFILE,
+    STRING_MSGDEF,
+    STRING_SCHEMA,
     JointStateCdr,
     dimension_names,
     frame_time_ns,
     numeric_keys,
+    string_cdr,
     topic,
 )
 from .readback import check_episode_file
+from .record import episode_record, episode_text, metadata_strings
 
 CHUNK_SIZE = 4 * 1024 * 1024
 _COMPRESSION = {"lz4": CompressionType.LZ4, "zstd": CompressionType.ZSTD, "none": CompressionType.NONE}
-
-
-def episode_metadata(meta: DatasetMeta, ep: EpisodeRow) -> dict[str, str]:
-    """The metadata record: the episode row and why it is in this subset (all values strings)."""
-    qs = QualitySplit.read(meta.root)
-    pos = ep.episode_index  # a renumbered subset: the row's position (a scan per episode is quadratic)
-    if not (0 <= pos < len(meta.episodes) and meta.episodes[pos].episode_index == pos):
-        pos = next((i for i, e in enumerate(meta.episodes) if e.episode_index == ep.episode_index), -1)
-    source = qs.source_episode_indices[pos] if 0 <= pos < len(qs.source_episode_indices) else None
-    row = {**to_plain(ep.to_dict()), "subset": qs.subset, "source_episode_index": source,
-           "fps": meta.info.fps, "dataset_format": FORMAT, "robot_type": meta.info.robot_type}
-    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in row.items()}
 
 
 class McapViewerExporter:
@@ -88,10 +81,13 @@ class McapViewerExporter:
             w.start(profile=PROFILE, library=LIBRARY)
             cams = {p.key: self._camera_channel(w, meta, p) for p in plans}
             joints = self._joint_channels(w, meta)
-            w.add_metadata(METADATA_NAME, episode_metadata(meta, ep))
+            record = episode_record(meta, ep)
+            w.add_metadata(METADATA_NAME, metadata_strings(record))
+            text = episode_text(record)
+            self._write_text(w, text)
             self._write_messages(w, meta, ep, table, plans, cams, joints)
             w.finish()  # type: ignore[no-untyped-call]  # mcap's Writer.finish has no annotations
-        check_episode_file(tmp, meta, ep, table, plans)
+        check_episode_file(tmp, meta, ep, table, plans, text)
         return None  # the manifest hashes the file when it is recorded
 
     @staticmethod
@@ -100,6 +96,12 @@ class McapViewerExporter:
         schema = w.register_schema(plan.schema, "protobuf", schema_data(plan.schema))
         return w.register_channel(topic(plan.key), "protobuf", schema,
                                   {"key": plan.key, "height": str(h), "width": str(wd), "carrier": plan.carrier})
+
+    @staticmethod
+    def _write_text(w: Writer, text: str) -> None:
+        schema = w.register_schema(STRING_SCHEMA, "ros2msg", STRING_MSGDEF.encode())
+        channel = w.register_channel(EPISODE_TOPIC, "cdr", schema, {})
+        w.add_message(channel, 0, string_cdr(text), 0, 0)
 
     @staticmethod
     def _joint_channels(w: Writer, meta: DatasetMeta) -> dict[str, tuple[int, JointStateCdr]]:
@@ -167,7 +169,8 @@ def _complete(path: Path, meta: DatasetMeta, rows: int) -> bool:
             return False
         counts = {summary.channels[c].topic: n for c, n in summary.statistics.channel_message_counts.items()}
         want = [topic(k) for k in [*meta.info.visual_keys, *numeric_keys(meta.info.features)]]
-        return sorted(counts) == sorted(want) and all(counts[t] == rows for t in want)
+        return (sorted(counts) == sorted([*want, EPISODE_TOPIC]) and counts[EPISODE_TOPIC] == 1
+                and all(counts[t] == rows for t in want))
     except (OSError, McapError, KeyError, ValueError):
         return False
 
