@@ -7,7 +7,8 @@ Dataset: bench_formats' synthetic one (2 cameras 640x480 @ 30 fps, H.264), here 
 own subprocess:
 
 * the decode limit: every frame of every camera decoded to RGB (PyAV), an episode's cameras at once;
-* hdf5 and mcap (lz4, the default; ``mcap:none`` = ``export.mcap_compression: none``) exports, every output file
+* hdf5, mcap (lz4, the default; ``mcap:none`` = ``export.mcap_compression: none``) and mcap_foxglove
+  (the viewer profile: H.264 packets copied, joints as CDR) exports, every output file
   fdatasync'ed, then ``build_manifest`` of the output (what publication does next), each paired
   with the write limit, ``dd if=/dev/zero bs=4M conv=fdatasync`` of as many bytes, run right
   before or after it (alternating by round), and then ``dd ... oflag=direct`` (the page cache
@@ -168,6 +169,16 @@ def table(runs: dict[str, list[dict[str, float]]], frames: int) -> list[str]:
     return lines
 
 
+def viewer_line(runs: dict[str, list[dict[str, float]]]) -> None:
+    """The viewer profile against the eva-client one: it copies the H.264 packets instead of
+    writing decoded frames, so it is compared in time and bytes, not only with dd."""
+    if "mcap_foxglove" in runs and "mcap" in runs:
+        v, e = (_median([r[k] for r in runs[f]]) for f in ("mcap_foxglove", "mcap") for k in ("seconds",))
+        vb, eb = (_median([r["bytes"] for r in runs[f]]) / 1e6 for f in ("mcap_foxglove", "mcap"))
+        print(f"mcap_foxglove vs mcap (eva-client): {v:.2f} s vs {e:.2f} s ({e / v:.1f}x faster), "
+              f"{vb:.0f} MB vs {eb:.0f} MB ({eb / vb:.0f}x smaller)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", type=int, default=4)
@@ -175,7 +186,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--baseline", type=Path, default=None)
     ap.add_argument("--quick", action="store_true", help="2 episodes x 150 frames, one round")
-    ap.add_argument("--formats", default="hdf5,mcap,mcap:none", help="format[:compression], comma-separated")
+    ap.add_argument("--formats", default="hdf5,mcap,mcap:none,mcap_foxglove", help="format[:compression], comma-separated")
     ap.add_argument("--source", type=Path, default=None, help="an existing bench_formats dataset (skips the build)")
     args = ap.parse_args()
     if args.quick:
@@ -203,6 +214,7 @@ def main() -> int:
             ratio = _median([r["ratio"] for r in runs[fmt]])
             print(f"goal {fmt} >= 0.8x write limit: {'met' if ratio >= 0.8 else 'NOT met'} ({ratio:.2f}x, "
                   f"peak RSS {max(r['peak_rss_mb'] for r in runs[fmt]):.0f} MB)")
+    viewer_line(runs)
     (HERE / "out").mkdir(exist_ok=True)
     (HERE / "out" / "rawformats.json").write_text(json.dumps({"rows": runs, "loads": loads}, indent=2) + "\n")
     return 0

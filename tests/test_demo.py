@@ -75,6 +75,22 @@ def test_exports_match_summary(demo: dict) -> None:
         assert Path(e["accepted_dir"]).parent.name == fmt
 
 
+def test_viewer_export_opens_in_rerun(demo: dict, tmp_path: Path) -> None:
+    """The mcap_foxglove export through Rerun's own converter: both cameras as video, state and
+    action as one named series per joint, values and frame counts those of the raw episodes."""
+    import pyarrow.parquet as pq
+    from test_formats_mcap_viewer import check_rerun
+
+    accepted = Path(demo["exports"]["mcap_foxglove"]["accepted_dir"])
+    names = read_json(accepted / "meta" / "info.json")["features"]["observation.state"]["names"]
+    raw = read_meta(Path(demo["source_dir"]))
+    for new, src in enumerate(QualitySplit.read(accepted).source_episode_indices):
+        check_rerun(accepted / f"data/chunk-000/episode_{new:06d}.mcap", tmp_path, pq.read_table(raw.data_path(src)),
+                    {f"observation.images.{c}": "VideoStream:sample" for c in ("front", "wrist")},
+                    {"observation.state": names, "action": names})
+    assert "look at one : rerun " in demo["_stdout"]
+
+
 def test_upload_matches_accepted_v3(demo: dict) -> None:
     up = demo["upload"]
     remote = Path(up["remote_path"])  # the SFTP remote is a directory on this machine

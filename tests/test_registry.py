@@ -37,7 +37,7 @@ def test_each_spec_builds_its_exporter_from_the_default_config(spec: registry.Fo
 
 
 def test_traits() -> None:
-    assert [s.name for s in SPECS if s.embedded_images] == ["hdf5", "mcap"]
+    assert [s.name for s in SPECS if s.embedded_images] == ["hdf5", "mcap", "mcap_foxglove"]
     assert [s.name for s in SPECS if s.native] == ["lerobot_v21"]
     with pytest.raises(UnknownFormatError, match="registered formats: lerobot_v21"):
         get_spec("zarr")

@@ -19,7 +19,7 @@ from eva_export.export.records import QualitySplit
 from eva_export.formats.registry import FORMATS, UnknownFormatError, get_exporter
 from eva_export.formats.verify import detect_format, verify_export
 
-ALL = ["lerobot_v21", "lerobot_v3", "hdf5", "mcap", "eva_store"]
+ALL = ["lerobot_v21", "lerobot_v3", "hdf5", "mcap", "eva_store", "mcap_foxglove"]
 
 
 def subset(root: Path, eps: list[Ep], **kw: object) -> Path:
@@ -45,7 +45,7 @@ def test_registry_has_the_four_formats() -> None:
     assert list(FORMATS) == ALL
     for name in ALL:
         assert get_exporter(name).name == name
-    with pytest.raises(UnknownFormatError, match=r"unknown export format 'zarr'.*lerobot_v21, lerobot_v3, hdf5, mcap, eva_store"):
+    with pytest.raises(UnknownFormatError, match=r"unknown export format 'zarr'.*lerobot_v21, lerobot_v3, hdf5, mcap, eva_store, mcap_foxglove"):
         get_exporter("zarr")
     assert issubclass(UnknownFormatError, ExportError)
 

@@ -328,6 +328,9 @@ def print_summary(s: dict[str, Any]) -> None:
         print(f"  {fmt:<12} accepted {e['accepted_episodes']} ep/{e['accepted_frames']} fr  "
               f"rejected {e['rejected_episodes']} ep/{e['rejected_frames']} fr  {e['seconds']} s  verified")
         print(f"               {e['accepted_dir']}")
+    if "mcap_foxglove" in s["exports"]:  # docs/mcap-viewers.md
+        print(f"  look at one : rerun {s['exports']['mcap_foxglove']['accepted_dir']}/data/chunk-000/episode_000000.mcap"
+              " (or open it in Foxglove / Lichtblick)")
     u = s["upload"]
     print(f"upload      : {u['files']} files, {u['bytes']} bytes -> {u['remote_path']} ({u['seconds']} s)")
     print(f"timings     : {s['timings']}")

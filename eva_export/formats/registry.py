@@ -114,6 +114,9 @@ SPECS: tuple[FormatSpec, ...] = (
                embedded_images=True, options=_mcap_options),
     FormatSpec("eva_store", "eva_store:EvaStoreExporter",
                "eva_store, a random-access training store (Zarr arrays, image records, a sample index)", options=_store_options),
+    FormatSpec("mcap_foxglove", "eva_export.formats.mcap_viewer.writer:McapViewerExporter",
+               "MCAP for viewers (Foxglove, Lichtblick, Rerun): cameras as foxglove.CompressedVideo/CompressedImage, "
+               "joints as ROS 2 JointState", embedded_images=True, options=_mcap_options),
 )
 
 #: name -> spec, in the order above (the order CLI choices and messages list them).
