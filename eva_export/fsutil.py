@@ -158,25 +158,40 @@ def iter_jsonl_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         yield lineno, obj
 
 
+#: JSON Lines files whose lines are rows of a few hundred bytes (statistics rows may be long).
+ROW_FILES = ("episodes.jsonl", "tasks.jsonl", "eva_quality.jsonl")
+
+
+def line_limit(path: Path) -> int:
+    """Longest line accepted in a JSON Lines file: ROW_MAX_BYTES for row files, else MAX_BYTES."""
+    return jsonbound.ROW_MAX_BYTES if Path(path).name in ROW_FILES else jsonbound.MAX_BYTES
+
+
 def iter_jsonl_spans(path: Path, fh: BinaryIO | None = None) -> Iterator[tuple[int, int, int, dict[str, Any]]]:
     """``iter_jsonl_lines`` with each line's byte offset and length, so a reader can keep where
     a row is and parse it again later (``jsonl_object``) instead of holding every object.
-    ``fh``: the file already open (read from its start); ``path`` then only names it."""
+    ``fh``: the file already open (read from its start); ``path`` then only names it.
+    A line over ``line_limit`` or more than BLANK_LINES_MAX blank lines: ValueError naming the line."""
+    limit = line_limit(path)
     with contextlib.nullcontext(fh) if fh is not None else open(path, "rb") as f:
-        lineno = offset = 0
-        while raw := f.readline(jsonbound.MAX_BYTES + 1):  # bounded: a 1 GB line is not read whole
+        lineno = offset = blank = 0
+        while raw := f.readline(limit + 1):  # bounded: a 1 GB line is not read whole
             lineno += 1
-            obj = jsonl_object(path, raw, lineno)
+            obj = jsonl_object(path, raw, lineno, limit)
             if obj is not None:
                 yield lineno, offset, len(raw), obj
+            else:
+                blank += 1
+                if blank > jsonbound.BLANK_LINES_MAX:
+                    raise ValueError(f"{path}:{lineno}: more than {jsonbound.BLANK_LINES_MAX} blank lines")
             offset += len(raw)
 
 
-def jsonl_object(path: Path, raw: bytes, lineno: int) -> dict[str, Any] | None:
+def jsonl_object(path: Path, raw: bytes, lineno: int, limit: int = jsonbound.MAX_BYTES) -> dict[str, Any] | None:
     """One line's object (None for a blank line); ValueError naming ``path:line``."""
     try:
-        if len(raw) > jsonbound.MAX_BYTES:
-            raise ValueError(f"line {lineno}: longer than {jsonbound.MAX_BYTES} bytes")
+        if len(raw) > limit:
+            raise ValueError(f"line {lineno}: longer than {limit} bytes")
         line = jsonbound.decode(raw, lineno).strip()
         if not line:
             return None
