@@ -18,9 +18,12 @@ from typing import Any
 from .confine import check_job_id
 from .errors import UnsafeNameError
 from .fsutil import atomic_write_json, read_json
+from .jsonbound import as_dict, as_int, as_str
 
 log = logging.getLogger(__name__)
 JOB_FILE_MODE = 0o600
+#: Longest text field of a job record (an error names a few paths; a path is at most 4 KiB).
+JOB_TEXT_MAX = 64 << 10
 
 
 class JobState(StrEnum):
@@ -100,10 +103,22 @@ class Job:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Job:
-        names = {f.name for f in dataclasses.fields(cls)}
-        if not isinstance(d, dict):
-            raise TypeError("a job record is a JSON object")
-        return cls(**{k: v for k, v in d.items() if k in names})
+        """The record with every known field of its exact type (ValueError naming the field);
+        a count is an integer (not a boolean, float or string), a time a number, a text bounded."""
+        kinds = {f.name: f.type for f in dataclasses.fields(cls)}
+        d = as_dict(d, "a job record")
+        out: dict[str, Any] = {}
+        for key, value in d.items():
+            kind = kinds.get(key)
+            if kind == "int":
+                out[key] = as_int(value, key)
+            elif kind == "float":
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise ValueError(f"{key} is {type(value).__name__}, expected a number")
+                out[key] = float(value)
+            elif kind is not None:  # str, and the state's JobState (a str on disk)
+                out[key] = as_str(value, key, JOB_TEXT_MAX)
+        return cls(**out)
 
     @property
     def finished(self) -> bool:

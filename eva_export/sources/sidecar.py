@@ -22,6 +22,7 @@ from ..dataset.records import EpisodeRow, Verdict
 from ..dataset.validate import QUALITY_SIDECAR
 from ..errors import DatasetError
 from ..fsutil import iter_jsonl
+from ..jsonbound import as_dict, as_int, as_str
 
 SIDECAR = QUALITY_SIDECAR  # defined beside the v2.1 source hash, which covers it
 #: The row fields a sidecar line may set (EpisodeRow's quality and review fields).
@@ -42,10 +43,15 @@ class QualityEntry:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> QualityEntry:
-        if not isinstance(d, dict) or isinstance(d.get("episode_index"), bool) \
-                or not isinstance(d.get("episode_index"), int):
+        """The line, typed and bounded as an episode row's same fields are (ValueError naming the field)."""
+        d = as_dict(d, "a sidecar line")
+        if "episode_index" not in d:
             raise ValueError("a sidecar line needs an integer episode_index")
-        return cls(int(d["episode_index"]), {k: d[k] for k in FIELDS if k in d}, str(d.get("written_by", "")))
+        index = as_int(d["episode_index"], "episode_index", 0)
+        values = {k: d[k] for k in FIELDS if k in d}
+        # the fields as a row would carry them: the same exact types and bounds, one parse
+        EpisodeRow.from_dict({"episode_index": index, "length": 0, **values})
+        return cls(index, values, as_str(d.get("written_by", ""), "written_by"))
 
 
 def read_entries(root: Path) -> list[QualityEntry]:
