@@ -37,12 +37,14 @@ def _mib(n: int) -> str:
     return "unknown" if n < 0 else f"{n / (1 << 20):.1f} MiB"
 
 
-def storage_error(path: Path | str, exc: OSError, what: str = "writing") -> StorageError:
-    """``exc`` (ENOSPC, EIO ...) as a StorageError naming the path and the free space."""
+def storage_error(path: Path | str, exc: OSError, what: str = "writing", need: int = -1) -> StorageError:
+    """``exc`` (ENOSPC, EIO ...) as a StorageError naming the path, the free space and, when the
+    caller knows it (``need`` >= 0), a lower bound of what the work needs."""
     reason = os.strerror(exc.errno) if exc.errno else str(exc)
     where = exc.filename if isinstance(exc.filename, str) and exc.filename else path  # the exact file, if known
-    err = StorageError(f"{what} {where} failed: {reason} ({_mib(free_bytes(where))} free there)")
-    err.errno = exc.errno
+    needs = f", at least {_mib(need)} needed" if need >= 0 else ""
+    err = StorageError(f"{what} {where} failed: {reason} ({_mib(free_bytes(where))} free there{needs})")
+    err.errno, err.where, err.what, err.need = exc.errno, str(where), what, need
     return err
 
 
@@ -51,13 +53,18 @@ def is_storage_error(exc: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def storage_guard(path: Path | str, what: str = "writing") -> Iterator[None]:
-    """Turn a disk-full or I/O error inside the block into a StorageError naming ``path``."""
+def storage_guard(path: Path | str, what: str = "writing", need: Callable[[], int] | None = None) -> Iterator[None]:
+    """Turn a disk-full or I/O error inside the block into a StorageError naming ``path``
+    (and ``need()``, at least the bytes the block had to write, asked only on a failure)."""
     try:
         yield
+    except StorageError as exc:  # raised deeper (an atomic write): add what this block needs
+        if need is None or exc.need >= 0:
+            raise
+        raise storage_error(exc.where or path, exc, exc.what, need()) from exc
     except OSError as exc:
         if is_storage_error(exc):
-            raise storage_error(path, exc, what) from exc
+            raise storage_error(path, exc, what, need() if need is not None else -1) from exc
         raise
 
 

@@ -39,7 +39,7 @@ from ..errors import ConfigError, EvaError, ExportError
 from ..formats.base import Exporter, Progress
 from ..formats.nonfinite import check_accepted
 from ..formats.registry import FormatSpec, get_spec
-from ..fsutil import storage_guard
+from ..fsutil import storage_guard, tree_size
 from ..jobs import Job, JobEngine, JobKind, JobStore, QueuePolicy, ServiceStatus
 from ..sources.registry import validate_any
 from .build import Faults, SplitProgress
@@ -246,7 +246,8 @@ class ExportService:
                             reused_episodes=int(reused))
             self.jobs.save(job_id)
 
-        with export_lock(paths), storage_guard(paths.staging, f"{fmt} export: writing"):
+        source_bytes = sum(c.bytes_total for c in checks)  # the staged split is at least its source's size
+        with export_lock(paths), storage_guard(paths.staging, f"{fmt} export: writing", lambda: source_bytes):
             recover_pair(paths)
             home = paths.source_dir if request.named else None
             # the staging is reused only for the same sources in the same state (all of them hashed)
@@ -313,13 +314,19 @@ class ExportService:
         out = staging / "out"
         out.mkdir(exist_ok=True)
         for name in SUBSETS:
-            with storage_guard(out / name, f"{exporter.name} export: writing"):
+            # the subset in the format is at least about its native copy's size
+            with storage_guard(out / name, f"{exporter.name} export: writing",
+                               functools.partial(_tree_bytes, staging / "native" / name)):
                 exporter.export(staging / "native" / name, out / name, Progress(on_episode=on_episode))
             faults.check(f"convert_{name}")
         for p in out.iterdir():
             if p.name not in SUBSETS:
                 shutil.rmtree(p) if p.is_dir() else p.unlink()
         return out
+
+
+def _tree_bytes(root: Path) -> int:
+    return tree_size(root)[1]
 
 
 def _move_back(staging: Path) -> None:
