@@ -8,6 +8,7 @@ import errno
 import fcntl
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -140,7 +141,10 @@ def read_json(path: Path) -> Any:
     """One JSON document, bounded (jsonbound): ValueError("line N: ...") for any fault of the
     content, OSError when the file cannot be read. Callers add the path."""
     with open(path, "rb") as fh:
-        data = fh.read(jsonbound.MAX_BYTES + 1)
+        st = os.fstat(fh.fileno())
+        # read(n) allocates n bytes up front: ask for the file's size, not the 64 MiB bound
+        size = st.st_size if stat.S_ISREG(st.st_mode) else jsonbound.MAX_BYTES
+        data = fh.read(min(size, jsonbound.MAX_BYTES) + 1)
     return jsonbound.loads(jsonbound.decode(data))
 
 

@@ -111,13 +111,15 @@ class Job:
         for key, value in d.items():
             kind = kinds.get(key)
             if kind == "int":
-                out[key] = as_int(value, key)
+                out[key] = as_int(value, key, 0)
             elif kind == "float":
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
                     raise ValueError(f"{key} is {type(value).__name__}, expected a number")
                 out[key] = float(value)
             elif kind is not None:  # str, and the state's JobState (a str on disk)
                 out[key] = as_str(value, key, JOB_TEXT_MAX)
+                if key == "state" and value not in JOB_STATES:
+                    raise ValueError(f"state is {value[:40]!r}, expected one of {', '.join(JOB_STATES)}")
         return cls(**out)
 
     @property

@@ -163,7 +163,9 @@ def as_int(value: Any, what: str, lo: int = INT_MIN, hi: int = INT_MAX) -> int:
         raise ValueError(f"{what} is {_kind(value)}, expected an integer")
     out = int(value)
     if not lo <= out <= hi:
-        raise ValueError(f"{what} is {str(out)[:40]}, outside [{lo}, {hi}]")
+        want = ("within the int64 range" if (lo, hi) == (INT_MIN, INT_MAX) else
+                "non-negative (and within int64)" if (lo, hi) == (0, INT_MAX) else f"within [{lo}, {hi}]")
+        raise ValueError(f"{what} is {str(out)[:40]}; it must be {want}")
     return out
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .fsutil import atomic_write_bytes, atomic_write_with, read_json
-from .jsonbound import as_dict, as_list, as_str
+from .jsonbound import as_dict, as_int, as_list, as_str
 
 MANIFEST_FILE = "meta/manifest.json"
 MANIFEST_VERSION = 1
@@ -58,8 +58,7 @@ class ManifestEntry:
         path, size, digest = as_str(d["path"], "a manifest path"), d["size"], d["sha256"]
         if not _safe_rel(path):
             raise ValueError(f"manifest path {path!r} is not a plain relative path")
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise ValueError(f"manifest size of {path} is not a non-negative integer: {size!r}")
+        size = as_int(size, f"manifest size of {path[:200]}", 0)
         if not isinstance(digest, str) or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
             raise ValueError(f"manifest sha256 of {path} is not 64 lowercase hex digits")
         return cls(path, size, digest)
@@ -102,7 +101,11 @@ class Manifest:
 
     @classmethod
     def read(cls, subset_dir: Path) -> Manifest:
-        return cls.from_dict(read_json(Path(subset_dir) / MANIFEST_FILE))
+        path = Path(subset_dir) / MANIFEST_FILE
+        try:
+            return cls.from_dict(read_json(path))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: {exc}") from None
 
     def write(self, subset_dir: Path) -> bytes:
         """Write ``meta/manifest.json`` atomically; return the bytes written."""

@@ -314,4 +314,9 @@ class QualitySplit:
 
     @classmethod
     def read(cls, dataset_root: Path) -> QualitySplit:
-        return cls.from_dict(read_json(Path(dataset_root) / QUALITY_SPLIT_FILE))
+        """The marker of a subset; ValueError naming the file when it is malformed."""
+        path = Path(dataset_root) / QUALITY_SPLIT_FILE
+        try:
+            return cls.from_dict(read_json(path))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: {exc}") from None

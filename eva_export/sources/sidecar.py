@@ -21,7 +21,7 @@ from .. import confine
 from ..dataset.records import EpisodeRow, Verdict
 from ..dataset.validate import QUALITY_SIDECAR
 from ..errors import DatasetError
-from ..fsutil import iter_jsonl
+from ..fsutil import iter_jsonl_lines
 from ..jsonbound import as_dict, as_int, as_str
 
 SIDECAR = QUALITY_SIDECAR  # defined beside the v2.1 source hash, which covers it
@@ -60,10 +60,19 @@ def read_entries(root: Path) -> list[QualityEntry]:
     if not path.is_file():
         return []
     confine.confined(Path(root), SIDECAR, "meta file")  # a symlink pointing out is refused
+    out: list[QualityEntry] = []
+    lineno = 0
     try:
-        return [QualityEntry.from_dict(d) for d in iter_jsonl(path)]
-    except (OSError, ValueError, TypeError) as exc:
+        for line in iter_jsonl_lines(path):
+            lineno = line[0]  # named by a refusal of the line's entry
+            out.append(QualityEntry.from_dict(line[1]))
+    except OSError as exc:
         raise DatasetError(f"{path}: {exc}") from exc
+    except (ValueError, KeyError, TypeError) as exc:
+        if str(exc).startswith(str(path)):  # the line reader named the line already
+            raise DatasetError(str(exc)) from None
+        raise DatasetError(f"{path}:{lineno}: {exc}") from None
+    return out
 
 
 def merged(root: Path) -> dict[int, dict[str, Any]]:
