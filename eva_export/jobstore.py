@@ -22,6 +22,11 @@ from .jsonbound import as_dict, as_int, as_str
 
 log = logging.getLogger(__name__)
 JOB_FILE_MODE = 0o600
+#: A running process records its jobs at least this often, progress or not (JobEngine).
+HEARTBEAT_S = 5.0
+#: A running job whose record is older than this is shown as stalled: its process stopped
+#: (SIGSTOP, a hung disk) or lost its clock; a few heartbeats missed, not one late write.
+STALL_AFTER_S = 60.0
 #: Longest text field of a job record (an error names a few paths; a path is at most 4 KiB).
 JOB_TEXT_MAX = 64 << 10
 
@@ -87,6 +92,7 @@ class Job:
     host: str = ""
     staging_dir: str = ""  # export: staging left by a failed job (reused or removed by the next run)
     staging_bytes: int = 0
+    heartbeat_at: float = 0.0  # when the process running it last recorded it (JobStore.save)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", JobState(self.state))  # a record's string -> the enum
@@ -144,10 +150,14 @@ class JobStore:
         return self.dir / f"{job_id}.json"
 
     def save(self, job: Job) -> None:
+        """Record the job; a record of an unfinished job is its process's heartbeat."""
+        d = job.to_dict()
+        if not job.finished:
+            d["heartbeat_at"] = time.time()
         with self._lock:
             # 0600: an upload job names the remote (user@host:port, key path, remote_dir), which
             # the service replies redact; the record on disk is for this account only
-            atomic_write_json(self.path(job.job_id), job.to_dict(), JOB_FILE_MODE)
+            atomic_write_json(self.path(job.job_id), d, JOB_FILE_MODE)
 
     def get(self, job_id: str) -> Job | None:
         """The job record named ``job_id``; None for an invalid id, a missing file or a file
@@ -232,6 +242,25 @@ class JobStore:
                     log.error("cannot record job %s as interrupted: %s", job.job_id, exc)
                 out.append(job)
         return out
+
+
+def stalled_for(job: Job, after_s: float = STALL_AFTER_S, now: float | None = None) -> float:
+    """Seconds since the last heartbeat of a running job whose process stopped recording it
+    for more than ``after_s``; 0.0 for any other job (and for records older than heartbeats)."""
+    if job.state != RUNNING or job.heartbeat_at <= 0:
+        return 0.0
+    age = (time.time() if now is None else now) - job.heartbeat_at
+    return age if age > after_s else 0.0
+
+
+def state_text(job: Job, after_s: float = STALL_AFTER_S) -> str:
+    """The job's state as a reader should see it: "running" becomes "stalled: ..." when its
+    process stopped recording progress (the record's state stays running: it may resume)."""
+    age = stalled_for(job, after_s)
+    if not age:
+        return str(job.state)
+    runner = f" (process {job.pid} on {job.host})" if job.pid else ""
+    return f"stalled: running, but no heartbeat for {age:.0f} s{runner}; it may be stopped or hung"
 
 
 def _alive(pid: int) -> bool:
