@@ -45,7 +45,7 @@ from ..sources.registry import validate_any
 from .build import Faults, SplitProgress
 from .merge import check_agree, check_infos, combined_hash
 from .paths import SUBSETS, ExportPaths
-from .publish import export_lock, publish_pair, recover_pair
+from .publish import export_lock, lock_held, publish_pair, recover_pair
 from .records import ACCEPTED, REJECTED
 from .request import ExportRequest
 from .split import NativeSplit, prepare_staging
@@ -281,9 +281,12 @@ class ExportService:
                 "rejected_episodes": rej.episodes, "rejected_frames": rej.frames}
 
     def _staging_left(self, job: Job) -> dict[str, Any]:
-        """A failed job names the staging it leaves (kept for resume) and its size."""
-        staging = self.paths(job).staging
-        return {"staging_dir": str(staging), "staging_bytes": tree_bytes(staging)} if staging.is_dir() else {}
+        """A failed job names the staging it leaves (kept for resume) and its size; not a staging
+        another export is writing now (a job refused for that export's lock leaves nothing)."""
+        paths = self.paths(job)
+        if not paths.staging.is_dir() or lock_held(paths):
+            return {}
+        return {"staging_dir": str(paths.staging), "staging_bytes": tree_bytes(paths.staging)}
 
     def _move_native(self, exporter: Exporter, staging: Path, faults: Faults) -> Path:
         """The native format's pair: each staged subset renamed into ``staging/out`` and
