@@ -6,6 +6,12 @@ every number literal must be finite and every integer at most ``INT_DIGITS_MAX``
 nesting depth is capped before parsing, and every failure is a ``ValueError`` whose message
 names the line. The constants ``NaN``/``Infinity`` stay accepted: statistics of a column holding
 NaN are written that way by our own writer and by LeRobot's.
+
+Decoded records then take their fields through ``as_int`` / ``as_str`` / ``as_list`` /
+``as_dict`` / ``check_bounds``: exact JSON types (an integer is not a boolean, a float or a
+string) and bounded sizes (texts as long as a review note, key and item counts), each refusal a
+ValueError naming the field. Row files are read line by line under ``ROW_MAX_BYTES`` and
+``BLANK_LINES_MAX`` (fsutil.iter_jsonl_spans).
 """
 
 from __future__ import annotations
