@@ -9,9 +9,11 @@ for longer than the stated time, and "running" again after SIGCONT.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -112,3 +114,31 @@ def test_a_stopped_job_is_shown_stalled_and_running_again_after_it_resumes(
     assert proc.wait(DEADLINE_S) == 0
     done = record(config, job_id)
     assert done.state == "completed" and state_text(done, 0.0) == "completed"
+
+
+@pytest.mark.timeout(180)
+def test_get_job_of_the_export_node_answers_stalled(node_factory, ros_client, config_file: Path,  # type: ignore[no-untyped-def]
+                                                    tmp_path: Path) -> None:
+    """A job record left by a process that is stopped (alive, SIGSTOP) and last recorded it
+    120 s ago: the export node's GetJob answers "stalled" and keeps the state running."""
+    from eva_export_interfaces.srv import GetJob
+
+    jobs_dir = parse_config(yaml.safe_load(config_file.read_text())).export.jobs_dir
+    stopped = subprocess.Popen(["sleep", "600"])
+    os.kill(stopped.pid, signal.SIGSTOP)
+    try:
+        job = dataclasses.replace(Job.new("export", str(tmp_path / "datasets" / "demo" / "raw"), "hdf5"),
+                                  state=RUNNING, pid=stopped.pid, host=socket.gethostname())
+        store = JobStore(jobs_dir)
+        store.save(job)
+        d = json.loads(store.path(job.job_id).read_text())
+        d["heartbeat_at"] -= 120  # as the stopped process left it
+        store.path(job.job_id).write_text(json.dumps(d))
+        node = node_factory("export_node", params={"config_file": str(config_file)})
+        ros_client.wait_for_services([node.service("get_job")], procs=[node])
+        reply = ros_client.call(GetJob, node.service("get_job"), GetJob.Request(job_id=job.job_id))
+        assert reply.success and reply.job.state == "running", reply.message
+        assert reply.message.startswith("stalled") and f"process {stopped.pid}" in reply.message, reply.message
+    finally:
+        stopped.kill()  # SIGKILL ends a stopped process too
+        stopped.wait(30)
