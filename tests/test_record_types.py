@@ -199,3 +199,19 @@ def test_every_record_type_is_covered() -> None:
     assert {f.record for f in FIELDS} == set(READERS) == set(JSONL) | set(JSON)
     kinds = {k for f in FIELDS for k in f.wrong}
     assert kinds >= {"bool", "float", "numeric_str", "null", "list", "object", "huge_int", "negative", "huge_text"}
+
+
+@pytest.mark.parametrize("name,wrong", [("host", k) for k in ("bool", "float", "int", "null", "list", "object")]
+                         + [("pid", k) for k in INT_WRONG] + [("since", k) for k in ("bool", "numeric_str", "null",
+                                                                                      "list", "object")])
+@CASES
+@given(data=st.data())
+def test_a_remote_lock_file_with_a_wrong_type_names_no_holder(name: str, wrong: str, data: st.DataObject) -> None:
+    """The upload's remote lock file (a server's file: hostile too) is read with exact types;
+    a wrong one means "not ours" (None), never a holder built from a converted value."""
+    from eva_export.upload.remotelock import LockHolder
+
+    good = {"host": "robot-1", "pid": 4242, "since": 1.5e9}
+    assert LockHolder.parse(json.dumps(good).encode()) == LockHolder("robot-1", 4242, 1.5e9)
+    value = data.draw(WRONG[wrong], label="value")
+    assert LockHolder.parse(json.dumps({**good, name: value}).encode()) is None
