@@ -206,6 +206,8 @@ def jsonl_object(path: Path, raw: bytes, lineno: int, limit: int = jsonbound.MAX
         line = jsonbound.decode(raw, lineno).strip()
         if not line:
             return None
+        if limit <= jsonbound.ROW_MAX_BYTES and line.count(":") > jsonbound.ROW_KEYS_MAX:  # a row file's line
+            raise ValueError(f"line {lineno}: more than {jsonbound.ROW_KEYS_MAX} keys")
         obj = jsonbound.loads(line, lineno)
     except ValueError as exc:
         raise ValueError(f"{path}:{str(exc).removeprefix('line ')}") from None

@@ -130,6 +130,7 @@ CASES = [
     Case("note_over_4k", with_fields(note="n" * 5000), (f"episodes.jsonl:{ROW_LINE}", "note", "4096")),
     Case("note_50mib", huge_note(50 << 20), (f"episodes.jsonl:{ROW_LINE}", "longer than")),
     Case("keys_2000", many_keys(2000), (f"episodes.jsonl:{ROW_LINE}", "keys")),
+    Case("keys_100_thousand", many_keys(100_000), (f"episodes.jsonl:{ROW_LINE}", "keys")),  # 1.9 MB: under the line bound
     Case("keys_3_million", many_keys(3_000_000), (f"episodes.jsonl:{ROW_LINE}", "longer than")),
     Case("blank_lines_50_million", blank_lines(50_000_000), ("episodes.jsonl:", "blank lines")),
 ]

@@ -9,7 +9,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..jsonbound import as_dict, as_int, as_list, as_str, check_bounds
+from ..jsonbound import KEYS_MAX, as_dict, as_int, as_list, as_str, check_bounds
 
 CODEBASE_V21 = "v2.1"
 FORMAT_V21 = "lerobot_v21"
@@ -67,6 +67,13 @@ def _feature(key: str, d: Any) -> Feature:
         return Feature.from_dict(d)
     except (KeyError, ValueError, TypeError) as exc:
         raise ValueError(f"feature {key!r}: {exc}") from None
+
+
+def _features(value: Any) -> dict[str, Any]:
+    features = as_dict(value, "features")
+    if len(features) > KEYS_MAX:
+        raise ValueError(f"features has {len(features)} entries; at most {KEYS_MAX} are accepted")
+    return features
 
 
 @dataclass
@@ -158,7 +165,7 @@ class DatasetInfo:
             codebase_version=as_str(d["codebase_version"], "codebase_version"),
             robot_type=as_str(d.get("robot_type") or "", "robot_type"),
             fps=as_int(d["fps"], "fps", 0),
-            features={k: _feature(k, v) for k, v in as_dict(d["features"], "features").items()},
+            features={k: _feature(k, v) for k, v in _features(d["features"]).items()},
             total_episodes=as_int(d.get("total_episodes", 0), "total_episodes", 0),
             total_frames=as_int(d.get("total_frames", 0), "total_frames", 0),
             total_tasks=as_int(d.get("total_tasks", 0), "total_tasks", 0),
