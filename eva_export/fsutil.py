@@ -178,12 +178,14 @@ def line_limit(path: Path) -> int:
     return jsonbound.ROW_MAX_BYTES if Path(path).name in ROW_FILES else jsonbound.MAX_BYTES
 
 
-def iter_jsonl_spans(path: Path, fh: BinaryIO | None = None) -> Iterator[tuple[int, int, int, dict[str, Any]]]:
+def iter_jsonl_spans(path: Path, fh: BinaryIO | None = None,
+                     limit: int | None = None) -> Iterator[tuple[int, int, int, dict[str, Any]]]:
     """``iter_jsonl_lines`` with each line's byte offset and length, so a reader can keep where
     a row is and parse it again later (``jsonl_object``) instead of holding every object.
     ``fh``: the file already open (read from its start); ``path`` then only names it.
-    A line over ``line_limit`` or more than BLANK_LINES_MAX blank lines: ValueError naming the line."""
-    limit = line_limit(path)
+    A line over ``limit`` (default ``line_limit``) or more than BLANK_LINES_MAX blank lines:
+    ValueError naming the line."""
+    limit = line_limit(path) if limit is None else min(limit, jsonbound.MAX_BYTES)
     with contextlib.nullcontext(fh) if fh is not None else open(path, "rb") as f:
         lineno = offset = blank = 0
         while raw := f.readline(limit + 1):  # bounded: a 1 GB line is not read whole

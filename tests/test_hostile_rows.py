@@ -115,6 +115,24 @@ def blank_lines(count: int) -> Callable[[Path], None]:
     return apply
 
 
+def padded_stats_row(size: int) -> Callable[[Path], None]:
+    """Line ROW_LINE of episodes_stats.jsonl with ``size`` bytes of padding in an unknown key:
+    far more than the declared features' statistics can need."""
+    def apply(raw: Path) -> None:
+        path = raw / "meta" / "episodes_stats.jsonl"
+        lines = path.read_text().splitlines(keepends=True)
+        row = json.loads(lines[ROW_LINE - 1])
+        with open(path, "w") as fh:
+            fh.writelines(lines[:ROW_LINE - 1])
+            fh.write(json.dumps(row)[:-1] + ', "pad": [')
+            block = "0.1, " * 65536
+            for _ in range(size // len(block)):
+                fh.write(block)
+            fh.write("0.1]}\n")
+            fh.writelines(lines[ROW_LINE:])
+    return apply
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
@@ -132,6 +150,7 @@ CASES = [
     Case("keys_2000", many_keys(2000), (f"episodes.jsonl:{ROW_LINE}", "keys")),
     Case("keys_100_thousand", many_keys(100_000), (f"episodes.jsonl:{ROW_LINE}", "keys")),  # 1.9 MB: under the line bound
     Case("keys_3_million", many_keys(3_000_000), (f"episodes.jsonl:{ROW_LINE}", "longer than")),
+    Case("stats_row_50mb", padded_stats_row(50 << 20), (f"episodes_stats.jsonl:{ROW_LINE}", "longer than")),
     Case("blank_lines_50_million", blank_lines(50_000_000), ("episodes.jsonl:", "blank lines")),
 ]
 
@@ -165,7 +184,7 @@ def test_hostile_row_is_refused_in_every_format(case: Case, baseline: Path, tmp_
         assert r["state"] in ("failed", "refused"), f"{case.name} {fmt}: exported ({r})"
         for want in case.expect:
             assert want in r["error"], f"{case.name} {fmt}: {want!r} not in {r['error'][:500]!r}"
-        assert str(raw / "meta" / "episodes.jsonl") in r["error"]
+        assert str(raw / "meta") in r["error"]
         assert len(r["error"]) < 2000, "the message quotes the row instead of naming it"
         assert r["seconds"] < REFUSAL_SECONDS, f"{case.name} {fmt}: refused after {r['seconds']:.2f} s"
     assert result["peak_mb"] < PEAK_MB, f"{case.name}: peak RSS {result['peak_mb']:.0f} MB"
