@@ -189,22 +189,24 @@ def as_str(value: Any, what: str, max_bytes: int = TEXT_MAX_BYTES) -> str:
 
 def check_bounds(value: Any, what: str, max_text: int = TEXT_MAX_BYTES, max_items: int = ITEMS_MAX) -> None:
     """Every string in a decoded value at most ``max_text`` bytes, every object at most
-    KEYS_MAX keys (each a bounded string) and every array at most ``max_items`` items."""
-    stack: list[tuple[Any, str]] = [(value, what)]
+    KEYS_MAX keys (each a bounded string) and every array at most ``max_items`` items; a
+    refusal names ``what`` (the field holding the value)."""
+    quick = max_text // 4  # a str of at most this many characters cannot exceed max_text bytes
+    stack = [value]
     while stack:
-        v, where = stack.pop()
+        v = stack.pop()
         if isinstance(v, str):
-            as_str(v, where, max_text)
+            if len(v) > quick:
+                as_str(v, f"a text in {what}", max_text)
         elif isinstance(v, dict):
             if len(v) > KEYS_MAX:
-                raise ValueError(f"{where} has {len(v)} keys; at most {KEYS_MAX} are accepted")
-            for k, item in v.items():
-                as_str(k, f"a key of {where}", max_text)
-                stack.append((item, f"{where}.{k[:40]}"))
+                raise ValueError(f"{what} has an object of {len(v)} keys; at most {KEYS_MAX} are accepted")
+            stack.extend(v.keys())
+            stack.extend(v.values())
         elif isinstance(v, list):
             if len(v) > max_items:
-                raise ValueError(f"{where} has {len(v)} items; at most {max_items} are accepted")
-            stack.extend((item, f"{where}[{i}]") for i, item in enumerate(v))
+                raise ValueError(f"{what} has an array of {len(v)} items; at most {max_items} are accepted")
+            stack.extend(v)
 
 
 def as_dict(value: Any, what: str) -> dict[str, Any]:
