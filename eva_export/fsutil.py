@@ -35,7 +35,10 @@ def free_bytes(path: Path | str) -> int:
 
 
 def _mib(n: int) -> str:
-    return "unknown" if n < 0 else f"{n / (1 << 20):.1f} MiB"
+    """A size for a message: MiB, or KiB below one MiB (a small need is not "0.0 MiB")."""
+    if n < 0:
+        return "unknown"
+    return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n / 1024:.1f} KiB"
 
 
 def storage_error(path: Path | str, exc: OSError, what: str = "writing", need: int = -1) -> StorageError:
