@@ -138,7 +138,7 @@ def decode(data: bytes, first_line: int = 1) -> str:
 
 #: Range of every count, index and size read from metadata (int64).
 INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1
-#: Longest free text (a note, a task, an issue detail, any string of a row) read from a source,
+#: Longest free text (a note, a task, a quality issue's detail, any string of a row) read from a source,
 #: in UTF-8 bytes: the bound of a review note (confine.NOTE_MAX_BYTES).
 TEXT_MAX_BYTES = 4096
 #: Most keys of one object read from a row (an episode row has about ten).
