@@ -18,7 +18,7 @@ from .dataset.records import REVIEW_VERDICTS, Subset
 from .errors import EvaError
 from .formats.registry import FORMATS
 from .formats.registry import SPECS as FORMAT_SPECS
-from .jobs import COMPLETED, JobStore
+from .jobs import COMPLETED, STALL_AFTER_S, JobStore, state_text
 from .quality.cli import add_check_command
 from .upload.cli import add_upload_commands  # no paramiko until an upload runs
 
@@ -174,7 +174,10 @@ def _jobs(args: argparse.Namespace) -> int:
     except EvaError as exc:
         print(f"eva-export: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps([j.to_dict() for j in JobStore(config.export.jobs_dir).all()], indent=2))
+    # "status": the state as a reader should see it ("stalled: ..." for a running job whose
+    # process stopped recording it); the record's own "state" is left as written
+    print(json.dumps([{**j.to_dict(), "status": state_text(j, args.stalled_after)}
+                      for j in JobStore(config.export.jobs_dir).all()], indent=2))
     return 0
 
 
@@ -274,6 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_clean)
     p = sub.add_parser("jobs", help="list recorded export jobs as JSON")
     p.add_argument("--config", required=True)
+    p.add_argument("--stalled-after", type=float, default=STALL_AFTER_S, metavar="SECONDS",
+                   help=f"show a running job with no heartbeat this long as stalled ({STALL_AFTER_S:.0f})")
     p.set_defaults(func=_jobs)
     p = sub.add_parser("verify", help="verify an exported subset (or a <format> dir holding the pair)")
     p.add_argument("dir")

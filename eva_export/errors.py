@@ -49,3 +49,7 @@ class UploadRefused(UploadError):
 class StorageError(EvaError, OSError):
     """A write failed for lack of space (ENOSPC, EDQUOT) or an I/O error (EIO): the message
     names the path and the free space. Also an OSError, so code that handled the raw error still does."""
+
+    what: str = "writing"  # the work that failed, as the message says it
+    where: str = ""  # the path it failed at
+    need: int = -1  # bytes the work needed at least (-1: not known where it failed)

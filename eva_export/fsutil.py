@@ -8,6 +8,7 @@ import errno
 import fcntl
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -34,15 +35,20 @@ def free_bytes(path: Path | str) -> int:
 
 
 def _mib(n: int) -> str:
-    return "unknown" if n < 0 else f"{n / (1 << 20):.1f} MiB"
+    """A size for a message: MiB, or KiB below one MiB (a small need is not "0.0 MiB")."""
+    if n < 0:
+        return "unknown"
+    return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n / 1024:.1f} KiB"
 
 
-def storage_error(path: Path | str, exc: OSError, what: str = "writing") -> StorageError:
-    """``exc`` (ENOSPC, EIO ...) as a StorageError naming the path and the free space."""
+def storage_error(path: Path | str, exc: OSError, what: str = "writing", need: int = -1) -> StorageError:
+    """``exc`` (ENOSPC, EIO ...) as a StorageError naming the path, the free space and, when the
+    caller knows it (``need`` >= 0), a lower bound of what the work needs."""
     reason = os.strerror(exc.errno) if exc.errno else str(exc)
     where = exc.filename if isinstance(exc.filename, str) and exc.filename else path  # the exact file, if known
-    err = StorageError(f"{what} {where} failed: {reason} ({_mib(free_bytes(where))} free there)")
-    err.errno = exc.errno
+    needs = f", at least {_mib(need)} needed" if need >= 0 else ""
+    err = StorageError(f"{what} {where} failed: {reason} ({_mib(free_bytes(where))} free there{needs})")
+    err.errno, err.where, err.what, err.need = exc.errno, str(where), what, need
     return err
 
 
@@ -51,13 +57,18 @@ def is_storage_error(exc: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def storage_guard(path: Path | str, what: str = "writing") -> Iterator[None]:
-    """Turn a disk-full or I/O error inside the block into a StorageError naming ``path``."""
+def storage_guard(path: Path | str, what: str = "writing", need: Callable[[], int] | None = None) -> Iterator[None]:
+    """Turn a disk-full or I/O error inside the block into a StorageError naming ``path``
+    (and ``need()``, at least the bytes the block had to write, asked only on a failure)."""
     try:
         yield
+    except StorageError as exc:  # raised deeper (an atomic write): add what this block needs
+        if need is None or exc.need >= 0:
+            raise
+        raise storage_error(exc.where or path, exc, exc.what, need()) from exc
     except OSError as exc:
         if is_storage_error(exc):
-            raise storage_error(path, exc, what) from exc
+            raise storage_error(path, exc, what, need() if need is not None else -1) from exc
         raise
 
 
@@ -133,7 +144,10 @@ def read_json(path: Path) -> Any:
     """One JSON document, bounded (jsonbound): ValueError("line N: ...") for any fault of the
     content, OSError when the file cannot be read. Callers add the path."""
     with open(path, "rb") as fh:
-        data = fh.read(jsonbound.MAX_BYTES + 1)
+        st = os.fstat(fh.fileno())
+        # read(n) allocates n bytes up front: ask for the file's size, not the 64 MiB bound
+        size = st.st_size if stat.S_ISREG(st.st_mode) else jsonbound.MAX_BYTES
+        data = fh.read(min(size, jsonbound.MAX_BYTES) + 1)
     return jsonbound.loads(jsonbound.decode(data))
 
 
@@ -158,28 +172,47 @@ def iter_jsonl_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         yield lineno, obj
 
 
-def iter_jsonl_spans(path: Path, fh: BinaryIO | None = None) -> Iterator[tuple[int, int, int, dict[str, Any]]]:
+#: JSON Lines files whose lines are rows of a few hundred bytes (statistics rows may be long).
+ROW_FILES = ("episodes.jsonl", "tasks.jsonl", "eva_quality.jsonl")
+
+
+def line_limit(path: Path) -> int:
+    """Longest line accepted in a JSON Lines file: ROW_MAX_BYTES for row files, else MAX_BYTES."""
+    return jsonbound.ROW_MAX_BYTES if Path(path).name in ROW_FILES else jsonbound.MAX_BYTES
+
+
+def iter_jsonl_spans(path: Path, fh: BinaryIO | None = None,
+                     limit: int | None = None) -> Iterator[tuple[int, int, int, dict[str, Any]]]:
     """``iter_jsonl_lines`` with each line's byte offset and length, so a reader can keep where
     a row is and parse it again later (``jsonl_object``) instead of holding every object.
-    ``fh``: the file already open (read from its start); ``path`` then only names it."""
+    ``fh``: the file already open (read from its start); ``path`` then only names it.
+    A line over ``limit`` (default ``line_limit``) or more than BLANK_LINES_MAX blank lines:
+    ValueError naming the line."""
+    limit = line_limit(path) if limit is None else min(limit, jsonbound.MAX_BYTES)
     with contextlib.nullcontext(fh) if fh is not None else open(path, "rb") as f:
-        lineno = offset = 0
-        while raw := f.readline(jsonbound.MAX_BYTES + 1):  # bounded: a 1 GB line is not read whole
+        lineno = offset = blank = 0
+        while raw := f.readline(limit + 1):  # bounded: a 1 GB line is not read whole
             lineno += 1
-            obj = jsonl_object(path, raw, lineno)
+            obj = jsonl_object(path, raw, lineno, limit)
             if obj is not None:
                 yield lineno, offset, len(raw), obj
+            else:
+                blank += 1
+                if blank > jsonbound.BLANK_LINES_MAX:
+                    raise ValueError(f"{path}:{lineno}: more than {jsonbound.BLANK_LINES_MAX} blank lines")
             offset += len(raw)
 
 
-def jsonl_object(path: Path, raw: bytes, lineno: int) -> dict[str, Any] | None:
+def jsonl_object(path: Path, raw: bytes, lineno: int, limit: int = jsonbound.MAX_BYTES) -> dict[str, Any] | None:
     """One line's object (None for a blank line); ValueError naming ``path:line``."""
     try:
-        if len(raw) > jsonbound.MAX_BYTES:
-            raise ValueError(f"line {lineno}: longer than {jsonbound.MAX_BYTES} bytes")
+        if len(raw) > limit:
+            raise ValueError(f"line {lineno}: longer than {limit} bytes")
         line = jsonbound.decode(raw, lineno).strip()
         if not line:
             return None
+        if limit <= jsonbound.ROW_MAX_BYTES and line.count(":") > jsonbound.ROW_KEYS_MAX:  # a row file's line
+            raise ValueError(f"line {lineno}: more than {jsonbound.ROW_KEYS_MAX} keys")
         obj = jsonbound.loads(line, lineno)
     except ValueError as exc:
         raise ValueError(f"{path}:{str(exc).removeprefix('line ')}") from None

@@ -26,14 +26,18 @@ from .jobstore import (
     COMPLETED,
     FAILED,
     FINISHED,
+    HEARTBEAT_S,
     INTERRUPTED,
     JOB_STATES,
     QUEUED,
     RUNNING,
+    STALL_AFTER_S,
     Job,
     JobKind,
     JobState,
     JobStore,
+    stalled_for,
+    state_text,
 )
 
 log = logging.getLogger(__name__)
@@ -43,11 +47,13 @@ __all__ = [
     "COMPLETED",
     "FAILED",
     "FINISHED",
+    "HEARTBEAT_S",
     "IDLE",
     "INTERRUPTED",
     "JOB_STATES",
     "QUEUED",
     "RUNNING",
+    "STALL_AFTER_S",
     "Job",
     "JobEngine",
     "JobKind",
@@ -55,6 +61,8 @@ __all__ = [
     "JobStore",
     "QueuePolicy",
     "ServiceStatus",
+    "stalled_for",
+    "state_text",
 ]
 
 # ---- the job engine ---------------------------------------------------------------------------
@@ -96,7 +104,8 @@ class JobEngine:
 
     def __init__(self, store: JobStore, *, name: str, policy: QueuePolicy = QueuePolicy.SERIAL,
                  save_period_s: float = 0.25, recover: bool = True, claim: bool = False,
-                 crash_prefix: str = "", on_change: Callable[[Job], None] | None = None) -> None:
+                 crash_prefix: str = "", on_change: Callable[[Job], None] | None = None,
+                 heartbeat_s: float = HEARTBEAT_S) -> None:
         """Args:
         store: where the records live.
         name: for thread names and log lines ("export", "upload").
@@ -107,6 +116,8 @@ class JobEngine:
             it interrupted if the process dies.
         crash_prefix: put before "<Type>: <message>" of an unexpected exception in ``error``.
         on_change: called with the snapshot after every save (from the job's thread).
+        heartbeat_s: a running job is recorded at least this often, progress or not, so a
+            reader of the store tells a stopped process (``stalled_for``) from a slow step.
         """
         self.store = store
         self.name = name
@@ -124,6 +135,8 @@ class JobEngine:
         self._last: str | None = None
         self._stop = False
         self._saved_at: dict[str, float] = {}
+        self.heartbeat_s = heartbeat_s
+        self._heartbeat: threading.Thread | None = None
         self.interrupted: list[Job] = store.mark_interrupted() if recover else []
         for job in self.interrupted:
             log.warning("%s job %s was interrupted by a restart: marked failed", name, job.job_id)
@@ -172,6 +185,9 @@ class JobEngine:
         ``on_failure`` adds fields to a failed job (e.g. the staging it leaves)."""
         with self.lock:
             self._active.add(job_id)
+            if self._heartbeat is None:
+                self._heartbeat = threading.Thread(target=self._beat, name=f"{self.name}-heartbeat", daemon=True)
+                self._heartbeat.start()
         self.update(job_id, state=RUNNING, **self._claim_fields())
         changes: dict[str, Any]
         try:
@@ -210,6 +226,23 @@ class JobEngine:
             self._last = job_id
             self.lock.notify_all()
         return job
+
+    def _beat(self) -> None:
+        """Record each running job that was not recorded for ``heartbeat_s``. Under the lock:
+        a heartbeat never writes a running snapshot over the record ``finish`` just wrote."""
+        with self.lock:
+            while not self._stop:
+                self.lock.wait(self.heartbeat_s)
+                now = time.monotonic()
+                for job_id in list(self._active):
+                    job = self._jobs.get(job_id)
+                    if job is None or job.state != RUNNING or now - self._saved_at.get(job_id, 0.0) < self.heartbeat_s:
+                        continue
+                    self._saved_at[job_id] = now
+                    try:
+                        self._save_now(job)
+                    except OSError as exc:  # a full disk: the job itself says so when it saves
+                        log.warning("%s job %s: heartbeat not recorded: %s", self.name, job_id, exc)
 
     def _work(self) -> None:
         while True:
@@ -314,7 +347,7 @@ class JobEngine:
         with self.lock:
             self._stop = True
             self.lock.notify_all()
-            threads = [t for t in (self._worker, *self._threads.values()) if t is not None]
+            threads = [t for t in (self._worker, self._heartbeat, *self._threads.values()) if t is not None]
         for t in threads:
             if t is not threading.current_thread():
                 t.join(timeout)

@@ -18,9 +18,17 @@ from typing import Any
 from .confine import check_job_id
 from .errors import UnsafeNameError
 from .fsutil import atomic_write_json, read_json
+from .jsonbound import as_dict, as_int, as_str
 
 log = logging.getLogger(__name__)
 JOB_FILE_MODE = 0o600
+#: A running process records its jobs at least this often, progress or not (JobEngine).
+HEARTBEAT_S = 5.0
+#: A running job whose record is older than this is shown as stalled: its process stopped
+#: (SIGSTOP, a hung disk) or lost its clock; a few heartbeats missed, not one late write.
+STALL_AFTER_S = 60.0
+#: Longest text field of a job record (an error names a few paths; a path is at most 4 KiB).
+JOB_TEXT_MAX = 64 << 10
 
 
 class JobState(StrEnum):
@@ -88,6 +96,7 @@ class Job:
     host: str = ""
     staging_dir: str = ""  # export: staging left by a failed job (reused or removed by the next run)
     staging_bytes: int = 0
+    heartbeat_at: float = 0.0  # when the process running it last recorded it (JobStore.save)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", JobState(self.state))  # a record's string -> the enum
@@ -104,10 +113,24 @@ class Job:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Job:
-        names = {f.name for f in dataclasses.fields(cls)}
-        if not isinstance(d, dict):
-            raise TypeError("a job record is a JSON object")
-        return cls(**{k: v for k, v in d.items() if k in names})
+        """The record with every known field of its exact type (ValueError naming the field);
+        a count is an integer (not a boolean, float or string), a time a number, a text bounded."""
+        kinds = {f.name: f.type for f in dataclasses.fields(cls)}
+        d = as_dict(d, "a job record")
+        out: dict[str, Any] = {}
+        for key, value in d.items():
+            kind = kinds.get(key)
+            if kind == "int":
+                out[key] = as_int(value, key, 0)
+            elif kind == "float":
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise ValueError(f"{key} is {type(value).__name__}, expected a number")
+                out[key] = float(value)
+            elif kind is not None:  # str, and the state's JobState (a str on disk)
+                out[key] = as_str(value, key, JOB_TEXT_MAX)
+                if key == "state" and value not in JOB_STATES:
+                    raise ValueError(f"state is {value[:40]!r}, expected one of {', '.join(JOB_STATES)}")
+        return cls(**out)
 
     @property
     def finished(self) -> bool:
@@ -131,10 +154,14 @@ class JobStore:
         return self.dir / f"{job_id}.json"
 
     def save(self, job: Job) -> None:
+        """Record the job; a record of an unfinished job is its process's heartbeat."""
+        d = job.to_dict()
+        if not job.finished:
+            d["heartbeat_at"] = time.time()
         with self._lock:
             # 0600: an upload job names the remote (user@host:port, key path, remote_dir), which
             # the service replies redact; the record on disk is for this account only
-            atomic_write_json(self.path(job.job_id), job.to_dict(), JOB_FILE_MODE)
+            atomic_write_json(self.path(job.job_id), d, JOB_FILE_MODE)
 
     def get(self, job_id: str) -> Job | None:
         """The job record named ``job_id``; None for an invalid id, a missing file or a file
@@ -219,6 +246,25 @@ class JobStore:
                     log.error("cannot record job %s as interrupted: %s", job.job_id, exc)
                 out.append(job)
         return out
+
+
+def stalled_for(job: Job, after_s: float = STALL_AFTER_S, now: float | None = None) -> float:
+    """Seconds since the last heartbeat of a running job whose process stopped recording it
+    for more than ``after_s``; 0.0 for any other job (and for records older than heartbeats)."""
+    if job.state != RUNNING or job.heartbeat_at <= 0:
+        return 0.0
+    age = (time.time() if now is None else now) - job.heartbeat_at
+    return age if age > after_s else 0.0
+
+
+def state_text(job: Job, after_s: float = STALL_AFTER_S) -> str:
+    """The job's state as a reader should see it: "running" becomes "stalled: ..." when its
+    process stopped recording progress (the record's state stays running: it may resume)."""
+    age = stalled_for(job, after_s)
+    if not age:
+        return str(job.state)
+    runner = f" (process {job.pid} on {job.host})" if job.pid else ""
+    return f"stalled: running, but no heartbeat for {age:.0f} s{runner}; it may be stopped or hung"
 
 
 def _alive(pid: int) -> bool:

@@ -6,6 +6,12 @@ every number literal must be finite and every integer at most ``INT_DIGITS_MAX``
 nesting depth is capped before parsing, and every failure is a ``ValueError`` whose message
 names the line. The constants ``NaN``/``Infinity`` stay accepted: statistics of a column holding
 NaN are written that way by our own writer and by LeRobot's.
+
+Decoded records then take their fields through ``as_int`` / ``as_str`` / ``as_list`` /
+``as_dict`` / ``check_bounds``: exact JSON types (an integer is not a boolean, a float or a
+string) and bounded sizes (texts as long as a review note, key and item counts), each refusal a
+ValueError naming the field. Row files are read line by line under ``ROW_MAX_BYTES`` and
+``BLANK_LINES_MAX`` (fsutil.iter_jsonl_spans).
 """
 
 from __future__ import annotations
@@ -132,20 +138,75 @@ def decode(data: bytes, first_line: int = 1) -> str:
 
 #: Range of every count, index and size read from metadata (int64).
 INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1
+#: Longest free text (a note, a task, a quality issue's detail, any string of a row) read from a source,
+#: in UTF-8 bytes: the bound of a review note (confine.NOTE_MAX_BYTES).
+TEXT_MAX_BYTES = 4096
+#: Most keys of one object read from a row (an episode row has about ten).
+KEYS_MAX = 1024
+#: Most items of one array in a row (frame ranges of a quality issue can be many; the line
+#: length bounds them too).
+ITEMS_MAX = 1 << 16
+#: Longest line of a row file (episodes.jsonl, tasks.jsonl, the quality sidecar): a row is a few
+#: hundred bytes; a 50 MB one is refused after reading this much, not parsed.
+ROW_MAX_BYTES = 4 << 20
+#: Most keys in one row line, counted as colons before parsing (a colon inside a string counts
+#: too: an overcount only refuses sooner). 300,000 keys in a 4 MiB line took 1.3 s to parse.
+ROW_KEYS_MAX = 1 << 16
+#: Most blank lines a JSON Lines file may hold (50 million of them would take a minute to skip).
+BLANK_LINES_MAX = 1000
 
 
-def as_int(value: Any, what: str) -> int:
-    """``int(value)`` for a metadata field, refusing (ValueError naming the field) what is not
-    a number, infinite, NaN or outside int64 instead of raising OverflowError or TypeError."""
-    if isinstance(value, (dict, list)) or value is None:
-        raise ValueError(f"{what} is {type(value).__name__}, expected an integer")
-    try:
-        out = int(value)
-    except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"{what} is {str(value)[:40]!r}, expected an integer") from None
-    if not INT_MIN <= out <= INT_MAX:
-        raise ValueError(f"{what} is {str(value)[:40]}, outside the int64 range")
+def _kind(value: Any) -> str:
+    """A value's JSON kind and a short view of it, for a refusal message (never the whole value)."""
+    kind = {bool: "boolean", float: "float", str: "string", type(None): "null", list: "array",
+            dict: "object"}.get(type(value), type(value).__name__)
+    if isinstance(value, (list, dict)):
+        return f"{kind} of {len(value)} items"
+    return f"{kind} {str(value)[:40]!r}" if isinstance(value, str) else f"{kind} {str(value)[:40]}"
+
+
+def as_int(value: Any, what: str, lo: int = INT_MIN, hi: int = INT_MAX) -> int:
+    """A metadata field that must be a JSON integer in [lo, hi]: a boolean, a float (even 90.0),
+    a string ("2"), null, an array or an object is refused by name, never converted."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{what} is {_kind(value)}, expected an integer")
+    out = int(value)
+    if not lo <= out <= hi:
+        want = ("within the int64 range" if (lo, hi) == (INT_MIN, INT_MAX) else
+                "non-negative (and within int64)" if (lo, hi) == (0, INT_MAX) else f"within [{lo}, {hi}]")
+        raise ValueError(f"{what} is {str(out)[:40]}; it must be {want}")
     return out
+
+
+def as_str(value: Any, what: str, max_bytes: int = TEXT_MAX_BYTES) -> str:
+    """A metadata field that must be a JSON string of at most ``max_bytes`` UTF-8 bytes."""
+    if not isinstance(value, str):
+        raise ValueError(f"{what} is {_kind(value)}, expected a string")
+    if len(value) > max_bytes // 4 and (size := len(value.encode("utf-8", "surrogatepass"))) > max_bytes:
+        raise ValueError(f"{what} is {size} bytes of text; at most {max_bytes} are accepted")
+    return value
+
+
+def check_bounds(value: Any, what: str, max_text: int = TEXT_MAX_BYTES, max_items: int = ITEMS_MAX) -> None:
+    """Every string in a decoded value at most ``max_text`` bytes, every object at most
+    KEYS_MAX keys (each a bounded string) and every array at most ``max_items`` items; a
+    refusal names ``what`` (the field holding the value)."""
+    quick = max_text // 4  # a str of at most this many characters cannot exceed max_text bytes
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            if len(v) > quick:
+                as_str(v, f"a text in {what}", max_text)
+        elif isinstance(v, dict):
+            if len(v) > KEYS_MAX:
+                raise ValueError(f"{what} has an object of {len(v)} keys; at most {KEYS_MAX} are accepted")
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            if len(v) > max_items:
+                raise ValueError(f"{what} has an array of {len(v)} items; at most {max_items} are accepted")
+            stack.extend(v)
 
 
 def as_dict(value: Any, what: str) -> dict[str, Any]:

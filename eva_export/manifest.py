@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .fsutil import atomic_write_bytes, atomic_write_with
+from .fsutil import atomic_write_bytes, atomic_write_with, read_json
+from .jsonbound import as_dict, as_int, as_list, as_str
 
 MANIFEST_FILE = "meta/manifest.json"
 MANIFEST_VERSION = 1
@@ -53,11 +54,11 @@ class ManifestEntry:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ManifestEntry:
-        path, size, digest = d["path"], d["size"], d["sha256"]
-        if not isinstance(path, str) or not _safe_rel(path):
+        d = as_dict(d, "a manifest entry")
+        path, size, digest = as_str(d["path"], "a manifest path"), d["size"], d["sha256"]
+        if not _safe_rel(path):
             raise ValueError(f"manifest path {path!r} is not a plain relative path")
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise ValueError(f"manifest size of {path} is not a non-negative integer: {size!r}")
+        size = as_int(size, f"manifest size of {path[:200]}", 0)
         if not isinstance(digest, str) or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
             raise ValueError(f"manifest sha256 of {path} is not 64 lowercase hex digits")
         return cls(path, size, digest)
@@ -90,8 +91,8 @@ class Manifest:
     def from_dict(cls, d: dict[str, Any]) -> Manifest:
         if not isinstance(d, dict) or d.get("version") != MANIFEST_VERSION or d.get("algorithm") != "sha256":
             raise ValueError(f"not a version {MANIFEST_VERSION} sha256 manifest")
-        files = tuple(ManifestEntry.from_dict(e) for e in d.get("files", []))
-        dirs = tuple(str(x) for x in d.get("directories", []))
+        files = tuple(ManifestEntry.from_dict(e) for e in as_list(d.get("files", []), "manifest files"))
+        dirs = tuple(as_str(x, "a manifest directory") for x in as_list(d.get("directories", []), "directories"))
         if any(not _safe_rel(x) for x in dirs):
             raise ValueError("manifest directories must be plain relative paths")
         if len({e.path for e in files}) != len(files):
@@ -100,8 +101,11 @@ class Manifest:
 
     @classmethod
     def read(cls, subset_dir: Path) -> Manifest:
-        with open(Path(subset_dir) / MANIFEST_FILE, encoding="utf-8") as fh:
-            return cls.from_dict(json.load(fh))
+        path = Path(subset_dir) / MANIFEST_FILE
+        try:
+            return cls.from_dict(read_json(path))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: {exc}") from None
 
     def write(self, subset_dir: Path) -> bytes:
         """Write ``meta/manifest.json`` atomically; return the bytes written."""

@@ -63,7 +63,7 @@ def exported(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 
 @pytest.mark.parametrize("verdict,quality,extra", [
     ("pass", "red", {}), ("fail", "green", {}), ("", "green", {}), ("", "red", {}), ("", "", {}),
-    ("", "yellow", {}), ("PASS ", "", {}), ("", "", {"quality": None}), ("", "", {"qc_verdict": 1}),
+    ("", "yellow", {}), ("PASS ", "", {}), ("", "", {"quality": None}),
 ])
 def test_decision_agrees_with_the_split_rule(verdict: str, quality: str, extra: dict[str, object]) -> None:
     row = EpisodeRow.from_dict({"episode_index": 0, "tasks": ["t"], "length": 3, **(

@@ -131,7 +131,7 @@ def test_each_format_on_a_full_disk_fails_naming_path_and_free_space(fmt: str, f
     svc = _service(fs, background=False, exporters={fmt: lambda: _FillsDisk(fmt, fs)})
     job = svc.run(raw, fmt)
     assert job.state == FAILED, f"{fmt} completed on a full disk"
-    assert "free there" in job.error and str(fs) in job.error, job.error
+    assert "free there" in job.error and str(fs) in job.error and "needed" in job.error, job.error
     assert not job.error.startswith(("OSError", "[Errno")), job.error
     _nothing_published(raw, fmt)
     staging = ExportPaths.of(raw, fmt).staging

@@ -76,7 +76,8 @@ CASES = [
          ("info.json", "out of range")),
     Case("info_nested_deep", _deep_info, ("info.json", "nested deeper")),
     Case("episodes_nested_deep", _line(EPS, 2, _deep_field), ("episodes.jsonl:2", "nested deeper")),
-    Case("stats_nested_deep", _line(STATS, 1, _deep_field), ("episodes_stats.jsonl:1", "nested deeper")),
+    # longer than the declared features' statistics can need: refused by length before depth
+    Case("stats_nested_deep", _line(STATS, 1, _deep_field), ("episodes_stats.jsonl:1", "longer than")),
     Case("features_list", _sub(INFO, r'"features": \{', '"features": [], "was": {'), ("info.json", "features")),
     Case("episodes_binary_line", _line(EPS, 2, lambda s: b"\xff\xfe\x00\x9c garbage"), ("episodes.jsonl:2", "UTF-8")),
     Case("stats_vector_short", _line(STATS, 2, _short_stats),

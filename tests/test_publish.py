@@ -140,3 +140,18 @@ def test_concurrent_export_of_same_pair_is_locked(tmp_path: Path) -> None:
         with pytest.raises(ExportError), export_lock(paths):
             pass
     assert svc(tmp_path).run(src, "lerobot_v21").state == COMPLETED
+
+
+def test_a_refused_concurrent_export_does_not_name_the_winners_staging(tmp_path: Path) -> None:
+    from eva_export.export.publish import export_lock
+
+    src = source(tmp_path)
+    paths = ExportPaths.of(src, "lerobot_v21")
+    with export_lock(paths):  # the winner: it holds the lock and writes its staging
+        paths.staging.mkdir(parents=True)
+        (paths.staging / "unit").write_bytes(b"x" * 100)
+        job = svc(tmp_path).run(src, "lerobot_v21")
+        assert job.state == FAILED and "another process is exporting" in job.error
+        assert job.staging_dir == "" and job.staging_bytes == 0, job.staging_dir
+        assert svc(tmp_path).store.get(job.job_id).staging_dir == ""  # nor does its record
+    assert paths.staging.is_dir()  # the winner's staging is untouched

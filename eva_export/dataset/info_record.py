@@ -9,7 +9,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..jsonbound import as_dict, as_int, as_list
+from ..jsonbound import KEYS_MAX, as_dict, as_int, as_list, as_str, check_bounds
 
 CODEBASE_V21 = "v2.1"
 FORMAT_V21 = "lerobot_v21"
@@ -48,8 +48,11 @@ class Feature:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Feature:
         d = as_dict(d, "a feature")
-        return cls(dtype=str(d["dtype"]), shape=tuple(as_int(s, "a shape entry") for s in as_list(d["shape"], "shape")),
-                   names=d.get("names"), info=d.get("info"))
+        check_bounds(d, "a feature")
+        info = d.get("info")
+        return cls(dtype=as_str(d["dtype"], "dtype"),
+                   shape=tuple(as_int(s, "a shape entry") for s in as_list(d["shape"], "shape")),
+                   names=d.get("names"), info=None if info is None else as_dict(info, "info"))
 
     @classmethod
     def video(cls, height: int, width: int, fps: int, codec: str = "h264") -> Feature:
@@ -64,6 +67,13 @@ def _feature(key: str, d: Any) -> Feature:
         return Feature.from_dict(d)
     except (KeyError, ValueError, TypeError) as exc:
         raise ValueError(f"feature {key!r}: {exc}") from None
+
+
+def _features(value: Any) -> dict[str, Any]:
+    features = as_dict(value, "features")
+    if len(features) > KEYS_MAX:
+        raise ValueError(f"features has {len(features)} entries; at most {KEYS_MAX} are accepted")
+    return features
 
 
 @dataclass
@@ -152,17 +162,17 @@ class DatasetInfo:
             if key not in d:
                 raise ValueError(f"info.json lacks {key!r}")
         return cls(
-            codebase_version=str(d["codebase_version"]),
-            robot_type=str(d.get("robot_type") or ""),
-            fps=as_int(d["fps"], "fps"),
-            features={k: _feature(k, v) for k, v in as_dict(d["features"], "features").items()},
-            total_episodes=as_int(d.get("total_episodes", 0), "total_episodes"),
-            total_frames=as_int(d.get("total_frames", 0), "total_frames"),
-            total_tasks=as_int(d.get("total_tasks", 0), "total_tasks"),
-            total_videos=as_int(d.get("total_videos", 0), "total_videos"),
-            total_chunks=as_int(d.get("total_chunks", 0), "total_chunks"),
+            codebase_version=as_str(d["codebase_version"], "codebase_version"),
+            robot_type=as_str(d.get("robot_type") or "", "robot_type"),
+            fps=as_int(d["fps"], "fps", 0),
+            features={k: _feature(k, v) for k, v in _features(d["features"]).items()},
+            total_episodes=as_int(d.get("total_episodes", 0), "total_episodes", 0),
+            total_frames=as_int(d.get("total_frames", 0), "total_frames", 0),
+            total_tasks=as_int(d.get("total_tasks", 0), "total_tasks", 0),
+            total_videos=as_int(d.get("total_videos", 0), "total_videos", 0),
+            total_chunks=as_int(d.get("total_chunks", 0), "total_chunks", 0),
             chunks_size=as_int(d.get("chunks_size", DEFAULT_CHUNKS_SIZE), "chunks_size"),
-            data_path=str(d["data_path"]),
-            video_path=d.get("video_path"),
+            data_path=as_str(d["data_path"], "data_path"),
+            video_path=None if d.get("video_path") is None else as_str(d["video_path"], "video_path"),
             extra={k: copy.deepcopy(v) for k, v in d.items() if k not in known},
         )

@@ -98,11 +98,26 @@ def _scan(path: Path, required: bool, parse: Callable[[dict[str, Any]], T], keep
         raise DatasetError(f"{path}:{lineno}: malformed row (lacks or mistypes {exc})") from None
 
 
-def _stats_index(path: Path, digest: Callable[[EpisodeStats], int] | None = None) -> StatsIndex:
+def _stats_index(path: Path, digest: Callable[[EpisodeStats], int] | None = None,
+                 limit: int | None = None) -> StatsIndex:
     """episodes_stats.jsonl checked line by line, kept as spans (an empty index when absent)."""
     index = StatsIndex(digest)
-    _scan(path, False, EpisodeStats.from_dict, index.note, lambda: index.scan(path))
+    _scan(path, False, EpisodeStats.from_dict, index.note, lambda: index.scan(path, limit))
     return index
+
+
+#: Bytes a stats row may spend per value (a float's repr, its separator and list brackets, with
+#: room to spare) and on each feature's names and counts; a row longer than that holds more
+#: than the features info.json declares.
+STATS_BYTES_PER_VALUE = 64
+STATS_BYTES_PER_FEATURE = 4096
+
+
+def stats_line_limit(info: DatasetInfo) -> int:
+    """The longest episodes_stats.jsonl line the declared features can need (min, max, mean and
+    std of each element; 3 per visual feature, stored per channel), plus 64 KiB."""
+    values = sum(3 if f.is_visual else max(0, int(np.prod(f.shape, dtype=np.float64))) for f in info.features.values())
+    return 65536 + len(info.features) * STATS_BYTES_PER_FEATURE + 4 * values * STATS_BYTES_PER_VALUE
 
 
 def check_stats_shapes(meta: DatasetMeta, done: Container[int] = ()) -> None:
@@ -177,5 +192,5 @@ def read_meta(root: Path, stats: bool = True, digest: bool = False) -> DatasetMe
     episodes = [r for _, r in _rows(root / EPISODES, True, EpisodeRow.from_dict)]
     tasks = [r for _, r in _rows(root / TASKS, False, TaskRow.from_dict)]
     return DatasetMeta(root=root, info=info, episodes=episodes, tasks=tasks,
-                       episodes_stats=_stats_index(root / EPISODES_STATS, stats_digest(info) if digest else None)
-                       if stats else {})
+                       episodes_stats=_stats_index(root / EPISODES_STATS, stats_digest(info) if digest else None,
+                                                   stats_line_limit(info)) if stats else {})

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..fsutil import atomic_write_json, read_json
-from ..jsonbound import as_dict, as_int, as_list
+from ..jsonbound import ITEMS_MAX, KEYS_MAX, as_dict, as_int, as_list, as_str, check_bounds
 from .info_record import (
     CODEBASE_V21,
     DATA_PATH_V21,
@@ -79,7 +79,11 @@ class QualityIssue:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> QualityIssue:
-        return cls(str(d["code"]), str(d.get("severity", Severity.ERROR)), str(d.get("detail", "")),
+        d = as_dict(d, "a quality issue")
+        check_bounds(d, "a quality issue")
+        return cls(as_str(d["code"], "a quality issue's code"),
+                   as_str(d.get("severity", Severity.ERROR), "a quality issue's severity"),
+                   as_str(d.get("detail", ""), "a quality issue's detail"),
                    {k: copy.deepcopy(v) for k, v in d.items() if k not in ("code", "severity", "detail")})
 
 
@@ -97,11 +101,20 @@ _TEXT_FIELDS = ("quality", "qc_verdict", "note", "reviewed_at")
 _EPISODE_FIELDS = ("quality", "quality_issues", "stream_stats", "qc_verdict", "note", "reviewed_at")
 
 
-def _issues(value: Any) -> list[QualityIssue] | None:
-    """quality_issues as typed records, or None when the value has another shape (kept verbatim)."""
-    if not isinstance(value, list) or not all(isinstance(i, dict) and "code" in i for i in value):
-        return None
-    return [QualityIssue.from_dict(i) for i in value]
+def _issues(value: Any) -> list[QualityIssue]:
+    """quality_issues as typed records; any other shape is refused."""
+    items = as_list(value, "quality_issues")
+    if len(items) > ITEMS_MAX:
+        raise ValueError(f"quality_issues has {len(items)} items; at most {ITEMS_MAX} are accepted")
+    return [QualityIssue.from_dict(i) for i in items]
+
+
+def _tasks(value: Any) -> list[str]:
+    """A row's tasks: a list of task texts (a single text is one task), each bounded."""
+    items = as_list([value] if isinstance(value, str) else value, "tasks")
+    if len(items) > ITEMS_MAX:
+        raise ValueError(f"tasks has {len(items)} items; at most {ITEMS_MAX} are accepted")
+    return [sys.intern(as_str(t, "a task")) for t in items]
 
 
 @dataclass(slots=True)  # no per-row __dict__: a source holds one row per episode (issue 28)
@@ -172,28 +185,34 @@ class EpisodeRow:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EpisodeRow:
+        """The row, every field of its exact type and bounded (ValueError naming the field): an
+        index or a length that is a boolean, a float or a string is refused, not converted; a
+        text over TEXT_MAX_BYTES (a review note's bound) is refused, not carried into exports.
+        A known field that is null (a foreign dataset's "quality": null) is kept verbatim."""
         d = as_dict(d, "an episode row")
+        if len(d) > KEYS_MAX:
+            raise ValueError(f"an episode row has {len(d)} keys; at most {KEYS_MAX} are accepted")
         for key in ("episode_index", "length"):
             if key not in d:
                 raise ValueError(f"episode row lacks {key!r}")
-        tasks = d.get("tasks") or []
-        if isinstance(tasks, str):
-            tasks = [tasks]
-        row = cls(episode_index=as_int(d["episode_index"], "episode_index"),
-                  tasks=[sys.intern(str(t)) for t in as_list(tasks, "tasks")], length=as_int(d["length"], "length"))
+        row = cls(episode_index=as_int(d["episode_index"], "episode_index", 0), tasks=_tasks(d.get("tasks", [])),
+                  length=as_int(d["length"], "length", 0))
         present: list[str] = []
         for key, value in d.items():
             if key in ("episode_index", "tasks", "length"):
                 continue
-            if key in _TEXT_FIELDS and isinstance(value, str):
-                setattr(row, key, sys.intern(value) if key == "quality" and type(value) is str else value)  # "green" once, not per row (an enum member is already one object)
-            elif key == "quality_issues" and (issues := _issues(value)) is not None:
-                row.quality_issues = issues
-            elif key == "stream_stats" and isinstance(value, dict):
-                row.stream_stats = copy.deepcopy(value)
-            else:
+            if value is None or key not in _EPISODE_FIELDS:
+                check_bounds(value, key)
                 row.extra[key] = copy.deepcopy(value)
                 continue
+            if key in _TEXT_FIELDS:
+                value = as_str(value, key)
+                setattr(row, key, sys.intern(value) if key == "quality" and type(value) is str else value)  # "green" once, not per row (an enum member is already one object)
+            elif key == "quality_issues":
+                row.quality_issues = _issues(value)
+            else:  # stream_stats
+                check_bounds(as_dict(value, key), key)
+                row.stream_stats = copy.deepcopy(value)
             present.append(key)
         row.present = present_with(frozenset(present))
         return row
@@ -209,7 +228,8 @@ class TaskRow:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TaskRow:
-        return cls(as_int(as_dict(d, "a task row")["task_index"], "task_index"), str(d["task"]))
+        d = as_dict(d, "a task row")
+        return cls(as_int(d["task_index"], "task_index", 0), as_str(d["task"], "task"))
 
 
 @dataclass
@@ -225,7 +245,7 @@ class EpisodeStats:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EpisodeStats:
         d = as_dict(d, "an episode stats row")
-        return cls(as_int(d["episode_index"], "episode_index"), as_dict(d["stats"], "stats"))
+        return cls(as_int(d["episode_index"], "episode_index", 0), as_dict(d["stats"], "stats"))
 
 
 # ---- meta/quality_split.json: the marker written into every exported subset ---------------------
@@ -270,13 +290,23 @@ class QualitySplit:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> QualitySplit:
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        known = {k: v for k, v in d.items() if k in names}
-        extra = {k: v for k, v in d.items() if k not in names}
+        """The marker with every field of its exact type (ValueError naming the field)."""
+        d = as_dict(d, "quality_split.json")
+        names = {f.name: f.type for f in dataclasses.fields(cls)}
         for key in ("source_dir", "subset", "dataset_format", "source_episode_indices"):
-            if key not in known:
+            if key not in d:
                 raise ValueError(f"quality_split.json lacks {key!r}")
-        known["source_episode_indices"] = [int(i) for i in known["source_episode_indices"]]
+        known: dict[str, Any] = {}
+        for key, value in d.items():
+            kind = names.get(key) if key != "extra" else None
+            if kind == "str":
+                known[key] = as_str(value, key)
+            elif kind == "int":
+                known[key] = as_int(value, key, 0)
+            elif kind is not None:  # source_episode_indices
+                known[key] = [as_int(i, "a source episode index", 0) for i in as_list(value, key)]
+        extra = {k: v for k, v in d.items() if k not in known}
+        check_bounds(extra, "quality_split.json", max_items=1 << 24)  # one origin per episode when merged
         return cls(**known, extra=extra)
 
     def write(self, dataset_root: Path) -> None:
@@ -284,4 +314,9 @@ class QualitySplit:
 
     @classmethod
     def read(cls, dataset_root: Path) -> QualitySplit:
-        return cls.from_dict(read_json(Path(dataset_root) / QUALITY_SPLIT_FILE))
+        """The marker of a subset; ValueError naming the file when it is malformed."""
+        path = Path(dataset_root) / QUALITY_SPLIT_FILE
+        try:
+            return cls.from_dict(read_json(path))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: {exc}") from None

@@ -42,15 +42,16 @@ class StatsIndex(MutableMapping[int, EpisodeStats]):
         self._spans = array("q")  # offset, length, line of slot n at 3n, 3n+1, 3n+2
         self._held: dict[int, EpisodeStats] | None = {}  # rows in memory (no file, or after a change)
 
-    def scan(self, path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    def scan(self, path: Path, limit: int | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
         """Open ``path`` and yield (line, object) of every row; the caller parses each and
-        hands it to ``note``. Read errors surface as OSError, content errors as ValueError."""
+        hands it to ``note``. Read errors surface as OSError, content errors as ValueError
+        (a line over ``limit`` bytes too)."""
         self.path, self._held = path, None
         self._fh = open(path, "rb")  # noqa: SIM115 - held open for the index's lifetime
         st = os.fstat(self._fh.fileno())
         self._stamp = (st.st_size, st.st_mtime_ns)
         self._line: tuple[int, int] = (0, 0)
-        for lineno, offset, length, obj in iter_jsonl_spans(path, self._fh):
+        for lineno, offset, length, obj in iter_jsonl_spans(path, self._fh, limit):
             self._line = (offset, length)
             yield lineno, obj
 

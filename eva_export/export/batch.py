@@ -40,9 +40,10 @@ from typing import Any
 from .. import confine, pool
 from ..config import Config, parse_config
 from ..dataset.meta import TASKS
+from ..dataset.records import TaskRow
 from ..dataset.validate import source_hash
-from ..errors import EvaError, ExportError
-from ..fsutil import atomic_write_json, read_json
+from ..errors import DatasetError, EvaError, ExportError
+from ..fsutil import atomic_write_json, iter_jsonl, read_json
 from ..jobs import COMPLETED
 from .paths import ExportPaths
 from .records import QUALITY_SPLIT_FILE, QualitySplit
@@ -109,8 +110,10 @@ class BatchItem:
 def dataset_tasks(src: Path) -> tuple[str, ...]:
     """A dataset's task texts from its metadata (tasks.jsonl, or a v3.0 tasks.parquet)."""
     if (src / TASKS).is_file():
-        rows = [json.loads(line) for line in (src / TASKS).read_text(encoding="utf-8").splitlines() if line.strip()]
-        return tuple(sorted(str(r["task"]) for r in rows))
+        try:
+            return tuple(sorted(TaskRow.from_dict(d).task for d in iter_jsonl(src / TASKS)))
+        except (KeyError, ValueError) as exc:
+            raise DatasetError(f"{src / TASKS}: {exc}") from None
     import pyarrow.parquet as pq
 
     table = pq.read_table(src / "meta" / "tasks.parquet")

@@ -60,6 +60,21 @@ def export_lock(paths: ExportPaths) -> Iterator[None]:
         os.close(fd)
 
 
+def lock_held(paths: ExportPaths) -> bool:
+    """True while an export (of any process, this one too) holds ``export_lock(paths)``."""
+    try:
+        fd = os.open(paths.lock_file, os.O_RDWR)
+    except OSError:
+        return False  # no lock file: nobody ever locked this pair
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing releases the probe's own lock
+    return False
+
+
 def recover_pair(paths: ExportPaths) -> list[str]:
     """Repair what a killed publication left: restore a lone backup, drop stale ones."""
     actions: list[str] = []

@@ -39,14 +39,14 @@ from ..errors import ConfigError, EvaError, ExportError
 from ..formats.base import Exporter, Progress
 from ..formats.nonfinite import NonFinitePolicy, check_accepted, record_kept, scan_subset
 from ..formats.registry import FormatSpec, get_spec
-from ..fsutil import storage_guard
+from ..fsutil import storage_guard, tree_size
 from ..jobs import Job, JobEngine, JobKind, JobStore, QueuePolicy, ServiceStatus
 from ..sources.registry import validate_any
 from .build import Faults, SplitProgress
 from .finite_runs import write_runs
 from .merge import check_agree, check_infos, combined_hash
 from .paths import SUBSETS, ExportPaths
-from .publish import export_lock, publish_pair, recover_pair
+from .publish import export_lock, lock_held, publish_pair, recover_pair
 from .records import ACCEPTED, REJECTED
 from .request import ExportRequest
 from .split import NativeSplit, prepare_staging
@@ -247,7 +247,8 @@ class ExportService:
                             reused_episodes=int(reused))
             self.jobs.save(job_id)
 
-        with export_lock(paths), storage_guard(paths.staging, f"{fmt} export: writing"):
+        source_bytes = sum(c.bytes_total for c in checks)  # the staged split is at least its source's size
+        with export_lock(paths), storage_guard(paths.staging, f"{fmt} export: writing", lambda: source_bytes):
             recover_pair(paths)
             home = paths.source_dir if request.named else None
             # the staging is reused only for the same sources in the same state (all of them hashed)
@@ -303,9 +304,12 @@ class ExportService:
         return {**dirs, str(ACCEPTED): runs.dir}, (runs.episodes, runs.frames)
 
     def _staging_left(self, job: Job) -> dict[str, Any]:
-        """A failed job names the staging it leaves (kept for resume) and its size."""
-        staging = self.paths(job).staging
-        return {"staging_dir": str(staging), "staging_bytes": tree_bytes(staging)} if staging.is_dir() else {}
+        """A failed job names the staging it leaves (kept for resume) and its size; not a staging
+        another export is writing now (a job refused for that export's lock leaves nothing)."""
+        paths = self.paths(job)
+        if not paths.staging.is_dir() or lock_held(paths):
+            return {}
+        return {"staging_dir": str(paths.staging), "staging_bytes": tree_bytes(paths.staging)}
 
     def _move_native(self, exporter: Exporter, staging: Path, faults: Faults, dirs: dict[str, Path]) -> Path:
         """The native format's pair: each staged subset renamed into ``staging/out`` and
@@ -337,13 +341,19 @@ class ExportService:
         out = staging / "out"
         out.mkdir(exist_ok=True)
         for name in SUBSETS:
-            with storage_guard(out / name, f"{exporter.name} export: writing"):
+            # the subset in the format is at least about its native copy's size
+            with storage_guard(out / name, f"{exporter.name} export: writing",
+                               functools.partial(_tree_bytes, dirs[name])):
                 exporter.export(dirs[name], out / name, Progress(on_episode=on_episode))
             faults.check(f"convert_{name}")
         for p in out.iterdir():
             if p.name not in SUBSETS:
                 shutil.rmtree(p) if p.is_dir() else p.unlink()
         return out
+
+
+def _tree_bytes(root: Path) -> int:
+    return tree_size(root)[1]
 
 
 def _move_back(staging: Path) -> None:

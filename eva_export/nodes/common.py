@@ -29,7 +29,7 @@ from rclpy.timer import Timer
 from eva_export import confine
 from eva_export.config import Config, load_config
 from eva_export.errors import EvaError
-from eva_export.jobs import Job, ServiceStatus
+from eva_export.jobs import Job, ServiceStatus, state_text
 
 
 #: Default period of the ``~/status`` topics, seconds (parameter ``status_period``).
@@ -281,5 +281,5 @@ class JobServiceNode(Node):
                                 else f"no {self.NO_JOB} yet")
             return response
         response.success = True
-        response.message = str(job.state)
+        response.message = state_text(job)  # "stalled: ..." when its process stopped recording it
         return response

@@ -21,7 +21,8 @@ from .. import confine
 from ..dataset.records import EpisodeRow, Verdict
 from ..dataset.validate import QUALITY_SIDECAR
 from ..errors import DatasetError
-from ..fsutil import iter_jsonl
+from ..fsutil import iter_jsonl_lines
+from ..jsonbound import as_dict, as_int, as_str
 
 SIDECAR = QUALITY_SIDECAR  # defined beside the v2.1 source hash, which covers it
 #: The row fields a sidecar line may set (EpisodeRow's quality and review fields).
@@ -42,10 +43,15 @@ class QualityEntry:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> QualityEntry:
-        if not isinstance(d, dict) or isinstance(d.get("episode_index"), bool) \
-                or not isinstance(d.get("episode_index"), int):
+        """The line, typed and bounded as an episode row's same fields are (ValueError naming the field)."""
+        d = as_dict(d, "a sidecar line")
+        if "episode_index" not in d:
             raise ValueError("a sidecar line needs an integer episode_index")
-        return cls(int(d["episode_index"]), {k: d[k] for k in FIELDS if k in d}, str(d.get("written_by", "")))
+        index = as_int(d["episode_index"], "episode_index", 0)
+        values = {k: d[k] for k in FIELDS if k in d}
+        # the fields as a row would carry them: the same exact types and bounds, one parse
+        EpisodeRow.from_dict({"episode_index": index, "length": 0, **values})
+        return cls(index, values, as_str(d.get("written_by", ""), "written_by"))
 
 
 def read_entries(root: Path) -> list[QualityEntry]:
@@ -54,10 +60,19 @@ def read_entries(root: Path) -> list[QualityEntry]:
     if not path.is_file():
         return []
     confine.confined(Path(root), SIDECAR, "meta file")  # a symlink pointing out is refused
+    out: list[QualityEntry] = []
+    lineno = 0
     try:
-        return [QualityEntry.from_dict(d) for d in iter_jsonl(path)]
-    except (OSError, ValueError, TypeError) as exc:
+        for line in iter_jsonl_lines(path):
+            lineno = line[0]  # named by a refusal of the line's entry
+            out.append(QualityEntry.from_dict(line[1]))
+    except OSError as exc:
         raise DatasetError(f"{path}: {exc}") from exc
+    except (ValueError, KeyError, TypeError) as exc:
+        if str(exc).startswith(str(path)):  # the line reader named the line already
+            raise DatasetError(str(exc)) from None
+        raise DatasetError(f"{path}:{lineno}: {exc}") from None
+    return out
 
 
 def merged(root: Path) -> dict[int, dict[str, Any]]:

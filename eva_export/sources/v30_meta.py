@@ -98,10 +98,12 @@ def read_tasks(root: Path) -> list[TaskRow]:
         raise DatasetError(f"{path}: expected a task_index column and the task text (column or pandas index "
                            f"'task'), found {table.column_names}")
     rows = []
-    for idx, text in zip(table.column("task_index").to_pylist(), table.column(text_col).to_pylist(), strict=True):
-        if not isinstance(idx, int) or isinstance(idx, bool) or not isinstance(text, str):
-            raise DatasetError(f"{path}: task row ({idx!r}, {text!r}) is not (integer, text)")
-        rows.append(TaskRow(idx, text))
+    for n, (idx, text) in enumerate(zip(table.column("task_index").to_pylist(), table.column(text_col).to_pylist(),
+                                        strict=True)):
+        try:  # the same exact types and text bound as a tasks.jsonl row
+            rows.append(TaskRow.from_dict({"task_index": idx, "task": text}))
+        except ValueError as exc:
+            raise DatasetError(f"{path}: task row {n}: {exc}") from None
     if len({t.task_index for t in rows}) != len(rows) or len({t.task for t in rows}) != len(rows):
         raise DatasetError(f"{path}: a task_index or a task text appears twice")
     return rows

@@ -41,6 +41,11 @@ def connect(s: SftpSettings) -> paramiko.SSHClient:
             "collection.storage.sftp.identity_file is empty: uploads authenticate with a key file "
             "only (no agent, no ~/.ssh keys)"
         )
+    try:  # a missing or unreadable key file is not fixed by trying again
+        with open(s.identity_file, "rb"):
+            pass
+    except OSError as exc:
+        raise PermanentError(f"cannot read identity_file {s.identity_file}: {exc.strerror or exc}") from exc
     client = paramiko.SSHClient()
     try:
         client.get_host_keys().load(s.known_hosts)  # not load_host_keys: never written back
@@ -70,6 +75,8 @@ def _connect_error(s: SftpSettings, exc: BaseException) -> UploadError:
             f"(got {exc.key.get_name()} {exc.key.get_fingerprint().hex()}); refused. "
             "If the server's key changed on purpose, update known_hosts"
         )
+    if isinstance(exc, paramiko.PasswordRequiredException):
+        return PermanentError(f"key {s.identity_file} is encrypted: uploads need a key without a passphrase")
     if isinstance(exc, paramiko.AuthenticationException):
         return PermanentError(f"{s.host}:{s.port} refused key {s.identity_file} for user {user_of(s)!r}: {exc}")
     if isinstance(exc, paramiko.SSHException):

@@ -6,7 +6,6 @@ bulk_openssh.py and remotefs.py do the work).
 
 from __future__ import annotations
 
-import json
 import posixpath
 import threading
 from collections.abc import Callable
@@ -14,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from .. import jsonbound
 from ..errors import UploadError
 from ..manifest import MANIFEST_FILE, Manifest, ManifestEntry, build_manifest, scan_tree
 from .limiter import RateLimiter
@@ -138,7 +138,7 @@ def load_manifest(local_dir: Path) -> tuple[Manifest, bytes, bool]:
         return built, built.to_bytes(), True
     try:
         data = path.read_bytes()
-        manifest = Manifest.from_dict(json.loads(data))
+        manifest = Manifest.from_dict(jsonbound.loads(jsonbound.decode(data)))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UploadError(f"{path} is unreadable ({exc}); export again") from exc
     try:

@@ -19,6 +19,19 @@ from ..manifest import MANIFEST_FILE, manifest_digest
 from .job import PermanentError, UploadJob
 
 
+def free_space(sftp: paramiko.SFTPClient, path: str) -> int | None:
+    """Bytes free to unprivileged users on the server's file system holding ``path``, from
+    OpenSSH's statvfs@openssh.com extension; None when the server does not answer it."""
+    try:
+        kind, msg = sftp._request(paramiko.sftp.CMD_EXTENDED, "statvfs@openssh.com", path)
+    except (OSError, EOFError, paramiko.SSHException):
+        return None
+    if kind != paramiko.sftp.CMD_EXTENDED_REPLY or msg is None:
+        return None
+    _bsize, frsize, _blocks, _bfree, bavail = (msg.get_int64() for _ in range(5))
+    return int(bavail * frsize)
+
+
 def inventory(sftp: paramiko.SFTPClient, root: str) -> tuple[dict[str, int], set[str]]:
     """Files (relative path -> size) and directories under a remote directory."""
     files: dict[str, int] = {}

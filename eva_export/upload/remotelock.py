@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import paramiko
 
+from .. import jsonbound
 from .job import PermanentError
 
 LOCK_MARK = ".uploading-"  # in place of the staging directory's ".staging-"
@@ -37,10 +38,13 @@ class LockHolder:
     @classmethod
     def parse(cls, data: bytes) -> LockHolder | None:
         """The holder a lock file names; None when it names none (damaged or foreign)."""
-        try:
-            d = json.loads(data.decode("utf-8"))
-            return cls(str(d["host"]), int(d["pid"]), float(d["since"]))
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        try:  # the exact types (a pid is an integer, not "123" or true): anything else is not ours
+            d = jsonbound.as_dict(jsonbound.loads(jsonbound.decode(data)), "a lock file")
+            since = d["since"]
+            if isinstance(since, bool) or not isinstance(since, (int, float)):
+                return None
+            return cls(jsonbound.as_str(d["host"], "host", 255), jsonbound.as_int(d["pid"], "pid", 0), float(since))
+        except (ValueError, KeyError):
             return None
 
     @classmethod

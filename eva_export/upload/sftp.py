@@ -154,8 +154,8 @@ class SftpBackend:
             except UploadError as exc:
                 last_error = str(exc)
             if job.attempt >= s.max_attempts:
-                raise UploadError(self._kept(job, f"{last_error} (attempt {job.attempt} of {s.max_attempts}, "
-                                                  "giving up)"))
+                raise UploadError(self._kept(job, f"{last_error} (a transient error: attempt {job.attempt} of "
+                                                  f"{s.max_attempts}, giving up)"))
             delay = min(s.retry_backoff_max_s, s.retry_backoff_s * 2 ** (job.attempt - 1))
             deadline = time.monotonic() + delay
             try:
@@ -174,7 +174,7 @@ class SftpBackend:
 
     def _cleanup_after(self, job: UploadJob, reason: str) -> str:
         """A permanent failure: remove the staging directory (best effort), return the message."""
-        msg = f"upload to {self.describe()} failed: {reason}"
+        msg = f"upload to {self.describe()} failed: {reason} (a permanent error: not retried)"
         if not job.staging_ours:
             return msg + "; nothing was published"
         cleaned = False
@@ -201,6 +201,7 @@ class SftpBackend:
         client = self._connect_or_stop(run)
         phase = "opening the SFTP session"
         hasher: RemoteHasher | None = None
+        sftp: paramiko.SFTPClient | None = None
         try:
             sftp = self._open_sftp(client)
             # the server-side hash shell starts now: its start-up overlaps what follows
@@ -238,11 +239,11 @@ class SftpBackend:
         except UploadError as exc:
             if isinstance(exc, (PermanentError, UploadCancelled)):
                 raise
-            raise UploadError(f"while {phase}: {exc}") from exc
+            raise self._disk_full(job, sftp, phase) or UploadError(f"while {phase}: {exc}") from exc
         except PermissionError as exc:
             raise PermanentError(f"while {phase}: permission denied on the server ({exc})") from exc
         except (OSError, EOFError, paramiko.SSHException) as exc:
-            raise UploadError(f"while {phase}: {describe_error(exc)}") from exc
+            raise self._disk_full(job, sftp, phase) or UploadError(f"while {phase}: {describe_error(exc)}") from exc
         finally:
             if run is not None:
                 run.close()
@@ -250,6 +251,19 @@ class SftpBackend:
                 self._no_exec = self._no_exec or hasher.kind == "readback"
                 hasher.close()
             client.close()
+
+    def _disk_full(self, job: UploadJob, sftp: paramiko.SFTPClient | None, phase: str) -> PermanentError | None:
+        """A failed write on a server whose disk has less room than the rest of the upload is
+        permanent: SFTP reports ENOSPC as a bare "Failure", so the server is asked its free space."""
+        if sftp is None:
+            return None
+        free = remotefs.free_space(sftp, job.staging)
+        with job.lock:
+            need = job.total_bytes - job.done_bytes - sum(job.inflight.values())
+        if free is None or free >= max(need, 1):
+            return None
+        return PermanentError(f"while {phase}: the server's disk is full: {free} bytes free under "
+                              f"{self.settings.remote_dir}, {need} more needed")
 
     def _start_client(self, job: UploadJob) -> ClientRun | None:
         """OpenSSH's client for the bulk bytes, started before paramiko connects: its handshake

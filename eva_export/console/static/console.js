@@ -79,8 +79,10 @@ async function followJob(kind, id) {
     try { r = await getJSON("/api/job?kind=" + kind + "&id=" + encodeURIComponent(id)); }
     catch (e) { err.textContent = String(e.message || e); return; }
     if (!r.ok) { err.textContent = r.message; return; }
-    line.textContent = describeJob(r.job);
-    line.dataset.state = r.job.state;
+    // the node's message says "stalled: ..." when the job's process stopped recording it
+    const stalled = typeof r.message === "string" && r.message.startsWith("stalled");
+    line.textContent = describeJob(r.job) + (stalled ? " - " + r.message : "");
+    line.dataset.state = stalled ? "stalled" : r.job.state;
     if (r.job.state === "failed") { err.textContent = r.job.error; return; }
     if (r.job.state === "completed") return;
     await new Promise((res) => setTimeout(res, 400));
