@@ -25,7 +25,7 @@ import functools
 import logging
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from ..formats.registry import FormatSpec, get_spec
 from ..fsutil import storage_guard
 from ..jobs import Job, JobEngine, JobKind, JobStore, QueuePolicy, ServiceStatus
 from ..sources.registry import validate_any
+from . import faults
 from .build import Faults, SplitProgress
 from .merge import check_agree, check_infos, combined_hash
 from .paths import SUBSETS, ExportPaths
@@ -76,12 +77,10 @@ def load_exporter(spec: FormatSpec, **options: Any) -> Exporter:
 class ExportService:
     """The export job queue (one worker thread, jobs in order). Thread-safe; ``close()`` stops it."""
 
-    def __init__(self, config: Config, *, background: bool = True, recover: bool = True,
-                 fail_at: str | None = None, exporters: dict[str, Callable[[], Any]] | None = None) -> None:
+    def __init__(self, config: Config, *, background: bool = True, recover: bool = True) -> None:
         self.config = config
         self.store = JobStore(config.export.jobs_dir)
-        self.fail_at = fail_at  # fault injection for tests: a step name (see Faults)
-        self.exporters = dict(exporters or {})  # format -> factory; overrides the registry (tests)
+        self.faults = faults.armed()  # injects nothing unless a test armed a plan (faults.py)
         self._requests: dict[str, ExportRequest] = {}  # job id -> its request (several sources, a name)
         self.jobs = JobEngine(self.store, name="export", policy=QueuePolicy.SERIAL, save_period_s=SAVE_PERIOD_S,
                               recover=recover, claim=True)
@@ -221,19 +220,19 @@ class ExportService:
 
     def _export_job(self, job_id: str, request: ExportRequest) -> dict[str, Any]:
         job = self.jobs.job(job_id)
-        faults = Faults(self.fail_at)
+        checkpoints = Faults(self.faults.fail_at)
         spec = request.spec
         fmt = spec.name
         paths = self.paths(job)
-        exporter = (self.exporters[fmt]() if fmt in self.exporters
-                    else load_exporter(spec, **spec.options(self.config.export)))
+        injected = self.faults.exporters.get(fmt)
+        exporter = injected() if injected is not None else load_exporter(spec, **spec.options(self.config.export))
         if paths.backups():
             with export_lock(paths):
                 # A kill between the two publication renames left the old pair in .backup-*:
                 # put it back first, so a validation failure below cannot leave it there.
                 recover_pair(paths)
         checks = self._validate(request, paths)
-        faults.check("validate")
+        checkpoints.check("validate")
         # Each source episode counts once: in the split for the native format, else when the
         # format's exporter writes it (counting both phases showed 8/8 for 4 episodes).
         self.jobs.update(job_id, episodes_total=sum(len(c.episodes) for c in checks),
@@ -253,7 +252,7 @@ class ExportService:
             if prepare_staging(paths.staging, home or checks[0].root, fmt, combined_hash(checks)) and spec.native:
                 _move_back(paths.staging)  # a run killed after _move_native: its units are kept
             split = NativeSplit(checks, paths.staging, job_id, progress=SplitProgress(on_unit),
-                                faults=faults, home=home).run()
+                                faults=checkpoints, home=home).run()
             # the sources' metadata (every episode row) is not needed past the split: not held
             # through conversion and verification, whose own reads then peak alone (issue 28)
             del checks
@@ -262,13 +261,13 @@ class ExportService:
             # NaN/inf in accepted episodes: refused (naming them) or kept and recorded, per export.nonfinite
             check_accepted(native_dir(paths.staging, ACCEPTED), self.config.export.nonfinite, fmt,
                            split.subsets[ACCEPTED].nonfinite)
-            moved = spec.native and fmt not in self.exporters  # the registry's own native exporter
+            moved = spec.native and injected is None  # the registry's own native exporter
             try:
-                pair = (self._move_native(exporter, paths.staging, faults) if moved
-                        else self._convert(job_id, exporter, paths.staging, faults, count=not spec.native))
+                pair = (self._move_native(exporter, paths.staging, checkpoints) if moved
+                        else self._convert(job_id, exporter, paths.staging, checkpoints, count=not spec.native))
                 verify_staged(fmt, pair, exporter)  # publish only what verifies
-                faults.check("verified")
-                publish_pair(paths, pair, job_id, faults)
+                checkpoints.check("verified")
+                publish_pair(paths, pair, job_id, checkpoints)
             except BaseException:
                 if moved:  # the units go back where a rerun looks for them
                     _move_back(paths.staging)
