@@ -24,6 +24,9 @@ from ..config import Config
 from ..errors import UploadRefused
 from ..fsutil import LockHeld, take_lock
 from ..jobs import Job, JobEngine, JobKind, JobStore, QueuePolicy, ServiceStatus
+
+# the shipped backend loads with the service: a node pays paramiko's import at start, not in its first upload
+from . import sftp  # noqa: F401
 from .backends import backend_for
 from .gate import check_upload, publish_name
 from .job import UploadBackend, UploadCancelled
