@@ -123,9 +123,9 @@ class SlicedEpisode(SourceEpisode):
             with pq.ParquetFile(self.data_path) as pf:  # not read_table: its dataset layer costs ms per small file
                 table = _read_rows(pf, self.row_start, self.rows)
                 table = table.replace_schema_metadata(v21_schema_metadata(table.schema.metadata))
-        except (OSError, pa.ArrowException) as exc:
+            return table if columns is None else table.select(columns)
+        except (OSError, KeyError, pa.ArrowException) as exc:  # KeyError: a column the file lacks
             raise DatasetError(f"episode {self.index}: cannot read {self.data_path}: {exc}") from exc
-        return table if columns is None else table.select(columns)
 
     def check_rows(self, table: pa.Table) -> None:
         """The slice must hold exactly this episode's rows (else the metadata mislocates it)."""
