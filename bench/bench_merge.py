@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from dsfactory import Ep, make_dataset  # noqa: E402
 
 from eva_export.config import parse_config  # noqa: E402
+from eva_export.export import faults  # noqa: E402
 from eva_export.export.runner import ExportService  # noqa: E402
 
 
@@ -49,7 +50,9 @@ def main() -> int:
         job = svc.run(sources, args.format, "fleet")
         merged = time.perf_counter() - t0
         assert job.state == "completed", job.error
-        ExportService(cfg, background=False, recover=False, fail_at="verified").run(sources, args.format, "fleet")
+        with faults.injected(faults.FaultPlan(fail_at="verified")):
+            broken = ExportService(cfg, background=False, recover=False)
+        broken.run(sources, args.format, "fleet")
         t0 = time.perf_counter()
         again = svc.run(sources, args.format, "fleet")
         rerun = time.perf_counter() - t0

@@ -73,12 +73,10 @@ class CaptureSettings:
     video_preset: str = "ultrafast"
     video_crf: int = 18
     reliable_qos: bool = True
-    # bag ingest (issue 15): directories a ~/ingest request may read bags from (empty: log_dir),
-    # and the topic whose std_msgs/String or Bool (or CaptureStatus) messages cut episodes
+    # bag ingest: roots a request may read bags from (empty: log_dir); the topic that cuts episodes
     ingest_roots: tuple[str, ...] = ()
     ingest_marker_topic: str = ""
-    # START is refused below this much free space under log_dir: room for one expected episode
-    # (about 60 s of three 640x480 cameras at crf 18, plus its table and metadata)
+    # START is refused below this much free space: one expected episode (60 s, 3 cameras 640x480)
     min_free_mb: int = 256
 
 
@@ -95,7 +93,7 @@ class SftpSettings:
     remote_dir: str = ""
     connect_timeout_s: float = 10.0
     transfer_timeout_s: float = 30.0
-    # flaky links (issue 19): attempts per job, exponential backoff between them
+    # flaky links: attempts per job, exponential backoff between them
     max_attempts: int = 5
     retry_backoff_s: float = 2.0  # first wait; doubles after every failed attempt
     retry_backoff_max_s: float = 60.0
@@ -103,9 +101,8 @@ class SftpSettings:
     parallel_files: int = 4  # small files (< 1 MiB) sent over this many SFTP channels at once
     # remote_dir must exist (a typo must not create a tree somewhere else); True creates it
     create_remote_dir: bool = False
-    # who sends the file bytes: paramiko, OpenSSH's sftp client (about half the CPU per GiB;
-    # paramiko still connects, verifies and renames), or auto (OpenSSH's where installed, else
-    # paramiko; the default: same host-key policy and checks, 1.1x sftp -b against 0.8x)
+    # who sends the file bytes: paramiko, OpenSSH's sftp client (half the CPU per GiB; paramiko
+    # still connects, verifies, renames) or auto (OpenSSH's where installed: 1.1x sftp -b, not 0.8x)
     bulk: str = "auto"
 
     def check(self) -> None:
@@ -120,12 +117,17 @@ class SftpSettings:
         if not rd.startswith("/"):
             raise ConfigError(f"collection.storage.sftp.remote_dir {rd!r} must be absolute")
         if posixpath.normpath(rd) != rd or "/../" in rd + "/" or (rd.endswith("/") and rd != "/"):
-            raise ConfigError(
-                f"collection.storage.sftp.remote_dir {rd!r} must be canonical "
-                f"(no '..', '.', '//' or trailing '/'); did you mean {posixpath.normpath(rd)!r}?"
-            )
+            raise ConfigError(f"collection.storage.sftp.remote_dir {rd!r} must be canonical (no '..', '.', "
+                              f"'//' or trailing '/'); did you mean {posixpath.normpath(rd)!r}?")
         if not self.known_hosts:
             raise ConfigError("collection.storage.sftp.known_hosts is required: host keys are verified")
+
+
+@dataclass(frozen=True)
+class StorageSection:
+    """A section under collection.storage, parsed by the upload backend of its name (upload/backends.py)."""
+    name: str
+    values: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,7 @@ class CollectionConfig:
     cameras: tuple[CameraStream, ...]
     capture: CaptureSettings
     sftp: SftpSettings | None
+    storage: tuple[StorageSection, ...] = ()  # every configured upload backend section
 
     def task_for(self, dataset_name: str = "", task: str = "") -> TaskSpec:
         """The task a start request selects: by dataset name and prompt, default the first."""
@@ -232,12 +235,8 @@ def _vector(d: Any, where: str) -> VectorStream | None:
     if d is None:
         return None
     d = _take(d, where, {"topic", "type", "names", "field"})
-    vs = VectorStream(
-        topic=str(d["topic"]),
-        type=str(d.get("type", "JointState")),
-        names=tuple(str(n) for n in d.get("names") or ()),
-        field=str(d.get("field", "position")),
-    )
+    vs = VectorStream(topic=str(d["topic"]), type=str(d.get("type", "JointState")),
+                      names=tuple(str(n) for n in d.get("names") or ()), field=str(d.get("field", "position")))
     if vs.type not in VECTOR_TYPES:
         raise ConfigError(f"{where}.type {vs.type!r} not one of {VECTOR_TYPES}")
     if not vs.names:
@@ -288,12 +287,13 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> Config:
     ee = streams.get("ee_pose")
     ee_pose = PoseStream(str(_take(ee, "collection.streams.ee_pose", {"topic"})["topic"])) if ee else None
     capture = _capture(col)
-    sftp = _sftp(col)
+    storage = _storage(col)
+    sftp = next((parse_sftp(s.values) for s in storage if s.name == "sftp"), None)
     collection = CollectionConfig(
         log_dir=log_dir, fps=fps, robot_type=str(col.get("robot_type", "eva")), tasks=tuple(tasks),
         state=_vector(streams.get("state"), "collection.streams.state"),
         action=_vector(streams.get("action"), "collection.streams.action"),
-        ee_pose=ee_pose, cameras=tuple(cams), capture=capture, sftp=sftp,
+        ee_pose=ee_pose, cameras=tuple(cams), capture=capture, sftp=sftp, storage=storage,
     )
     export = _export(raw, log_dir)
     up = _take(raw.get("upload") or {}, "upload", {"jobs_dir"})
@@ -328,14 +328,20 @@ def _capture(col: dict[str, Any]) -> CaptureSettings:
     return capture
 
 
-def _sftp(col: dict[str, Any]) -> SftpSettings | None:
-    storage = _take(col.get("storage") or {}, "collection.storage", {"sftp"})
-    sftp = None
-    if storage.get("sftp"):
-        s = _take(storage["sftp"], "collection.storage.sftp", set(SftpSettings.__dataclass_fields__))
-        fields: dict[str, Any] = {k: (int(v) if k == "port" else v) for k, v in s.items()}
-        sftp = SftpSettings(**fields)
-        sftp.check()
+def _storage(col: dict[str, Any]) -> tuple[StorageSection, ...]:
+    """The non-empty sections under collection.storage (names checked by upload/backends.py)."""
+    def keys(d: Any) -> set[str]:
+        return set(d) if isinstance(d, dict) else set()
+    storage = _take(col.get("storage") or {}, "collection.storage", keys(col.get("storage")))
+    return tuple(StorageSection(str(k), _take(v, f"collection.storage.{k}", keys(v))) for k, v in storage.items() if v)
+
+
+def parse_sftp(values: dict[str, Any]) -> SftpSettings:
+    """collection.storage.sftp as checked settings."""
+    s = _take(values, "collection.storage.sftp", set(SftpSettings.__dataclass_fields__))
+    fields: dict[str, Any] = {k: (int(v) if k == "port" else v) for k, v in s.items()}
+    sftp = SftpSettings(**fields)
+    sftp.check()
     return sftp
 
 
@@ -345,12 +351,10 @@ def _export(raw: dict[str, Any], log_dir: Path) -> ExportConfig:
                 "mcap_compression", "eva_store", "workers", "nonfinite", "nonfinite_min_run"})
     roots = tuple(Path(r).expanduser().absolute() for r in (ex.get("data_roots") or [log_dir]))
     export = ExportConfig(
-        data_roots=roots,
-        jobs_dir=Path(ex.get("jobs_dir") or log_dir / ".jobs" / "export"),
+        data_roots=roots, jobs_dir=Path(ex.get("jobs_dir") or log_dir / ".jobs" / "export"),
         v3_data_file_mb=float(ex.get("v3_data_file_mb", 100.0)),
         v3_video_file_mb=float(ex.get("v3_video_file_mb", 200.0)),
-        hdf5_compression=str(ex.get("hdf5_compression", "")),
-        mcap_compression=str(ex.get("mcap_compression", "lz4")),
+        hdf5_compression=str(ex.get("hdf5_compression", "")), mcap_compression=str(ex.get("mcap_compression", "lz4")),
         eva_store=_store_settings(ex.get("eva_store")),
         workers=_workers(ex.get("workers", 0)),
         nonfinite=str(ex.get("nonfinite", "finite_runs")),
@@ -389,7 +393,6 @@ def load_config(path: str | Path | None) -> Config:
     if not path:
         return parse_config({})
     import yaml  # only a config file needs it (an export without --config does not)
-
     p = Path(path)
     try:
         raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}

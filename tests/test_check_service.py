@@ -21,6 +21,7 @@ from eva_export_interfaces.srv import CheckDataset, GetJob
 from quality_corpus import corpus, write_corpus
 
 from eva_export.dataset.table import to_numpy
+from eva_export.export import faults
 from eva_export.quality.rules import RULE_VERSION
 from eva_export.sources import sidecar
 
@@ -170,7 +171,7 @@ def test_a_running_check_leaves_the_other_services_answering(node_factory, ros_c
     hold.mkdir()
     os.mkfifo(hold / "release")
     node = node_factory("export_node", params={"config_file": str(config_file)},
-                        env={"EVA_TEST_CHECK_HOLD": str(hold)})
+                        env=faults.env(check_hold=str(hold)))
     ros_client.wait_for_services([node.service("check"), node.service("get_job")], procs=[node])
     # the held call on a client of its own (another fleet tool); the others on the cached one
     client = ros_client.node.create_client(CheckDataset, node.service("check"))

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from dsfactory import Ep, make_dataset, replace_video
+from export_faults import faulty_service
 from short_videos import encode_bframes, short_subset, textured
 from test_hostile_sources import CAM, V2, Case, edit_rows, rewrite_table, set_column, snapshot
 
@@ -41,7 +42,7 @@ P1 = "data/chunk-000/episode_000001.parquet"
 
 
 def _service(log_dir: Path, **kw: object) -> ExportService:
-    return ExportService(parse_config({"collection": {"log_dir": str(log_dir)}}), background=False, recover=False,
+    return faulty_service(parse_config({"collection": {"log_dir": str(log_dir)}}), background=False, recover=False,
                          **kw)  # type: ignore[arg-type]
 
 

@@ -23,6 +23,7 @@ import h5py
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from export_faults import faulty_service
 from mcap.reader import make_reader
 
 from eva_export.config import parse_config
@@ -55,7 +56,7 @@ def copy_source(tmp_path: Path, name: str) -> Path:
 
 def service(tmp_path: Path, **kw: Any) -> ExportService:
     cfg = parse_config({"export": {"data_roots": [str(tmp_path / "data")], "jobs_dir": str(tmp_path / "jobs")}})
-    return ExportService(cfg, background=False, recover=False, **kw)
+    return faulty_service(cfg, background=False, recover=False, **kw)
 
 
 def expected_split(src: Path) -> dict[str, list[EpisodeRow]]:

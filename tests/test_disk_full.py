@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from diskfull import fill, tmpfs, unfill
 from dsfactory import Ep, make_dataset, make_subset
+from export_faults import faulty_service
 
 from eva_export.config import parse_config
 from eva_export.errors import EvaError
@@ -45,7 +46,7 @@ def _raw(fs: Path, frames: int = 30, cameras: int = 2) -> Path:
 
 
 def _service(fs: Path, **kw: Any) -> ExportService:
-    return ExportService(parse_config({"collection": {"log_dir": str(fs / "logs")}}), recover=False, **kw)
+    return faulty_service(parse_config({"collection": {"log_dir": str(fs / "logs")}}), recover=False, **kw)
 
 
 def _nothing_published(raw: Path, fmt: str) -> None:

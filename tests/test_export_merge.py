@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from dsfactory import Ep, make_dataset
+from export_faults import faulty_service
 from merge_helpers import (
     ACCEPTED,
     PICK,
@@ -143,7 +144,7 @@ def test_request_rules(tmp_path: Path) -> None:
 def test_fault_mid_export_resumes_per_unit(tmp_path: Path) -> None:
     sources = robots(tmp_path)
     total = len(ACCEPTED) + len(REJECTED)
-    failed = ExportService(config(tmp_path), background=False, recover=False, fail_at="unit:2").run(
+    failed = faulty_service(config(tmp_path), background=False, recover=False, fail_at="unit:2").run(
         sources, "lerobot_v3", "fleet")
     assert failed.state == "failed" and "unit:2" in failed.error
     assert not (tmp_path / "fleet/export/lerobot_v3").exists()  # nothing published
@@ -153,13 +154,13 @@ def test_fault_mid_export_resumes_per_unit(tmp_path: Path) -> None:
     assert job.reused_episodes == 2
     check_against_sources(read_v3(tmp_path / "fleet/export/lerobot_v3/accepted"), sources, ACCEPTED)
     # a fault after every unit: the rerun reuses all of them
-    failed = ExportService(config(tmp_path), background=False, recover=False, fail_at="verified").run(
+    failed = faulty_service(config(tmp_path), background=False, recover=False, fail_at="verified").run(
         sources, "lerobot_v3", "fleet")
     assert failed.state == "failed"
     job = ExportService(config(tmp_path), background=False, recover=False).run(sources, "lerobot_v3", "fleet")
     assert job.state == "completed" and job.reused_episodes == total
     # the staging is keyed by every source: a change in the last one starts afresh
-    ExportService(config(tmp_path), background=False, recover=False, fail_at="verified").run(
+    faulty_service(config(tmp_path), background=False, recover=False, fail_at="verified").run(
         sources, "lerobot_v3", "fleet")
     make_dataset(sources[2], [Ep(28, task=WIPE)])
     job = ExportService(config(tmp_path), background=False, recover=False).run(sources, "lerobot_v3", "fleet")

@@ -14,6 +14,7 @@ from typing import Any
 import av
 import pytest
 from dsfactory import Ep, make_dataset, replace_video
+from export_faults import faulty_service
 from test_video_facts import age
 
 from eva_export import confine, jsonbound
@@ -44,7 +45,7 @@ def service(source: Path, fail_at: str | None = None) -> ExportService:
     # one worker: the units run in this process, where the counters are installed
     cfg = parse_config({"collection": {"log_dir": str(log)},
                         "export": {"jobs_dir": str(log / "jobs"), "workers": 1}})
-    return ExportService(cfg, background=False, recover=False, fail_at=fail_at)
+    return faulty_service(cfg, background=False, recover=False, fail_at=fail_at)
 
 
 class Opens:

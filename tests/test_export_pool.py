@@ -22,6 +22,7 @@ from typing import Any
 import psutil
 import pytest
 from dsfactory import Ep, make_dataset
+from export_faults import faulty_service
 
 from eva_export import pool
 from eva_export.config import parse_config
@@ -47,7 +48,7 @@ def _eps(n: int = 7) -> list[Ep]:
 
 def _service(log_dir: Path, workers: int, **kw: Any) -> ExportService:
     cfg = parse_config({"collection": {"log_dir": str(log_dir)}, "export": {"workers": workers}})
-    return ExportService(cfg, background=False, recover=False, **kw)
+    return faulty_service(cfg, background=False, recover=False, **kw)
 
 
 def _strip(v: Any) -> Any:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from dsfactory import Ep, make_dataset
+from export_faults import faulty_service
 from test_split import CopyExporter
 
 from eva_export.config import parse_config
@@ -30,7 +31,7 @@ STEPS_CONVERTED = STEPS_NATIVE[:6] + ["convert_accepted", "convert_rejected"] + 
 
 def svc(tmp_path: Path, **kw: object) -> ExportService:
     cfg = parse_config({"collection": {"log_dir": str(tmp_path / "logs")}})
-    return ExportService(cfg, background=False, recover=False,
+    return faulty_service(cfg, background=False, recover=False,
                          exporters={"hdf5": CopyExporter}, **kw)  # type: ignore[arg-type]
 
 

@@ -22,6 +22,7 @@ import h5py
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from export_faults import faulty_service
 from mcap.reader import make_reader
 
 from eva_export.config import parse_config
@@ -340,7 +341,7 @@ def test_v30_h264_with_b_frames_is_cut_by_stream_copy(tmp_path: Path) -> None:
 def test_v30_export_resumes_from_its_staged_units(tmp_path: Path) -> None:
     src = copy_source(tmp_path, V30)
     cfg = parse_config({"export": {"data_roots": [str(tmp_path / "data")], "jobs_dir": str(tmp_path / "jobs")}})
-    job = ExportService(cfg, background=False, recover=False, fail_at="convert_accepted").run(src, "lerobot_v3")
+    job = faulty_service(cfg, background=False, recover=False, fail_at="convert_accepted").run(src, "lerobot_v3")
     assert job.state != COMPLETED and "injected failure" in job.error
     job = export(tmp_path, src, "lerobot_v3")
     assert job.reused_episodes == 2  # the cut units were checked (sizes from their records) and kept

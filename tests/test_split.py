@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from dsfactory import Ep, make_dataset, state_value
+from export_faults import faulty_service
 
 from eva_export.config import parse_config
 from eva_export.dataset.records import EpisodeRow
@@ -31,7 +32,7 @@ RED = [{"code": "drops", "severity": "error", "detail": "3 frames dropped on cam
 
 def service(log_dir: Path, **kw: object) -> ExportService:
     cfg = parse_config({"collection": {"log_dir": str(log_dir)}})
-    return ExportService(cfg, background=False, recover=False, **kw)  # type: ignore[arg-type]
+    return faulty_service(cfg, background=False, recover=False, **kw)  # type: ignore[arg-type]
 
 
 def mixed_source(tmp_path: Path) -> Path:

@@ -159,6 +159,8 @@ MODULES = [
     "eva_export.quality.store",
     "eva_export.quality.cli",
     "eva_export.quality.service",
+    "eva_export.upload.backends",
+    "eva_export.export.faults",
     "eva_export.upload.sftp",
     "eva_export.upload.job",
     "eva_export.upload.connection",

@@ -73,7 +73,7 @@ def episodes_page(name: str, ok: bool, message: str, rows: Sequence[dict[str, An
     opts = "".join(f'<option value="{esc(f)}">{esc(f)}</option>' for f in formats)
     # Upload only when a backend is configured: a button that can only be refused is noise
     upload = (' <button id=upload-btn>Upload</button>' if upload_configured
-              else ' <span id=upload-off class=muted>upload: no backend configured (collection.storage.sftp)</span>')
+              else ' <span id=upload-off class=muted>upload: no backend configured (collection.storage)</span>')
     jobs = (f'<section id=jobs><select id=format aria-label=format>{opts}</select> '
             '<button id=export-btn>Export</button>' + upload +
             '<div id=job-status class=jobline></div><div id=job-error class=red></div></section>')

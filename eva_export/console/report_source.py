@@ -20,7 +20,6 @@ from ..dataset.records import DatasetInfo, EpisodeRow
 from ..dataset.validate import SourceEpisode
 from ..errors import DatasetError
 from ..sources import sidecar
-from ..sources.base import SlicedEpisode, SourceKind, read_table
 from ..sources.registry import open_source
 from . import data
 
@@ -28,7 +27,7 @@ from . import data
 @dataclass(frozen=True)
 class ReportSource:
     root: Path
-    kind: SourceKind
+    kind: str  # a registered source kind (sources/registry.py)
     info: DatasetInfo
     located: tuple[SourceEpisode, ...]
 
@@ -50,10 +49,8 @@ def read_report_source(root: Path) -> ReportSource:
 
 def episode_arrays(src: ReportSource, ep: SourceEpisode) -> dict[str, Any]:
     """The plotted vector features of one episode as float64 arrays (frames x elements)."""
-    if not isinstance(ep, SlicedEpisode):
-        return data.feature_arrays(src.root, src.info, ep.index)
     wanted = [k for k in data.PLOT_FEATURES if k in src.info.features]
-    table = read_table(ep)  # raises DatasetError naming the episode and the shared file
+    table = ep.read_table(wanted)  # raises DatasetError naming the episode and its file
     try:
         out: dict[str, Any] = {}
         for key in wanted:

@@ -313,8 +313,8 @@ class ConsoleHandler(BaseHTTPRequestHandler):
         # the upload gate decides whether it is current and complete
         accepted = str(ExportPaths.of(root, fmt).accepted) if kind == "upload" and fmt in FORMATS else ""
         if kind == "upload" and not self.server.upload_configured:
-            raise Refused(HTTPStatus.CONFLICT, "no upload backend is configured (collection.storage.sftp "
-                                               "is missing); nothing was started")
+            raise Refused(HTTPStatus.CONFLICT, "no upload backend is configured (no backend section under "
+                                               "collection.storage, e.g. collection.storage.sftp); nothing was started")
         ok, msg, reply = self.server.backend.start_job(kind, str(root), fmt, accepted)
         if ok and reply.get("job_id"):
             self.server.jobs.started(name, kind, str(reply["job_id"]))

@@ -4,6 +4,8 @@ applies them to a v2.1 dataset, ``sources/lerobot_v30.py`` to a v3.0 one."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,16 +18,38 @@ from ..errors import DatasetError
 from ..fsutil import read_json
 from .meta import INFO, DatasetMeta
 from .records import DatasetInfo, EpisodeRow, Feature
-from .table import arrow_type
+from .table import arrow_type, read_parquet
 
 SMALL_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 #: How far a stored timestamp may be from frame_index / fps (LeRobot's own tolerance).
 GRID_TOLERANCE_S = 1e-4
 
 
+@dataclass(frozen=True)
+class CameraSpan:
+    """Where an episode's frames of one camera are: a whole file, or ``frames`` frames from
+    ``first_frame`` of a file shared with other episodes."""
+
+    path: Path
+    first_frame: int = 0
+    frames: int | None = None  # None: every frame of the file
+
+
+@dataclass(frozen=True)
+class PlacedVideo:
+    bytes: int
+    reencoded: bool  # the episode could not be cut exactly by stream copy
+
+
 @dataclass
 class SourceEpisode:
-    """One validated source episode and the files that carry it."""
+    """One validated source episode and the files that carry it.
+
+    Its methods are what readers (the split, the quality rules, the report) need of an
+    episode; these defaults serve an episode that owns its files (one Parquet, one MP4 per
+    camera: v2.1, v2.0). A source whose episodes live elsewhere (v3.0's shared files, a
+    plugin's own file type) overrides them in its episode class: readers never ask the kind.
+    """
 
     row: EpisodeRow
     data_path: Path
@@ -39,6 +63,36 @@ class SourceEpisode:
     @property
     def index(self) -> int:
         return self.row.episode_index
+
+    def read_table(self, columns: list[str] | None = None) -> pa.Table:
+        """The episode's rows (only ``columns`` when given); DatasetError names the file."""
+        try:
+            return read_parquet(self.data_path, columns)
+        except (OSError, pa.ArrowException) as exc:
+            raise DatasetError(f"episode {self.index}: cannot read {self.data_path}: {exc}") from exc
+
+    def check_rows(self, table: pa.Table) -> None:
+        """Refuse rows read from a shared file that are not this episode's (own file: nothing to do)."""
+
+    def camera_span(self, key: str) -> CameraSpan:
+        """Where the frames of camera ``key`` are."""
+        return CameraSpan(self.video_paths[key])
+
+    def place_video(self, key: str, dst: Path, fps: int) -> PlacedVideo:
+        """Put camera ``key``'s file at ``dst``: a hard link (or a copy, never a re-encode)."""
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.unlink(missing_ok=True)
+        src = self.video_paths[key]
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)  # another file system or no hard links
+        return PlacedVideo(src.stat().st_size, False)
+
+    def staged_video_ok(self, key: str, staged: Path, recorded: int | None) -> bool:
+        """Whether ``staged`` (placed by an earlier run, ``recorded`` bytes) can be reused: the
+        size of this episode's own file."""
+        return staged.is_file() and staged.stat().st_size == self.video_paths[key].stat().st_size
 
 
 def cut(values: list[int], n: int = 10) -> str:

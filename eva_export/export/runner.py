@@ -25,7 +25,7 @@ import functools
 import logging
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from ..formats.registry import FormatSpec, get_spec
 from ..fsutil import storage_guard, tree_size
 from ..jobs import Job, JobEngine, JobKind, JobStore, QueuePolicy, ServiceStatus
 from ..sources.registry import validate_any
+from . import faults
 from .build import Faults, SplitProgress
 from .finite_runs import write_runs
 from .merge import check_agree, check_infos, combined_hash
@@ -77,12 +78,10 @@ def load_exporter(spec: FormatSpec, **options: Any) -> Exporter:
 class ExportService:
     """The export job queue (one worker thread, jobs in order). Thread-safe; ``close()`` stops it."""
 
-    def __init__(self, config: Config, *, background: bool = True, recover: bool = True,
-                 fail_at: str | None = None, exporters: dict[str, Callable[[], Any]] | None = None) -> None:
+    def __init__(self, config: Config, *, background: bool = True, recover: bool = True) -> None:
         self.config = config
         self.store = JobStore(config.export.jobs_dir)
-        self.fail_at = fail_at  # fault injection for tests: a step name (see Faults)
-        self.exporters = dict(exporters or {})  # format -> factory; overrides the registry (tests)
+        self.faults = faults.armed()  # injects nothing unless a test armed a plan (faults.py)
         self._requests: dict[str, ExportRequest] = {}  # job id -> its request (several sources, a name)
         self.jobs = JobEngine(self.store, name="export", policy=QueuePolicy.SERIAL, save_period_s=SAVE_PERIOD_S,
                               recover=recover, claim=True)
@@ -222,19 +221,19 @@ class ExportService:
 
     def _export_job(self, job_id: str, request: ExportRequest) -> dict[str, Any]:
         job = self.jobs.job(job_id)
-        faults = Faults(self.fail_at)
+        checkpoints = Faults(self.faults.fail_at)
         spec = request.spec
         fmt = spec.name
         paths = self.paths(job)
-        exporter = (self.exporters[fmt]() if fmt in self.exporters
-                    else load_exporter(spec, **spec.options(self.config.export)))
+        injected = self.faults.exporters.get(fmt)
+        exporter = injected() if injected is not None else load_exporter(spec, **spec.options(self.config.export))
         if paths.backups():
             with export_lock(paths):
                 # A kill between the two publication renames left the old pair in .backup-*:
                 # put it back first, so a validation failure below cannot leave it there.
                 recover_pair(paths)
         checks = self._validate(request, paths)
-        faults.check("validate")
+        checkpoints.check("validate")
         # Each source episode counts once: in the split for the native format, else when the
         # format's exporter writes it (counting both phases showed 8/8 for 4 episodes).
         self.jobs.update(job_id, episodes_total=sum(len(c.episodes) for c in checks),
@@ -255,7 +254,7 @@ class ExportService:
             if prepare_staging(paths.staging, home or checks[0].root, fmt, combined_hash(checks)) and spec.native:
                 _move_back(paths.staging)  # a run killed after _move_native: its units are kept
             split = NativeSplit(checks, paths.staging, job_id, progress=SplitProgress(on_unit),
-                                faults=faults, home=home).run()
+                                faults=checkpoints, home=home).run()
             # the sources' metadata (every episode row) is not needed past the split: not held
             # through conversion and verification, whose own reads then peak alone (issue 28)
             del checks
@@ -265,13 +264,13 @@ class ExportService:
             # recorded, per export.nonfinite; ``dirs``: the native subsets the format is written from
             dirs, acc_totals = self._nonfinite(job_id, paths.staging, fmt, split.subsets[ACCEPTED],
                                                split.subsets[REJECTED])
-            moved = spec.native and fmt not in self.exporters  # the registry's own native exporter
+            moved = spec.native and injected is None  # the registry's own native exporter
             try:
-                pair = (self._move_native(exporter, paths.staging, faults, dirs) if moved
-                        else self._convert(job_id, exporter, paths.staging, faults, not spec.native, dirs))
+                pair = (self._move_native(exporter, paths.staging, checkpoints, dirs) if moved
+                        else self._convert(job_id, exporter, paths.staging, checkpoints, not spec.native, dirs))
                 verify_staged(fmt, pair, exporter)  # publish only what verifies
-                faults.check("verified")
-                publish_pair(paths, pair, job_id, faults)
+                checkpoints.check("verified")
+                publish_pair(paths, pair, job_id, checkpoints)
             except BaseException:
                 if moved:  # the units go back where a rerun looks for them
                     _move_back(paths.staging)
@@ -311,7 +310,7 @@ class ExportService:
             return {}
         return {"staging_dir": str(paths.staging), "staging_bytes": tree_bytes(paths.staging)}
 
-    def _move_native(self, exporter: Exporter, staging: Path, faults: Faults, dirs: dict[str, Path]) -> Path:
+    def _move_native(self, exporter: Exporter, staging: Path, checkpoints: Faults, dirs: dict[str, Path]) -> Path:
         """The native format's pair: each staged subset renamed into ``staging/out`` and
         relabelled (its marker and card rewritten, new inodes), instead of the exporter's hard
         link of every file (3000 links, then 3000 unlinks with the staging, for 1000 short
@@ -325,10 +324,10 @@ class ExportService:
         for name in SUBSETS:  # a rewritten subset (finite runs) is moved; its split's stays for a rerun
             os.rename(dirs[name], out / name)
             write_quality_split(out / name, out / name, exporter.name)
-            faults.check(f"convert_{name}")
+            checkpoints.check(f"convert_{name}")
         return out
 
-    def _convert(self, job_id: str, exporter: Exporter, staging: Path, faults: Faults, count: bool,
+    def _convert(self, job_id: str, exporter: Exporter, staging: Path, checkpoints: Faults, count: bool,
                  dirs: dict[str, Path]) -> Path:
         """Each staged native subset written in the job's format into ``staging/out``."""
 
@@ -345,7 +344,7 @@ class ExportService:
             with storage_guard(out / name, f"{exporter.name} export: writing",
                                functools.partial(_tree_bytes, dirs[name])):
                 exporter.export(dirs[name], out / name, Progress(on_episode=on_episode))
-            faults.check(f"convert_{name}")
+            checkpoints.check(f"convert_{name}")
         for p in out.iterdir():
             if p.name not in SUBSETS:
                 shutil.rmtree(p) if p.is_dir() else p.unlink()

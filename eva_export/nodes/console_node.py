@@ -162,7 +162,7 @@ class ConsoleNode(Node):
         cc = config.console
         try:
             self.server = ConsoleServer(cc.bind, cc.port, config.collection.log_dir, backend,
-                                        upload_configured=config.collection.sftp is not None)
+                                        upload_configured=bool(config.collection.storage))
         except OSError as exc:
             raise ConfigError(f"console cannot listen on {cc.bind}:{cc.port}: {exc.strerror or exc}; "
                               "change console.port or console.bind") from exc

@@ -13,7 +13,6 @@ The node is a thin wrapper: every request goes to ``eva_export.export.runner.Exp
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -22,20 +21,19 @@ from eva_export_interfaces.srv import CheckDataset, StartExport  # type: ignore[
 
 from eva_export.config import Config
 from eva_export.errors import EvaError
+from eva_export.export import faults
 from eva_export.export.runner import ExportService
 from eva_export.jobs import Job, JobKind, ServiceStatus
 from eva_export.nodes.common import JobServiceNode, create_guarded_service, run_node, service_group
 from eva_export.quality.service import DEFAULT_MAX_BYTES, DEFAULT_MAX_FRAMES, CheckService, Hook
 
 NODE_NAME = "eva_export"
-#: Test hook: a directory; the first accepted check writes ``started`` there, then opens the
-#: FIFO ``release`` (blocking until the test opens it): a check held at a point it surely reaches.
-CHECK_HOLD_ENV = "EVA_TEST_CHECK_HOLD"
 EXECUTOR_THREADS = 4
 
 
 def _hold_hook() -> Hook | None:
-    hold = os.environ.get(CHECK_HOLD_ENV, "")
+    # fault injection (export/faults.py): a check held at a point it surely reaches
+    hold = faults.from_env("check_hold")
     if not hold:
         return None
 

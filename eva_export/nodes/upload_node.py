@@ -44,9 +44,9 @@ class UploadNode(JobServiceNode):
             sftp.host, sftp.identity_file, sftp.known_hosts, sftp.remote_dir]
         for job in self.uploads.interrupted:
             self.get_logger().warning(f"upload {job.job_id} was left unfinished; marked failed")
-        if sftp is None:
+        if self.uploads.backend is None:
             self.get_logger().warning(
-                "no upload backend configured (collection.storage.sftp); every upload is refused"
+                "no upload backend configured (no section under collection.storage); every upload is refused"
             )
 
     def service_status(self) -> ServiceStatus:

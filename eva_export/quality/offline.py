@@ -24,8 +24,7 @@ from numpy.typing import NDArray
 from ..dataset.meta import read_info
 from ..dataset.records import DatasetInfo, EpisodeRow, Feature, QualityIssue, Severity
 from ..dataset.validate import SourceEpisode
-from ..errors import DatasetError
-from ..sources.base import SlicedEpisode, Source, SourceKind, read_table
+from ..sources.base import Source, SourceKind
 from ..sources.cut import seek_to_frame
 from ..sources.registry import open_source
 from .judge import evaluate
@@ -76,7 +75,7 @@ class DatasetCheck:
     fps: float
     episodes: tuple[EpisodeCheck, ...]
     rows: dict[int, EpisodeRow] = field(default_factory=dict)  # the source rows, when it has them
-    kind: SourceKind = SourceKind.LEROBOT_V21
+    kind: str = SourceKind.LEROBOT_V21  # a registered source kind (sources/registry.py)
     owned: bool = True  # verdicts may go into the rows (else only into the sidecar)
 
 
@@ -158,16 +157,8 @@ def _camera(name: str, frames: Iterator[NDArray[np.uint8]]) -> CameraSeries:
 
 def _episode_table(ep: SourceEpisode) -> pa.Table:
     """The episode's rows; a slice of a shared file must hold exactly this episode's rows."""
-    table = read_table(ep)
-    if isinstance(ep, SlicedEpisode):
-        where = f"episode {ep.index}: {ep.data_path} rows {ep.row_start}..{ep.row_start + ep.rows - 1}"
-        if table.num_rows != ep.rows:
-            raise DatasetError(f"{where}: the file holds only {table.num_rows} of the episode's {ep.rows} rows")
-        if "episode_index" in table.column_names:
-            found = np.unique(np.asarray(table.column("episode_index").to_numpy()))
-            if found.tolist() != [ep.index]:
-                raise DatasetError(f"{where}: episode_index values {found[:5].tolist()}, expected {ep.index} "
-                                   "(the episode metadata does not locate this episode)")
+    table = ep.read_table()
+    ep.check_rows(table)
     return table
 
 
@@ -182,9 +173,8 @@ def episode_evidence(info: DatasetInfo, ep: SourceEpisode) -> EpisodeEvidence:
                     if k in table.column_names and k not in NOT_SIGNALS and f.dtype in SIGNAL_DTYPES)
     cameras = []
     for key in info.video_keys:
-        sl = ep.video_slices.get(key) if isinstance(ep, SlicedEpisode) else None
-        frames = (luma_frames(sl.path, sl.first_frame, sl.frames, info.fps) if sl is not None
-                  else luma_frames(ep.video_paths[key]))
+        span = ep.camera_span(key)
+        frames = luma_frames(span.path, span.first_frame, span.frames, info.fps)
         cameras.append(_camera(key, frames))
     return EpisodeEvidence(float(info.fps), table.num_rows, ts, vectors, tuple(cameras))
 

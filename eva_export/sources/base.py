@@ -1,34 +1,38 @@
 """The export's input: a source dataset of one kind, validated into a ``SourceCheck``.
 
-One module per source kind (lerobot_v21, lerobot_v30, lerobot_v20), detected from the
-``codebase_version`` of meta/info.json. Every kind validates into the same ``SourceCheck``
+One module per source kind (lerobot_v21, lerobot_v30, lerobot_v20; registered in
+registry.py), each recognising its datasets on disk (the LeRobot kinds by the
+``codebase_version`` of meta/info.json). Every kind validates into the same ``SourceCheck``
 (dataset/validate.py) whose ``meta`` describes the source as a v2.1 dataset: the quality split
 then writes real v2.1 subsets from it, and every format, staging, verify, the manifests and
 publication work on those subsets unchanged.
 
 Episodes of a v2.1 or v2.0 source own their files (one Parquet, one MP4 per camera). An episode
 of a v3.0 source is a ``SlicedEpisode``: rows and frames inside files shared with other
-episodes. ``read_table`` and ``place_video`` are the two operations the split needs from an
-episode, whatever its kind; both run in export worker processes (the episode is pickled).
+episodes: it overrides the episode methods (``read_table``, ``place_video``...) that readers
+call whatever the kind; they run in export worker processes too (the episode is pickled).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..dataset.table import read_parquet
+from .. import confine
+from ..dataset.meta import INFO
+from ..dataset.source_rules import CameraSpan as CameraSpan  # re-exported: readers of episodes
+from ..dataset.source_rules import PlacedVideo as PlacedVideo
 from ..dataset.validate import SourceCheck, SourceEpisode
 from ..errors import DatasetError
+from ..fsutil import read_json
 
 
 class SourceKind(StrEnum):
@@ -37,17 +41,31 @@ class SourceKind(StrEnum):
     LEROBOT_V20 = "lerobot_v20"  # older LeRobot: meta/stats.json, no per-episode statistics
 
 
-#: codebase_version -> kind. Anything else is handed to the v2.1 source, whose validation
-#: names the unexpected version (the message v2.1 users always got).
-KIND_OF_CODEBASE = {"v2.1": SourceKind.LEROBOT_V21, "v3.0": SourceKind.LEROBOT_V30,
-                    "v2.0": SourceKind.LEROBOT_V20}
+def codebase_version(root: Path) -> str | None:
+    """meta/info.json's codebase_version (None when there is no info.json): what the LeRobot
+    kinds recognise a directory by. An unreadable info.json is refused naming it."""
+    path = Path(root) / INFO
+    if not path.is_file():
+        return None
+    try:
+        raw = read_json(confine.confined(Path(root), INFO, "meta file"))
+    except (OSError, ValueError) as exc:
+        raise DatasetError(f"{path}: unreadable ({exc})") from exc
+    version = raw.get("codebase_version", "") if isinstance(raw, dict) else ""
+    return str(version)
 
 
 class Source(Protocol):
-    """One source kind: validation of a dataset directory into a plan-ready SourceCheck."""
+    """One source kind: recognition and validation of a dataset directory into a plan-ready
+    SourceCheck (registered in registry.py)."""
 
-    kind: SourceKind
+    kind: str
     owned: bool  # quality and verdicts live in the dataset's own rows (else: the sidecar)
+
+    @staticmethod
+    def recognises(root: Path) -> bool:
+        """Whether ``root`` is a dataset of this kind, from what is on disk (cheap: metadata only)."""
+        ...
 
     def validate(self, root: Path, *, allow_empty_dataset: bool = True) -> SourceCheck:
         """Check everything the export needs; raise DatasetError naming file and episode."""
@@ -99,23 +117,50 @@ class SlicedEpisode(SourceEpisode):
     row_start: int = 0
     video_slices: dict[str, VideoSlice] = field(default_factory=dict)
 
+    def read_table(self, columns: list[str] | None = None) -> pa.Table:
+        """Its rows of the shared file (only the row groups that hold them)."""
+        try:
+            with pq.ParquetFile(self.data_path) as pf:  # not read_table: its dataset layer costs ms per small file
+                table = _read_rows(pf, self.row_start, self.rows)
+                table = table.replace_schema_metadata(v21_schema_metadata(table.schema.metadata))
+            return table if columns is None else table.select(columns)
+        except (OSError, KeyError, pa.ArrowException) as exc:  # KeyError: a column the file lacks
+            raise DatasetError(f"episode {self.index}: cannot read {self.data_path}: {exc}") from exc
 
-@dataclass(frozen=True)
-class PlacedVideo:
-    bytes: int
-    reencoded: bool  # the episode could not be cut exactly by stream copy
+    def check_rows(self, table: pa.Table) -> None:
+        """The slice must hold exactly this episode's rows (else the metadata mislocates it)."""
+        where = f"episode {self.index}: {self.data_path} rows {self.row_start}..{self.row_start + self.rows - 1}"
+        if table.num_rows != self.rows:
+            raise DatasetError(f"{where}: the file holds only {table.num_rows} of the episode's {self.rows} rows")
+        if "episode_index" in table.column_names:
+            found = np.unique(np.asarray(table.column("episode_index").to_numpy()))
+            if found.tolist() != [self.index]:
+                raise DatasetError(f"{where}: episode_index values {found[:5].tolist()}, expected {self.index} "
+                                   "(the episode metadata does not locate this episode)")
+
+    def camera_span(self, key: str) -> CameraSpan:
+        sl = self.video_slices[key]
+        return CameraSpan(sl.path, sl.first_frame, sl.frames)
+
+    def place_video(self, key: str, dst: Path, fps: int) -> PlacedVideo:
+        """Cut its frames out of the shared file by stream copy (re-encoded when no exact cut exists)."""
+        from .cut import cut_episode
+
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.unlink(missing_ok=True)
+        sl = self.video_slices[key]
+        cut = cut_episode(sl.path, sl.first_frame, sl.frames, fps, dst, f"episode {self.index} ({key})")
+        return PlacedVideo(dst.stat().st_size, cut.reencoded)
+
+    def staged_video_ok(self, key: str, staged: Path, recorded: int | None) -> bool:
+        """A cut is reused when it has the size its unit record wrote down."""
+        return staged.is_file() and recorded is not None and staged.stat().st_size == recorded
 
 
 def read_table(ep: SourceEpisode) -> pa.Table:
-    """The episode's rows as a table (its own file, or its slice of a shared one)."""
-    try:
-        if not isinstance(ep, SlicedEpisode):
-            return read_parquet(ep.data_path)  # one episode's file
-        with pq.ParquetFile(ep.data_path) as pf:  # not read_table: its dataset layer costs ms per small file
-            table = _read_rows(pf, ep.row_start, ep.rows)
-            return table.replace_schema_metadata(v21_schema_metadata(table.schema.metadata))
-    except (OSError, pa.ArrowException) as exc:
-        raise DatasetError(f"episode {ep.index}: cannot read {ep.data_path}: {exc}") from exc
+    """The episode's rows as a table (its own file, its slice of a shared one, or whatever its
+    source reads them from)."""
+    return ep.read_table()
 
 
 def _read_rows(pf: pq.ParquetFile, start: int, count: int) -> pa.Table:
@@ -173,28 +218,10 @@ def _sequence_types(value: Any) -> Any:
 
 
 def place_video(ep: SourceEpisode, key: str, dst: Path, fps: int) -> PlacedVideo:
-    """Put the episode's ``key`` camera file at ``dst``: hard link (or copy) of its own file,
-    or cut out of the shared file by stream copy (re-encoded when no exact cut exists)."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.unlink(missing_ok=True)
-    if isinstance(ep, SlicedEpisode):
-        from .cut import cut_episode
-
-        sl = ep.video_slices[key]
-        cut = cut_episode(sl.path, sl.first_frame, sl.frames, fps, dst, f"episode {ep.index} ({key})")
-        return PlacedVideo(dst.stat().st_size, cut.reencoded)
-    src = ep.video_paths[key]
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)  # another filesystem or no hard links: copy, never re-encode
-    return PlacedVideo(src.stat().st_size, False)
+    """Put the episode's ``key`` camera file at ``dst`` (see ``SourceEpisode.place_video``)."""
+    return ep.place_video(key, dst, fps)
 
 
 def staged_video_ok(ep: SourceEpisode, key: str, staged: Path, recorded: int | None) -> bool:
-    """Whether a staged camera file of an earlier run can be reused: the size of its source
-    file (a link or copy) or, for a cut, the size the unit record wrote down."""
-    if not staged.is_file():
-        return False
-    want = recorded if isinstance(ep, SlicedEpisode) else ep.video_paths[key].stat().st_size
-    return want is not None and staged.stat().st_size == want
+    """Whether a staged camera file of an earlier run can be reused (``SourceEpisode.staged_video_ok``)."""
+    return ep.staged_video_ok(key, staged, recorded)

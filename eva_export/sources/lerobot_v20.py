@@ -18,7 +18,7 @@ from ..dataset.meta import read_meta
 from ..dataset.records import CODEBASE_V21
 from ..dataset.validate import SourceCheck, SourceEpisode, validate_source
 from . import sidecar
-from .base import SourceKind, locate_per_episode_files
+from .base import SourceKind, codebase_version, locate_per_episode_files
 
 CODEBASE_V20 = "v2.0"
 
@@ -26,6 +26,10 @@ CODEBASE_V20 = "v2.0"
 class V20Source:
     kind = SourceKind.LEROBOT_V20
     owned = False
+
+    @staticmethod
+    def recognises(root: Path) -> bool:
+        return codebase_version(root) == CODEBASE_V20
 
     def validate(self, root: Path, *, allow_empty_dataset: bool = True) -> SourceCheck:
         check = validate_source(root, allow_empty_dataset=allow_empty_dataset, codebase=CODEBASE_V20,

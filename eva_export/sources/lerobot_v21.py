@@ -6,8 +6,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..dataset.meta import read_meta
+from ..dataset.records import CODEBASE_V21
 from ..dataset.validate import SourceCheck, SourceEpisode, validate_source
-from .base import SourceKind, locate_per_episode_files
+from .base import SourceKind, codebase_version, locate_per_episode_files
 
 
 class V21Source:
@@ -15,6 +16,10 @@ class V21Source:
 
     kind = SourceKind.LEROBOT_V21
     owned = True
+
+    @staticmethod
+    def recognises(root: Path) -> bool:
+        return codebase_version(root) == CODEBASE_V21
 
     def validate(self, root: Path, *, allow_empty_dataset: bool = True) -> SourceCheck:
         return validate_source(root, allow_empty_dataset=allow_empty_dataset)

@@ -33,7 +33,7 @@ from ..dataset.validate import SourceCheck
 from ..dataset.video import mp4_truncation, stream_frames
 from ..errors import DatasetError
 from . import sidecar
-from .base import SlicedEpisode, SourceKind, VideoSlice
+from .base import SlicedEpisode, SourceKind, VideoSlice, codebase_version
 from .v30_meta import (
     CODEBASE_V30,
     TASKS_PARQUET,
@@ -77,6 +77,10 @@ class _Files:
 class V30Source:
     kind = SourceKind.LEROBOT_V30
     owned = False
+
+    @staticmethod
+    def recognises(root: Path) -> bool:
+        return codebase_version(root) == CODEBASE_V30
 
     def validate(self, root: Path, *, allow_empty_dataset: bool = True) -> SourceCheck:
         root = Path(root)

@@ -1,42 +1,85 @@
-"""Which source module reads a dataset: the kind from its info.json, then that kind's module
-(imported on first use). Apart from base.py so the kind modules, which build on base, are
-never imported by it."""
+"""The source kinds: one ``SourceSpec`` each, the only place a kind is defined.
+
+A dataset's kind is decided by what is on disk: each kind's class says whether it recognises
+a directory (``recognises(root)``), asked in the order below; a directory no kind recognises
+is refused with an error naming it and the registered kinds (never read as some default
+kind). Apart from base.py so the kind modules, which build on base, are never imported by it.
+
+Adding a source kind = one module with a source class (``recognises``, ``validate``,
+``episode_indices``, ``locate``; see base.Source) whose episodes override what differs from
+an episode owning one Parquet and one MP4 per camera (dataset/source_rules.SourceEpisode) +
+one ``SourceSpec`` line below (see docs/architecture-extending.md).
+"""
 
 from __future__ import annotations
 
+import importlib
+from dataclasses import dataclass
 from pathlib import Path
 
-from .. import confine
 from ..dataset.meta import INFO
 from ..dataset.validate import SourceCheck
 from ..errors import DatasetError
-from ..fsutil import read_json
-from .base import KIND_OF_CODEBASE, Source, SourceKind
+from .base import Source, SourceKind, codebase_version
 
 
-def detect_kind(root: Path) -> SourceKind:
-    """The kind of the dataset at ``root``, from meta/info.json's codebase_version."""
-    path = Path(root) / INFO
-    if not path.is_file():
-        return SourceKind.LEROBOT_V21  # its validation reports the missing files
-    try:
-        raw = read_json(confine.confined(Path(root), INFO, "meta file"))
-    except (OSError, ValueError) as exc:
-        raise DatasetError(f"{path}: unreadable ({exc})") from exc
-    version = raw.get("codebase_version") if isinstance(raw, dict) else None
-    return KIND_OF_CODEBASE.get(str(version), SourceKind.LEROBOT_V21)
+@dataclass(frozen=True)
+class SourceSpec:
+    """One source kind and where its class lives."""
+
+    kind: str  # the kind's name (``Source.kind``)
+    source: str  # "module:Class" inside eva_export.sources (or "pkg.module:Class"), imported on first use
+
+    def load(self) -> type[Source]:
+        module, cls_name = self.source.split(":")
+        qualified = module if "." in module else f"{__package__}.{module}"
+        cls: type[Source] = getattr(importlib.import_module(qualified), cls_name)
+        return cls
+
+    def make(self) -> Source:
+        return self.load()()
 
 
-def get_source(kind: SourceKind) -> Source:
-    """The source implementation of ``kind`` (its module imported on first use)."""
-    if kind == SourceKind.LEROBOT_V30:
-        from .lerobot_v30 import V30Source
-        return V30Source()
-    if kind == SourceKind.LEROBOT_V20:
-        from .lerobot_v20 import V20Source
-        return V20Source()
-    from .lerobot_v21 import V21Source
-    return V21Source()
+SOURCES: tuple[SourceSpec, ...] = (
+    SourceSpec(SourceKind.LEROBOT_V21, "lerobot_v21:V21Source"),
+    SourceSpec(SourceKind.LEROBOT_V30, "lerobot_v30:V30Source"),
+    SourceSpec(SourceKind.LEROBOT_V20, "lerobot_v20:V20Source"),
+)
+
+
+class UnknownSourceError(DatasetError):
+    """No registered source kind recognises the directory."""
+
+
+def source_kinds() -> list[str]:
+    return [str(s.kind) for s in SOURCES]
+
+
+def _refusal(root: Path) -> str:
+    """Why nothing recognised ``root``: what is (not) on disk, and the kinds there are."""
+    kinds = f"registered source kinds: {', '.join(source_kinds())}"
+    if not root.is_dir():
+        return f"{root} is not a directory; {kinds}"
+    version = codebase_version(root)
+    seen = f"{root / INFO} is missing" if version is None else f"{root / INFO}: codebase_version is {version!r}"
+    return f"{seen}: no source kind recognises {root} as a dataset ({kinds})"
+
+
+def detect_kind(root: Path) -> str:
+    """The kind of the dataset at ``root``; UnknownSourceError names the directory otherwise."""
+    root = Path(root)
+    for spec in SOURCES:
+        if spec.load().recognises(root):
+            return spec.kind
+    raise UnknownSourceError(_refusal(root))
+
+
+def get_source(kind: str) -> Source:
+    """The source implementation registered as ``kind`` (its module imported on first use)."""
+    for spec in SOURCES:
+        if spec.kind == kind:
+            return spec.make()
+    raise UnknownSourceError(f"unknown source kind {kind!r}; registered source kinds: {', '.join(source_kinds())}")
 
 
 def open_source(root: Path) -> Source:

@@ -1,4 +1,4 @@
-"""Upload of the current accepted export: the gate, backends (SFTP) and upload jobs.
+"""Upload of the current accepted export: the gate, the backend registry (SFTP) and upload jobs.
 
 The names below are imported on first use (PEP 562), so ``eva-export export`` (whose CLI
 registers the ``upload`` command) never imports paramiko; an upload does.
@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..jobs import ServiceStatus
+    from .backends import BACKENDS, BackendSpec, backend_for
     from .gate import check_upload, publish_name
     from .runner import UploadService
-    from .sftp import SftpBackend, UploadBackend, UploadResult, backend_for
+    from .sftp import SftpBackend, UploadBackend, UploadResult
 
 _HOMES = {
     "ServiceStatus": "eva_export.jobs",
@@ -23,7 +24,9 @@ _HOMES = {
     "SftpBackend": "eva_export.upload.sftp",
     "UploadBackend": "eva_export.upload.sftp",
     "UploadResult": "eva_export.upload.sftp",
-    "backend_for": "eva_export.upload.sftp",
+    "backend_for": "eva_export.upload.backends",
+    "BACKENDS": "eva_export.upload.backends",
+    "BackendSpec": "eva_export.upload.backends",
 }
 
 
@@ -34,6 +37,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [  # literal, for the type checker and linters (the same names as _HOMES)
+    "BACKENDS",
+    "BackendSpec",
     "ServiceStatus",
     "SftpBackend",
     "UploadBackend",

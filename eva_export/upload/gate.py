@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from pathlib import Path
 
-from ..config import SftpSettings, check_name
+from ..config import check_name
 from ..errors import UnsafeNameError, UploadRefused
 from ..export.records import ACCEPTED, QUALITY_SPLIT_FILE, QualitySplit
 from ..formats.registry import UnknownFormatError, get_spec
@@ -113,7 +113,7 @@ def check_upload(
     fmt: str,
     accepted_dir: str,
     export_jobs: JobStore,
-    sftp: SftpSettings | None,
+    backend: object | None,
     running: Collection[str],
 ) -> QualitySplit:
     """Refuse (UploadRefused) unless ``accepted_dir`` is the current accepted export.
@@ -123,7 +123,7 @@ def check_upload(
         fmt: the format selected now.
         accepted_dir: the directory to upload.
         export_jobs: the export service's job store.
-        sftp: the configured SFTP settings, None when no upload backend is configured.
+        backend: the upload backend (configured or injected), None when there is none.
         running: resolved directories that have an upload running now.
 
     Returns:
@@ -135,10 +135,9 @@ def check_upload(
         get_spec(fmt)  # the registry's own "unknown export format" message
     except UnknownFormatError as exc:
         raise UploadRefused(str(exc)) from None
-    if sftp is None:
-        raise UploadRefused(
-            "no upload backend is configured (collection.storage.sftp is missing); nothing was started"
-        )
+    if backend is None:
+        raise UploadRefused("no upload backend is configured (no backend section under collection.storage, "
+                            "e.g. collection.storage.sftp); nothing was started")
     source = _resolved(request_source_dir)
     target = _resolved(accepted_dir)
 

@@ -24,8 +24,12 @@ from ..config import Config
 from ..errors import UploadRefused
 from ..fsutil import LockHeld, take_lock
 from ..jobs import Job, JobEngine, JobKind, JobStore, QueuePolicy, ServiceStatus
+
+# the shipped backend loads with the service: a node pays paramiko's import at start, not in its first upload
+from . import sftp  # noqa: F401
+from .backends import backend_for
 from .gate import check_upload, publish_name
-from .sftp import UploadBackend, UploadCancelled, backend_for
+from .job import UploadBackend, UploadCancelled
 from .snapshot import take_snapshot
 
 SAVE_EVERY_S = 0.5  # progress is written to the job file at most this often
@@ -57,12 +61,12 @@ class UploadService:
         """Args:
         config: the loaded configuration.
         backend: override the configured backend (tests inject a failing one); when None the
-            backend comes from collection.storage.sftp.
+            backend is the registered one (backends.py) whose section collection.storage has.
         on_change: called (from the job thread) after every recorded state change.
         """
         self.config = config
         self.sftp = config.collection.sftp
-        self.backend = backend if backend is not None else backend_for(self.sftp)
+        self.backend = backend if backend is not None else backend_for(config.collection)
         self.export_jobs = JobStore(config.export.jobs_dir)
         # Uploads start at once, each on its own thread (different accepted dirs in parallel).
         self.engine = JobEngine(JobStore(config.upload.jobs_dir), name="upload", policy=QueuePolicy.PARALLEL,
@@ -97,10 +101,8 @@ class UploadService:
             if self._closing.is_set():
                 raise UploadRefused("the upload service is shutting down")
             running = {j.accepted_dir for j in self.engine.unfinished()}
-            check_upload(source_dir, fmt, accepted_dir, self.export_jobs, self.sftp, running)
+            check_upload(source_dir, fmt, accepted_dir, self.export_jobs, self.backend, running)
             name = publish_name(source_dir, fmt)
-            if self.backend is None:  # only when sftp is configured and no backend could be made
-                raise UploadRefused("no upload backend is configured; nothing was started")
             source = str(Path(source_dir).expanduser().resolve())
             target = str(Path(accepted_dir).expanduser().resolve())
             lock_fd = claim_upload(Path(target), fmt)

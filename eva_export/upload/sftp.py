@@ -1,4 +1,4 @@
-"""Upload backends: a small Protocol and the SFTP backend (collection.storage.sftp).
+"""The SFTP upload backend (collection.storage.sftp; registered in backends.py).
 
 The SFTP backend uploads a subset described by its content manifest (meta/manifest.json,
 see eva_export/manifest.py) into a hidden staging directory next to the target,
@@ -41,7 +41,7 @@ from pathlib import Path
 
 import paramiko
 
-from ..config import SftpSettings
+from ..config import SftpSettings, StorageSection, parse_sftp
 from ..errors import UploadError
 from ..manifest import MANIFEST_FILE, ManifestEntry, manifest_digest, sha256_file
 from . import connection, remotefs, remotelock, transfer
@@ -73,7 +73,7 @@ __all__ = [
     "UploadBackend",
     "UploadCancelled",
     "UploadResult",
-    "backend_for",
+    "from_section",
     "load_manifest",
     "staging_name",
 ]
@@ -356,8 +356,6 @@ class SftpBackend:
                                   f"the manifest says {f.size}")
 
 
-def backend_for(settings: SftpSettings | None) -> UploadBackend | None:
-    """The configured upload backend, or None when no backend is configured."""
-    if settings is None:
-        return None
-    return SftpBackend(settings)
+def from_section(section: StorageSection) -> SftpBackend:
+    """The SFTP backend of collection.storage.sftp (registered in backends.py)."""
+    return SftpBackend(parse_sftp(section.values))
