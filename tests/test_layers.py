@@ -14,7 +14,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "eva_export"
 BASE = {"", "errors", "jsonbound", "confine", "fsutil", "manifest", "pool", "jobstore", "jobs"}
-LAYERS = [BASE, {"dataset", "store"}, {"formats", "sources"}, {"config"}, {"quality"},
+LAYERS = [BASE, {"dataset", "store"}, {"formats", "sources", "sftp_settings"}, {"config"}, {"quality"},
           {"capture", "export"}, {"upload", "console"}, {"cli", "nodes"}]
 
 

@@ -118,6 +118,7 @@ MODULES = [
     "eva_export.dataset.facts_index",
     "eva_export.dataset.validate_tables",
     "eva_export.config",
+    "eva_export.sftp_settings",
     "eva_export.errors",
     "eva_export.cli",
     "eva_export.export.split",

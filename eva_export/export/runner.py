@@ -255,9 +255,7 @@ class ExportService:
                 _move_back(paths.staging)  # a run killed after _move_native: its units are kept
             split = NativeSplit(checks, paths.staging, job_id, progress=SplitProgress(on_unit),
                                 faults=checkpoints, home=home).run()
-            # the sources' metadata (every episode row) is not needed past the split: not held
-            # through conversion and verification, whose own reads then peak alone (issue 28)
-            del checks
+            del checks  # every source episode row: not held through conversion and verification
             # a v3.0 source episode that could not be cut exactly was re-encoded: said in the job
             self.jobs.update(job_id, unrated_episodes=len(split.unrated), reencoded_episodes=len(split.reencoded))
             # NaN/inf in accepted episodes: cut into finite runs, refused (naming them) or kept and
