@@ -7,9 +7,11 @@ lifecycle under Recorder's one lock.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
+import os
 import queue
 import threading
 import time
@@ -26,6 +28,31 @@ from .checks import QualityResult
 from .episode import EpisodeRun
 
 log = logging.getLogger(__name__)
+
+#: The capture's one test seam for saving (live capture and bag ingest read it):
+#: a number: seconds to sleep before every save (a kill then lands mid-save);
+#: a directory: before every save the worker creates ``<dir>/held-<promised index>`` and opens the
+#: FIFO ``<dir>/release``, one open per save, so a test holds saves at a point they surely reach
+#: and queues takes behind them; the word written there decides: ``fail`` makes this save fail
+#: as a full disk does (ENOSPC), anything else lets it run.
+SAVE_SEAM_ENV = "EVA_CAPTURE_SAVE_DELAY_S"
+
+
+def save_seam() -> tuple[float, Path | None]:
+    """(delay in seconds, hold directory) from ``SAVE_SEAM_ENV``."""
+    value = os.environ.get(SAVE_SEAM_ENV, "")
+    try:
+        return float(value or 0), None
+    except ValueError:
+        return 0.0, Path(value)
+
+
+def _held(hold: Path, index: int) -> None:
+    (hold / f"held-{index}").write_text("", encoding="utf-8")
+    with open(hold / "release", encoding="utf-8") as fh:
+        word = fh.read().strip()
+    if word == "fail":
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(hold))
 
 
 @dataclass
@@ -47,13 +74,13 @@ class SaveWorker:
     clock: Callable[[], float]
     stats_file: Path | None
     save_delay_s: float
+    save_hold: Path | None
     last_index: int
     last_quality: str
     last_message: str
     _lock: threading.Lock
     _save_q: queue.Queue[SaveJob | None]
     _save_depth: int
-    _pending: dict[str, int]
 
     def _save_loop(self) -> None:
         while True:
@@ -66,6 +93,8 @@ class SaveWorker:
                 if self.save_delay_s > 0:
                     time.sleep(self.save_delay_s)
                 with storage_guard(ep.dw.root, f"saving episode {job.expected_index} into"):
+                    if self.save_hold is not None:
+                        _held(self.save_hold, job.expected_index)
                     row, result = ep.save()
                 committed = self.clock()
                 if row is None:
@@ -74,22 +103,20 @@ class SaveWorker:
                     self.last_index, self.last_quality = row.episode_index, result.quality
                     self.last_message = (f"episode {row.episode_index} saved: {row.length} frames, "
                                          f"{result.quality}" + (f" ({', '.join(result.codes)})" if result.codes else ""))
-                    if row.episode_index != job.expected_index:
-                        log.warning("episode saved as %d, announced as %d", row.episode_index, job.expected_index)
                     log.info(self.last_message)
                     self._write_stats(job, row, result, t_begin, committed)
             except Exception as exc:
                 log.exception("saving an episode failed")
-                self.last_quality, self.last_message = "failed", (f"saving episode {job.expected_index} failed, it is "
-                                                                  f"not in the dataset: {exc}")
+                self.last_quality, self.last_message = "failed", (
+                    f"saving episode {job.expected_index} failed, it is not in the dataset and its index stays "
+                    f"unused (the takes queued behind it keep theirs): {exc}")
                 try:
-                    ep.writer.abort()
-                except Exception:  # noqa: BLE001
-                    pass
+                    ep.dw.give_up(ep.writer, f"its save failed: {exc}")
+                except Exception:  # noqa: BLE001 - the failure above is what is reported
+                    log.exception("cannot record the failed save of episode %d", job.expected_index)
             finally:
                 with self._lock:
                     self._save_depth -= 1
-                    self._pending[ep.dataset_name] -= 1
 
     def _write_stats(self, job: SaveJob, row: EpisodeRow, result: QualityResult, t_begin: float,
                      committed: float) -> None:
