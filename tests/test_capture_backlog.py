@@ -4,8 +4,8 @@ The save worker is held by the capture's save seam (``SAVE_SEAM_ENV`` set to a d
 each save it creates ``held-<index>`` and waits on the FIFO ``release``), so several takes queue
 behind it for sure. Each test then checks the promise: every STOP reply's index is the index the
 take is saved under (the row's length equals the reply's frame count), reviews by those indices
-land on those takes, a failed save in the queue retires only its own index, and a node killed
-with takes queued reports every promised index it lost and never gives one to another take.
+land on those takes, a failed save in the queue is retried while the takes behind it wait (no
+index moves), and a node killed with takes queued reports every promised index it lost.
 Real capture and teleop_sim processes, real service calls."""
 
 from __future__ import annotations
@@ -19,11 +19,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from capture_helpers import episode_rows, read_table, relaunch, start_pair, video_path, wait_episodes, \
-    wait_receiving, write_config
+from capture_helpers import (
+    episode_rows,
+    read_table,
+    relaunch,
+    start_pair,
+    video_path,
+    wait_episodes,
+    wait_receiving,
+    write_config,
+)
 
 from eva_export.capture.save_worker import SAVE_SEAM_ENV
-from eva_export.dataset.promises import RETIRED
+from eva_export.dataset.promises import LOST
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -38,16 +46,16 @@ def hold_dir(tmp_path: Path) -> Path:
     return d
 
 
-def wait_held(hold: Path, index: int, timeout: float = 60.0) -> None:
+def wait_held(hold: Path, index: int, attempt: int = 1, timeout: float = 60.0) -> None:
     end = time.monotonic() + timeout
-    while not (hold / f"held-{index}").exists():
-        assert time.monotonic() < end, f"the save of episode {index} was never held"
+    while not (hold / f"held-{index}-{attempt}").exists():
+        assert time.monotonic() < end, f"the save of episode {index} (attempt {attempt}) was never held"
         time.sleep(0.05)
 
 
-def release(hold: Path, index: int, word: str = "go", timeout: float = 60.0) -> None:
-    """Let the held save of ``index`` go on (or fail): wait until the worker holds it, then answer."""
-    wait_held(hold, index, timeout)
+def release(hold: Path, index: int, word: str = "go", attempt: int = 1, timeout: float = 60.0) -> None:
+    """Let a held save attempt go on (or fail): wait until the worker holds it, then answer."""
+    wait_held(hold, index, attempt, timeout)
     end = time.monotonic() + timeout
     while True:
         try:
@@ -130,33 +138,30 @@ def test_queued_takes_keep_the_index_stop_returned(tmp_path, node_factory, ros_c
     assert sim.alive()
 
 
-def test_failed_save_retires_only_its_own_index(tmp_path, node_factory, ros_client, monkeypatch):
+def test_failed_save_is_retried_and_the_takes_behind_keep_their_indices(tmp_path, node_factory, ros_client,
+                                                                         monkeypatch):
     from eva_export_interfaces.msg import CaptureStatus
 
     cap, sim, hold, root = backlog(tmp_path, node_factory, ros_client, monkeypatch)
     stops = [take(ros_client, cap, s) for s in SECONDS[:3]]
     assert [s.episode_index for s in stops] == [0, 1, 2]
-    release(hold, 0, "fail")  # the disk is full for the first save; the two behind it are fine
+    release(hold, 0, "fail")  # the disk is full for the first save: nothing behind it moves
+    wait_held(hold, 0, attempt=2)  # held again: the take is kept and retried
+    status = ros_client.wait_for_message(CaptureStatus, cap.topic("status"), timeout=10)
+    assert "saving episode 0 failed, retrying" in status.last_message and "2 take(s) wait" in status.last_message, \
+        status.last_message
+    assert status.save_queue_depth == 3
+    assert not (root / "meta" / "episodes.jsonl").exists() or episode_rows(root) == []
+    refused = review(ros_client, cap, 1, "fail", "")
+    assert not refused.success and "still being saved" in refused.message, refused.message
+    release(hold, 0, attempt=2)  # space is back
     release(hold, 1)
     release(hold, 2)
-    wait_episodes(ros_client, cap, 2)
-    assert_saved_as_promised(root, {s.episode_index: s for s in stops[1:]})
-    retired = [json.loads(line) for line in (root / RETIRED).read_text().splitlines()]
-    assert [r["episode_index"] for r in retired] == [0] and "save failed" in retired[0]["reason"], retired
-    lost = review(ros_client, cap, 0, "pass", "")
-    assert not lost.success and "never saved" in lost.message, lost.message
-    assert review(ros_client, cap, 2, "fail", "wrong grasp").success
-    assert [r.get("qc_verdict") for r in episode_rows(root)] == [None, "fail"]
-    nxt = take(ros_client, cap, 1.0)  # the retired index is never given to another take
-    assert nxt.episode_index == 3
-    release(hold, 3)
     wait_episodes(ros_client, cap, 3)
-    assert [r["episode_index"] for r in episode_rows(root)] == [1, 2, 3]
-    end = time.monotonic() + 20
-    while (status := ros_client.wait_for_message(CaptureStatus, cap.topic("status"), timeout=10)) \
-            .last_episode_index != 3 and time.monotonic() < end:
-        ros_client.spin_for(0.2)
-    assert status.last_episode_index == 3, status
+    assert_saved_as_promised(root, {s.episode_index: s for s in stops})
+    assert not (root / LOST).exists()
+    assert review(ros_client, cap, 2, "fail", "wrong grasp").success
+    assert [r.get("qc_verdict") for r in episode_rows(root)] == [None, None, "fail"]
     assert cap.stop() == 0, cap.log_tail()
     assert sim.alive()
 
@@ -176,15 +181,17 @@ def test_kill_with_queued_takes_reports_every_promised_index(tmp_path, node_fact
     log = cap2.log_text()
     for index in (1, 2, 3):  # every promised index the kill lost is reported ...
         assert f"episode {index} (take " in log and "promised but lost" in log, cap2.log_tail()
-    retired = [json.loads(line)["episode_index"] for line in (root / RETIRED).read_text().splitlines()]
-    assert retired == [1, 2, 3]
+    lost = [json.loads(line)["episode_index"] for line in (root / LOST).read_text().splitlines()]
+    assert lost == [1, 2, 3]
     assert_saved_as_promised(root, {0: first})
-    for index in (1, 2, 3):  # ... and a review aimed at one never lands on another take
+    for index in (1, 2, 3):  # ... and a review aimed at one is refused, not applied elsewhere
         r = review(ros_client, cap2, index, "fail", "")
         assert not r.success and "process ended" in r.message, r.message
-    nxt = take(ros_client, cap2, 1.0)
-    assert nxt.episode_index == 4
+    assert review(ros_client, cap2, 0, "pass", "kept").success
+    nxt = take(ros_client, cap2, 1.0)  # raw indices stay 0..n-1: the next take is episode 1
+    assert nxt.episode_index == 1
     wait_episodes(ros_client, cap2, 2)
-    assert_saved_as_promised(root, {0: first, 4: nxt})
+    assert_saved_as_promised(root, {0: first, 1: nxt})
+    assert [r.get("qc_verdict") for r in episode_rows(root)] == ["pass", None]
     assert cap2.stop() == 0, cap2.log_tail()
     assert sim.alive()

@@ -98,6 +98,9 @@ class Recorder(IngestJobs, SaveWorker):
         self._ingesting = ""  # the running ingest job's id ("" = none): START is refused meanwhile
         self._jobs: JobEngine | None = None
         self.recovered = self.recover_datasets()
+        if self.recovered:  # on the status topic too: it names the promised takes a crash lost
+            self.last_message = "recovered at start-up: " + "; ".join(
+                f"{name}: {'; '.join(done)}" for name, done in self.recovered.items())
         self._align_thread = threading.Thread(target=self._align_loop, name="capture-align", daemon=True)
         self._save_thread = threading.Thread(target=self._save_loop, name="capture-save", daemon=True)
         self._align_thread.start()

@@ -232,7 +232,7 @@ class DatasetWriter:
         return max((e.episode_index for e in self.episodes), default=-1) + 1
 
     def free_index(self) -> int:
-        """The index the next take gets: after every listed, promised and retired one."""
+        """The index the next take gets: after every listed and every promised one."""
         return max(self.next_episode_index, self.promises.floor())
 
     def reserve_index(self, ep: EpisodeWriter) -> int:
@@ -243,10 +243,10 @@ class DatasetWriter:
             return index
 
     def give_up(self, ep: EpisodeWriter, reason: str) -> int | None:
-        """``ep`` will not be saved: retire the index it was promised (returned), so no other
-        take ever gets it, and discard its staging directory."""
+        """``ep`` will not be saved: report the index it was promised (returned) as lost and
+        discard its staging directory."""
         with self.lock:
-            index = self.promises.fail(ep.staging, reason)
+            index = self.promises.give_up(ep.staging, reason)
         ep.abort()
         return index
 
@@ -270,6 +270,11 @@ class DatasetWriter:
             ep.abort()
             return None
         with self.lock:
+            if (ep.staging / JOURNAL).is_file():  # a retry after a failure past the commit point
+                journal = StagingJournal.from_dict(read_json(ep.staging / JOURNAL))
+                self._apply_journal(ep.staging, journal)
+                self.promises.done(ep.staging)
+                return journal.episode
             promised = self.promises.index_of(ep.staging)
             index = self.free_index() if promised is None else promised
             if any(e.episode_index == index for e in self.episodes):
