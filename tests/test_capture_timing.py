@@ -78,3 +78,25 @@ def test_real_frame_loss_is_red_with_the_exact_count(tmp_path, node_factory, ros
     wrist = counters(root, "observation.images.wrist")
     for k in skipped:  # the slot holds the previous frame
         assert k == 0 or wrist[k] == wrist[k - 1]
+
+
+def test_publisher_catching_up_after_a_stall_loses_no_frame(tmp_path, node_factory, ros_client):
+    """A publisher stalled for a second (a busy disk or CPU on the robot computer) then sends the
+    frames it owes in one burst: every one of them reaches the episode (late, not dropped).
+    Subscription histories of ten frames lost some of every burst (a take red with
+    dropped_frames although nothing was lost upstream); they now hold two seconds."""
+    cfg = write_config(tmp_path, width=640, height=480)
+    # every 45th sample of every stream is held 1.0 s, the ones behind it queue up
+    cap, _sim = start_pair(node_factory, ros_client, cfg, sim_params={"delay_every": 45, "delay_s": 1.0})
+    wait_receiving(ros_client, cap)
+    record(ros_client, cap, 4.0)
+    wait_episodes(ros_client, cap, 1)
+    root = tmp_path / "datasets" / "pick" / "raw"
+    row = episode_rows(root)[0]
+    stats = row["stream_stats"]
+    for cam in ("front", "wrist"):
+        assert stats[cam]["late"] > 0, json.dumps(stats)  # the bursts happened ...
+        assert stats[cam]["dropped"] == 0, json.dumps(stats)  # ... and lost nothing
+        m = counters(root, f"observation.images.{cam}")
+        assert all(m[k] >= m[k - 1] for k in range(1, len(m))), m
+    assert "dropped_frames" not in [i["code"] for i in row["quality_issues"]], row["quality_issues"]
