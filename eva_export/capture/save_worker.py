@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 #: saves at a point they surely reach and queues takes behind them; the word written there
 #: decides: ``fail`` makes this attempt fail as a full disk does (ENOSPC), anything else lets it run.
 SAVE_SEAM_ENV = "EVA_CAPTURE_SAVE_DELAY_S"
+#: Niceness of the save worker thread (Linux: per thread), above recording's.
+SAVE_NICE = 5
 #: Seconds between attempts to save a take whose save failed (a full disk being freed).
 SAVE_RETRY_S = 2.0
 
@@ -86,6 +88,10 @@ class SaveWorker:
     _closed: threading.Event
 
     def _save_loop(self) -> None:
+        try:  # a backlog of saves yields the CPU to the intake and align threads (recording)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), SAVE_NICE)
+        except OSError as exc:
+            log.warning("cannot lower the save worker's priority: %s", exc)
         halted = ""  # why the takes still queued cannot be saved (set once one was lost)
         while True:
             job = self._save_q.get()
