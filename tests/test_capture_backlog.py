@@ -14,6 +14,8 @@ import errno
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -194,4 +196,9 @@ def test_kill_with_queued_takes_reports_every_promised_index(tmp_path, node_fact
     assert_saved_as_promised(root, {0: first, 1: nxt})
     assert [r.get("qc_verdict") for r in episode_rows(root)] == ["pass", None]
     assert cap2.stop() == 0, cap2.log_tail()
+    # the CLI (no node running) names the lost take too, and rates nothing
+    cli = subprocess.run([sys.executable, "-m", "eva_export.cli", "review", str(root), "--episodes", "3",
+                          "--verdict", "fail"], capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 2 and "episode 3 was never saved: the process ended" in cli.stderr, cli.stderr
+    assert [r.get("qc_verdict") for r in episode_rows(root)] == ["pass", None]
     assert sim.alive()
