@@ -131,7 +131,9 @@ def _review(args: argparse.Namespace) -> int:
         known = {e.episode_index for e in writer.episodes}
         unknown = [i for i in indices if i not in known]
         if unknown:  # check all before writing any: a typo rates nothing
-            raise ValueError(f"{root}: no episode(s) {unknown}; the dataset has {sorted(known)}")
+            lost = "; ".join(f"episode {i} {why}" for i in unknown if (why := writer.promises.absent_reason(i)))
+            raise ValueError(f"{root}: no episode(s) {unknown}; the dataset has {sorted(known)}"
+                             + (f" ({lost})" if lost else ""))
         for i in indices:
             writer.review(i, args.verdict, args.note)
     except (EvaError, ValueError, OSError) as exc:

@@ -234,7 +234,8 @@ def test_unstamped_stream_behind_a_starved_intake_fills_its_slots_by_order(slice
     action = starved_intake(100, slice_s, per_slice, 1.0, until)
     backlog = max(r - (-2.0 + k / 100) for k, (r, _) in enumerate(action))
     assert backlog > 0.6 and max(b[0] - a[0] for a, b in itertools.pairwise(action)) < slice_s + 0.01
-    al = GridAligner(2, FPS, 0.0, reference=0)
+    # a budget shorter than the backlog (the default now waits it out): the take-back path
+    al = GridAligner(2, FPS, 0.0, reference=0, latency_budget=0.5)
     slots = align_offline([cam, action], FPS, start=0.0, stop=4.0, reference=0, aligner=al)
     assert len(slots) >= 119
     assert sum(s.picks[1].dropped for s in slots) > 0, "the clock closed slots before the backlog came"

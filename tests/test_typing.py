@@ -88,6 +88,7 @@ MODULES = [
     "eva_export.dataset.video",
     "eva_export.dataset.video_copy",
     "eva_export.dataset.writer",
+    "eva_export.dataset.promises",
     "eva_export.dataset.episode_writer",
     "eva_export.manifest",
     "eva_export.export.records",

@@ -286,6 +286,9 @@ def scenario_errors(s: dict[str, Any]) -> list[str]:
         ep = episodes.get(takes[label].get("episode_index", -1))
         if ep is None:
             errors.append(f"{label}: no episode was saved ({takes[label].get('message', '')})")
+        elif ep["length"] != takes[label].get("frames"):  # reviews go by STOP's index: it must be this take
+            errors.append(f"{label}: episode {ep['episode_index']} has {ep['length']} frames, but STOP "
+                          f"returned that index for a take of {takes[label].get('frames')}")
         elif ep["quality"] != quality:
             errors.append(f"{label}: episode {ep['episode_index']} is {ep['quality']}, expected {quality} "
                           f"(issues: {', '.join(ep['quality_codes']) or 'none'})")

@@ -4,8 +4,11 @@
 
 Each group is one pytest invocation per run (a fresh process, as CI runs it); a run passes when
 pytest exits 0. While it runs, a CPU hog (`while True: pass`) is pinned to CPU 0, so the tests
-share that core with a process that never yields. Prints a Markdown table of pass counts and
-writes it to --out (default build/stress.md). Not part of `make test`: 20 runs take long.
+share that core with a process that never yields. The ``demo`` group runs `make demo`'s
+tools/demo.py (which checks its own scenario: every take's quality and review by the index STOP
+returned) and, beside the hog, a disk writer (`dd ... conv=fdatasync` in a loop), the robot
+computer busy writing to disk. Prints a Markdown table of pass counts and writes it to --out
+(default build/stress.md). Not part of `make test`: 20 runs take long.
 Every pytest run picks its own ROS_DOMAIN_ID (tests/conftest.py) and keeps DDS on loopback.
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,7 +35,12 @@ GROUPS = {
     "console": ["tests/test_console.py"],
     # Ray batch: several datasets in flight in one driver share the facts index (CI run C).
     "batch": ["tests/test_batch.py"],
+    "demo": ["tools/demo.py"],
 }
+#: Groups that are a script, not pytest, run beside a disk writer as well as the hog.
+SCRIPT_GROUPS = {"demo"}
+#: The disk writer: 2 GB written and flushed (fdatasync), again and again.
+DISK_WRITER = "while :; do dd if=/dev/zero of='{path}' bs=4M count=500 conv=fdatasync 2>/dev/null; done"
 # export_kill: each run kills 24 exports by default (~8 min on 2 busy cores); under stress a
 # run kills STRESS_KILL_TRIALS (8) with its own seed, so 20 runs are 160 different kill points
 # instead of the same 24 twenty times.
@@ -50,15 +59,33 @@ def start_hog() -> subprocess.Popen[bytes]:
     return hog
 
 
-def run_group(paths: list[str], log: Path, extra: dict[str, str]) -> tuple[bool, float]:
+def start_disk_writer(path: Path) -> subprocess.Popen[bytes]:
+    """A shell looping dd (its own session, so the whole group is stopped with it)."""
+    return subprocess.Popen(["sh", "-c", DISK_WRITER.format(path=path)], start_new_session=True)
+
+
+def stop_disk_writer(writer: subprocess.Popen[bytes] | None, path: Path) -> None:
+    if writer is not None:
+        os.killpg(writer.pid, signal.SIGKILL)
+        writer.wait()
+    path.unlink(missing_ok=True)
+
+
+def run_group(paths: list[str], log: Path, extra: dict[str, str], script: bool = False) -> tuple[bool, float]:
     env = {**os.environ, "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST", **extra}
     env.pop("EVA_TEST_DOMAIN_ID", None)  # each run derives its own domain id from its pid
+    out = log.with_suffix(".out")
+    cmd = [sys.executable, *paths, "--out", str(out)] if script else \
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *paths]
     t0 = time.monotonic()
     with open(log, "ab") as fh:
         fh.write(f"\n==== {time.strftime('%H:%M:%S')} {' '.join(paths)} {extra} ====\n".encode())
         fh.flush()
-        rc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *paths],
-                            cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
+        rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
+    if script and rc == 0:
+        shutil.rmtree(out, ignore_errors=True)  # a failed run's output stays for a look
+    elif script and out.exists():
+        out.rename(out.with_name(f"{out.name}-failed-{time.strftime('%H%M%S')}"))
     return rc == 0, time.monotonic() - t0
 
 
@@ -81,11 +108,17 @@ def main() -> int:
             log = out.with_name(f"stress-{group}.log")
             log.unlink(missing_ok=True)
             results = []
-            for i in range(args.runs):
-                ok, secs = run_group(GROUPS[group], log, group_env(group, i))
-                results.append((ok, secs))
-                print(f"[stress] {group} run {i + 1}/{args.runs}: {'pass' if ok else 'FAIL'} "
-                      f"({secs:.0f} s, load {os.getloadavg()[0]:.1f})", flush=True)
+            script = group in SCRIPT_GROUPS
+            disk = out.with_name("stress-disk-writer.bin")
+            writer = start_disk_writer(disk) if script else None
+            try:
+                for i in range(args.runs):
+                    ok, secs = run_group(GROUPS[group], log, group_env(group, i), script)
+                    results.append((ok, secs))
+                    print(f"[stress] {group} run {i + 1}/{args.runs}: {'pass' if ok else 'FAIL'} "
+                          f"({secs:.0f} s, load {os.getloadavg()[0]:.1f})", flush=True)
+            finally:
+                stop_disk_writer(writer, disk)
             passed = sum(ok for ok, _ in results)
             failed |= passed != args.runs
             median = sorted(s for _, s in results)[len(results) // 2]

@@ -74,8 +74,10 @@ from .clock import ClockOffset
 __all__ = ["LATENCY_BUDGET_S", "SAME_CLOCK_S", "STOP_BUDGET_S", "ClockOffset", "GridAligner", "Pick", "Sample",
            "Slot", "StreamTiming", "align_offline"]
 
-#: Default time a slot waits for a late stream before it is final (receive clock, seconds).
-LATENCY_BUDGET_S = 0.5
+#: Default time a slot waits for a late stream before it is final (receive clock, seconds): as
+#: long as the node's subscriptions keep messages (nodes/intake.py HISTORY_S), so a message
+#: delivered late by a busy host, and not lost, still lands in its own slot.
+LATENCY_BUDGET_S = 2.0
 #: After STOP the last slots wait longer for streams that are behind (a starved publisher
 #: catching up), so a late tail is not counted as lost; STOP answers when they are final.
 STOP_BUDGET_S = 3.0

@@ -35,6 +35,7 @@ from .bagreader import BagMessage, BagReader
 from .episode import EpisodeRun
 from .features import capture_features, video_settings
 from .intake import Convert, converter, streams_from_config
+from .save_worker import save_seam
 from .stream import StreamState, states_for
 
 __all__ = ["CAPTURE_STATUS_TYPE", "MARKER_TYPES", "SOURCE_KEY", "BagIngest", "BagMessage", "BagReader", "EpisodePlan",
@@ -143,7 +144,7 @@ class BagIngest:
         self.marker_topic = col.capture.ingest_marker_topic
         # diagnostic knob shared with live capture: slow every save down (tests kill the process
         # between episodes to show that a re-run resumes)
-        self.save_delay_s = float(os.environ.get("EVA_CAPTURE_SAVE_DELAY_S", "0") or 0)
+        self.save_delay_s = save_seam()[0]
         self._check_topics()
 
     def _open_writer(self, name: str) -> DatasetWriter:

@@ -25,7 +25,6 @@ are thread-safe and never wait on encoding; ``stop`` waits only for the last gri
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
@@ -45,7 +44,7 @@ from .ingest_jobs import IngestJobs
 from .intake import ImageDecoder, RawImage, RawVector, StreamSpec, fingerprint, streams_from_config
 from .results import CancelResult, StartResult, Status, StopResult, StreamStatus
 from .room import start_refusal, stop_refusal
-from .save_worker import SaveJob, SaveWorker
+from .save_worker import SaveJob, SaveWorker, save_seam
 from .stream import states_for
 from .writer_cache import DatasetWriters
 
@@ -79,8 +78,7 @@ class Recorder(IngestJobs, SaveWorker):
         self.wall = wall
         self.stats_file = Path(stats_file) if stats_file else None
         self.start_grace_s = start_grace_s
-        # diagnostic knob: slow every save down (tests kill the process in the middle of one)
-        self.save_delay_s = float(os.environ.get("EVA_CAPTURE_SAVE_DELAY_S", "0") or 0)
+        self.save_delay_s, self.save_hold = save_seam()  # the test seam (save_worker.py)
         self._lock = threading.Lock()  # counters and state shared with offer()
         self._state = states_for(self.streams)  # one object per stream (counters, clock offset, decoder)
         self._epoch = 0
@@ -93,7 +91,6 @@ class Recorder(IngestJobs, SaveWorker):
         self.datasets = DatasetWriters(col, self.features, self.video)
         self._save_q: queue.Queue[SaveJob | None] = queue.Queue()
         self._save_depth = 0
-        self._pending: dict[str, int] = {}
         self.last_index = -1
         self.last_quality = ""
         self.last_message = ""
@@ -101,6 +98,9 @@ class Recorder(IngestJobs, SaveWorker):
         self._ingesting = ""  # the running ingest job's id ("" = none): START is refused meanwhile
         self._jobs: JobEngine | None = None
         self.recovered = self.recover_datasets()
+        if self.recovered:  # on the status topic too: it names the promised takes a crash lost
+            self.last_message = "recovered at start-up: " + "; ".join(
+                f"{name}: {'; '.join(done)}" for name, done in self.recovered.items())
         self._align_thread = threading.Thread(target=self._align_loop, name="capture-align", daemon=True)
         self._save_thread = threading.Thread(target=self._save_loop, name="capture-save", daemon=True)
         self._align_thread.start()
@@ -331,10 +331,10 @@ class Recorder(IngestJobs, SaveWorker):
                                    self._save_depth)
             self.last_quality, self.last_message = "failed", ep.result.message
         else:
+            # promised under the dataset writer's lock and kept with the take: its save commits
+            # exactly this index, whatever the backlog or a failed save before it
+            expected = ep.dw.reserve_index(ep.writer)
             with self._lock:
-                pending = self._pending.get(ep.dataset_name, 0)
-                expected = ep.dw.next_episode_index + pending
-                self._pending[ep.dataset_name] = pending + 1
                 self._save_depth += 1
                 depth = self._save_depth
             self._save_q.put(SaveJob(ep, rows, expected, ep.t_stop, latency, overflow))

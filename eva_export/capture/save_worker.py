@@ -7,9 +7,11 @@ lifecycle under Recorder's one lock.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
+import os
 import queue
 import threading
 import time
@@ -26,6 +28,35 @@ from .checks import QualityResult
 from .episode import EpisodeRun
 
 log = logging.getLogger(__name__)
+
+#: The capture's one test seam for saving (live capture and bag ingest read it):
+#: a number: seconds to sleep before every save (a kill then lands mid-save);
+#: a directory: before every save attempt the worker creates ``<dir>/held-<index>-<attempt>``
+#: (attempts from 1) and opens the FIFO ``<dir>/release``, one open per attempt, so a test holds
+#: saves at a point they surely reach and queues takes behind them; the word written there
+#: decides: ``fail`` makes this attempt fail as a full disk does (ENOSPC), anything else lets it run.
+SAVE_SEAM_ENV = "EVA_CAPTURE_SAVE_DELAY_S"
+#: Niceness of the save worker thread (Linux: per thread), above recording's.
+SAVE_NICE = 5
+#: Seconds between attempts to save a take whose save failed (a full disk being freed).
+SAVE_RETRY_S = 2.0
+
+
+def save_seam() -> tuple[float, Path | None]:
+    """(delay in seconds, hold directory) from ``SAVE_SEAM_ENV``."""
+    value = os.environ.get(SAVE_SEAM_ENV, "")
+    try:
+        return float(value or 0), None
+    except ValueError:
+        return 0.0, Path(value)
+
+
+def _held(hold: Path, index: int, attempt: int) -> None:
+    (hold / f"held-{index}-{attempt}").write_text("", encoding="utf-8")
+    with open(hold / "release", encoding="utf-8") as fh:
+        word = fh.read().strip()
+    if word == "fail":
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(hold))
 
 
 @dataclass
@@ -47,49 +78,83 @@ class SaveWorker:
     clock: Callable[[], float]
     stats_file: Path | None
     save_delay_s: float
+    save_hold: Path | None
     last_index: int
     last_quality: str
     last_message: str
     _lock: threading.Lock
     _save_q: queue.Queue[SaveJob | None]
     _save_depth: int
-    _pending: dict[str, int]
+    _closed: threading.Event
 
     def _save_loop(self) -> None:
+        try:  # a backlog of saves yields the CPU to the intake and align threads (recording)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), SAVE_NICE)
+        except OSError as exc:
+            log.warning("cannot lower the save worker's priority: %s", exc)
+        halted = ""  # why the takes still queued cannot be saved (set once one was lost)
         while True:
             job = self._save_q.get()
             if job is None:
                 return
-            ep = job.ep
             try:
-                t_begin = self.clock()
-                if self.save_delay_s > 0:
-                    time.sleep(self.save_delay_s)
-                with storage_guard(ep.dw.root, f"saving episode {job.expected_index} into"):
-                    row, result = ep.save()
-                committed = self.clock()
-                if row is None:
-                    self.last_quality, self.last_message = "empty", "zero-frame episode: nothing written"
-                else:
-                    self.last_index, self.last_quality = row.episode_index, result.quality
-                    self.last_message = (f"episode {row.episode_index} saved: {row.length} frames, "
-                                         f"{result.quality}" + (f" ({', '.join(result.codes)})" if result.codes else ""))
-                    if row.episode_index != job.expected_index:
-                        log.warning("episode saved as %d, announced as %d", row.episode_index, job.expected_index)
-                    log.info(self.last_message)
-                    self._write_stats(job, row, result, t_begin, committed)
-            except Exception as exc:
-                log.exception("saving an episode failed")
-                self.last_quality, self.last_message = "failed", (f"saving episode {job.expected_index} failed, it is "
-                                                                  f"not in the dataset: {exc}")
-                try:
-                    ep.writer.abort()
-                except Exception:  # noqa: BLE001
-                    pass
+                if halted:  # saving it would put it below a lost take's index: reported instead
+                    self._lose(job, halted)
+                elif not self._save_until_done(job):
+                    halted = (f"the take before it (episode {job.expected_index}) could not be saved before the "
+                              f"capture closed")
             finally:
                 with self._lock:
                     self._save_depth -= 1
-                    self._pending[ep.dataset_name] -= 1
+
+    def _save_until_done(self, job: SaveJob) -> bool:
+        """Save ``job``; a failed save (a full disk) is retried, the take kept and the takes behind
+        it waiting, so every STOP reply's index stays true. False: lost at close (reported)."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                self._save_once(job, attempt)
+                return True
+            except Exception as exc:
+                log.exception("saving episode %d failed (attempt %d)", job.expected_index, attempt)
+                with self._lock:
+                    behind = self._save_depth - 1
+                self.last_quality, self.last_message = "failed", (
+                    f"saving episode {job.expected_index} failed, retrying every {SAVE_RETRY_S:g} s; the take is "
+                    f"kept and {behind} take(s) wait behind it with their indices: {exc}")
+                if self._closed.wait(SAVE_RETRY_S):
+                    self._lose(job, f"its save failed and the capture closed: {exc}")
+                    return False
+
+    def _save_once(self, job: SaveJob, attempt: int) -> None:
+        ep = job.ep
+        t_begin = self.clock()
+        if self.save_delay_s > 0:
+            time.sleep(self.save_delay_s)
+        with storage_guard(ep.dw.root, f"saving episode {job.expected_index} into"):
+            if self.save_hold is not None:
+                _held(self.save_hold, job.expected_index, attempt)
+            row, result = ep.save()
+        committed = self.clock()
+        if row is None:
+            self.last_quality, self.last_message = "empty", "zero-frame episode: nothing written"
+            return
+        self.last_index, self.last_quality = row.episode_index, result.quality
+        self.last_message = (f"episode {row.episode_index} saved: {row.length} frames, "
+                             f"{result.quality}" + (f" ({', '.join(result.codes)})" if result.codes else ""))
+        log.info(self.last_message)
+        self._write_stats(job, row, result, t_begin, committed)
+
+    def _lose(self, job: SaveJob, reason: str) -> None:
+        """The take will not be saved: its promised index is reported lost (status, log, dataset)."""
+        self.last_quality, self.last_message = "failed", (
+            f"episode {job.expected_index} was not saved and is not in the dataset: {reason}")
+        log.error(self.last_message)
+        try:
+            job.ep.dw.give_up(job.ep.writer, reason)
+        except Exception:  # noqa: BLE001 - the loss above is what is reported
+            log.exception("cannot record the loss of episode %d", job.expected_index)
 
     def _write_stats(self, job: SaveJob, row: EpisodeRow, result: QualityResult, t_begin: float,
                      committed: float) -> None:

@@ -41,6 +41,7 @@ from . import stats as stats_mod
 from .commits import StagingJournal
 from .episode_writer import EpisodeWriter, FinishedEpisode
 from .meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS, read_meta
+from .promises import Promises
 from .records import (
     CODEBASE_V21,
     DEFAULT_FEATURES,
@@ -120,6 +121,10 @@ class DatasetWriter:
         self.episodes = meta.episodes
         self.tasks = meta.tasks
         self.episodes_stats = meta.episodes_stats
+        try:
+            self.promises = Promises(self.root)  # indices STOP promised to takes not yet saved
+        except ValueError as exc:
+            raise DatasetError(str(exc)) from exc
         self.recovered: list[str] = []  # what the last recover() did (start-up log)
 
     # ---- opening -------------------------------------------------------------------------
@@ -157,6 +162,8 @@ class DatasetWriter:
                     done.append(f"finished the interrupted save {d.name}")
                 else:
                     log.warning("%s: discarding an unfinished episode (%s)", self.root, d.name)
+                    if lost := self.promises.recover(d):
+                        done.append(lost)
                     shutil.rmtree(d, ignore_errors=True)
                     done.append(f"discarded the unfinished episode {d.name}")
             if staging_root.is_dir() and not any(staging_root.iterdir()):
@@ -224,6 +231,25 @@ class DatasetWriter:
     def next_episode_index(self) -> int:
         return max((e.episode_index for e in self.episodes), default=-1) + 1
 
+    def free_index(self) -> int:
+        """The index the next take gets: after every listed and every promised one."""
+        return max(self.next_episode_index, self.promises.floor())
+
+    def reserve_index(self, ep: EpisodeWriter) -> int:
+        """Promise the next free index to ``ep`` (STOP's reply): its commit writes exactly it."""
+        with self.lock:
+            index = self.free_index()
+            self.promises.reserve(ep.staging, index)
+            return index
+
+    def give_up(self, ep: EpisodeWriter, reason: str) -> int | None:
+        """``ep`` will not be saved: report the index it was promised (returned) as lost and
+        discard its staging directory."""
+        with self.lock:
+            index = self.promises.give_up(ep.staging, reason)
+        ep.abort()
+        return index
+
     @property
     def total_frames(self) -> int:
         return sum(e.length for e in self.episodes)
@@ -244,7 +270,15 @@ class DatasetWriter:
             ep.abort()
             return None
         with self.lock:
-            index = self.next_episode_index
+            if (ep.staging / JOURNAL).is_file():  # a retry after a failure past the commit point
+                journal = StagingJournal.from_dict(read_json(ep.staging / JOURNAL))
+                self._apply_journal(ep.staging, journal)
+                self.promises.done(ep.staging)
+                return journal.episode
+            promised = self.promises.index_of(ep.staging)
+            index = self.free_index() if promised is None else promised
+            if any(e.episode_index == index for e in self.episodes):
+                raise DatasetError(f"{self.root}: episode {index} is already in the dataset")
             offset = self.total_frames
             cols = ep.columns()
             n = done.rows
@@ -268,6 +302,7 @@ class DatasetWriter:
                 _fsync_file(ep.staging / name)
             atomic_write_json(ep.staging / JOURNAL, journal.to_dict())  # the commit point
             self._apply_journal(ep.staging, journal)
+            self.promises.done(ep.staging)
             return row
 
     def _task_index_for(self, task: str) -> int:
@@ -324,7 +359,8 @@ class DatasetWriter:
                 if row.episode_index == episode_index:
                     break
             else:
-                raise DatasetError(f"{self.root}: no episode {episode_index}")
+                why = self.promises.absent_reason(episode_index) or "is not in the dataset"
+                raise DatasetError(f"{self.root}: episode {episode_index} {why}")
             row.review(verdict, note, time.strftime("%Y-%m-%dT%H:%M:%S%z"))
             atomic_write_jsonl(self.root / EPISODES, [e.to_dict() for e in self.episodes])
             self._fix_meta_modes()

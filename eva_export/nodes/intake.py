@@ -18,6 +18,7 @@ contexts' executors on SIGINT crashed rclpy now and then, exit -11.)
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -36,9 +37,12 @@ from eva_export.capture.intake import StreamSpec
 from eva_export.capture.recorder import Recorder
 from eva_export.nodes import ros_convert
 
-#: Subscription histories: a starved intake must not overwrite messages that are only late
-#: (2 s of a 100 Hz vector stream; 10 camera frames, about 9 MB at 640x480 rgb8).
-CAMERA_QOS_DEPTH = 10
+#: Subscription histories: a stall of the intake, or a publisher catching up after one (a busy
+#: disk or CPU), must not overwrite messages that are only late. Both hold HISTORY_S of their
+#: stream: 200 vector messages (100 Hz), cameras ``HISTORY_S * fps`` frames (60 at 30 fps, about
+#: 55 MB at 640x480 rgb8 while such a backlog lasts). Ten frames (a third of a second) lost
+#: frames of a take on a machine busy writing to disk.
+HISTORY_S = 2.0
 VECTOR_QOS_DEPTH = 200
 #: Restarts on a further participant id before the node gives up and only warns.
 MAX_RESTARTS = 3
@@ -49,6 +53,11 @@ HOLD_ENV = "EVA_CAPTURE_HOLD_PARTICIPANTS"
 #: one state a deaf restart produces.
 DEAF_HOOK_ENV = "EVA_TEST_DEAF_INTAKE"
 DEAF_SUFFIX = "/__deaf"
+
+
+def camera_depth(fps: float) -> int:
+    """Frames a camera subscription (or a camera publisher) keeps: HISTORY_S of them."""
+    return max(10, math.ceil(HISTORY_S * fps))
 
 
 class Intake:
@@ -62,7 +71,7 @@ class Intake:
                                       start_parameter_services=False)
         for i, spec in enumerate(rec.streams):
             msg_cls, convert = ros_convert.intake_converter(spec)
-            depth = CAMERA_QOS_DEPTH if spec.is_camera else VECTOR_QOS_DEPTH
+            depth = camera_depth(rec.col.fps) if spec.is_camera else VECTOR_QOS_DEPTH
             qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=depth, reliability=reliability)
             topic = spec.topic + DEAF_SUFFIX if deaf else spec.topic
             self.node.create_subscription(msg_cls, topic, self._callback(i, convert), qos)

@@ -47,6 +47,7 @@ from eva_export.capture.intake import streams_from_config
 from eva_export.config import load_config
 from eva_export.nodes import ros_convert
 from eva_export.nodes.common import run_node
+from eva_export.nodes.intake import camera_depth
 
 NODE_NAME = "teleop_sim"
 COUNTER_BITS = 16
@@ -189,7 +190,7 @@ class TeleopSim(Node):
         # ticks a few times per period when deliveries are delayed, so release times are kept
         tick = 4.0 if (jitter > 0 or delay_s > 0) else 1.0
         # histories deep enough for a catch-up burst after a stall (no sample is lost by the sim)
-        qos_cam = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
+        qos_cam = QoSProfile(depth=camera_depth(self.camera_rate), reliability=ReliabilityPolicy.RELIABLE)
         self.pubs: dict[str, Any] = {}
         for name, spec in self.streams.items():
             cls = ros_convert.MSG_TYPES[spec.msg_type]
