@@ -21,7 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BENCHES = ["bench_capture.py", "bench_split.py", "bench_formats.py", "bench_upload.py", "bench_store.py",
            "bench_ingest.py", "bench_parallel.py", "bench_episodes.py", "bench_rawformats.py",
-           # The memory shape of issue 28: 10,000 short episodes against 1,000 (QUICK: 1,000 vs 100).
+           # The memory goal: 10,000 short episodes against 1,000 (QUICK: 1,000 vs 100).
            "bench_episodes.py --memory --sizes 1000,10000", "bench_v3.py"]
 QUICK_ARGS = {"bench_episodes.py --memory --sizes 1000,10000": ["--memory", "--sizes", "100,1000"]}
 

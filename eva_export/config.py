@@ -73,7 +73,7 @@ class CaptureSettings:
     video_preset: str = "ultrafast"
     video_crf: int = 18
     reliable_qos: bool = True
-    # bag ingest (issue 15): directories a ~/ingest request may read bags from (empty: log_dir),
+    # bag ingest: directories a ~/ingest request may read bags from (empty: log_dir),
     # and the topic whose std_msgs/String or Bool (or CaptureStatus) messages cut episodes
     ingest_roots: tuple[str, ...] = ()
     ingest_marker_topic: str = ""
@@ -95,7 +95,7 @@ class SftpSettings:
     remote_dir: str = ""
     connect_timeout_s: float = 10.0
     transfer_timeout_s: float = 30.0
-    # flaky links (issue 19): attempts per job, exponential backoff between them
+    # flaky links: attempts per job, exponential backoff between them
     max_attempts: int = 5
     retry_backoff_s: float = 2.0  # first wait; doubles after every failed attempt
     retry_backoff_max_s: float = 60.0

@@ -104,7 +104,7 @@ def _issues(value: Any) -> list[QualityIssue] | None:
     return [QualityIssue.from_dict(i) for i in value]
 
 
-@dataclass(slots=True)  # no per-row __dict__: a source holds one row per episode (issue 28)
+@dataclass(slots=True)  # no per-row __dict__: a source holds one row per episode
 class EpisodeRow:
     """One line of meta/episodes.jsonl.
 
@@ -126,7 +126,7 @@ class EpisodeRow:
     note: str = ""
     reviewed_at: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
-    # shared (interned) sets of at most six names: a set per row was 216 bytes (issue 28)
+    # shared (interned) sets of at most six names: a set per row was 216 bytes
     present: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     def review(self, verdict: str, note: str | None, reviewed_at: str) -> None:
