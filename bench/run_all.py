@@ -26,6 +26,8 @@ BENCHES = ["bench_capture.py", "bench_split.py", "bench_formats.py", "bench_uplo
 QUICK_ARGS = {"bench_episodes.py --memory --sizes 1000,10000": ["--memory", "--sizes", "100,1000"]}
 
 
+HISTORY = "\n## History\n"  # RESULTS.md from this heading on is history, kept across runs
+
 def machine() -> str:
     cpu = ""
     try:
@@ -79,9 +81,15 @@ def main() -> int:
         parts.insert(1, "## Goals\n\n| bench | verdict (anchor measured in the same run) | load at start |\n"
                         "|---|---|---|\n" + "\n".join(goals) + "\n")
     out = HERE / "RESULTS.md"
-    out.write_text("\n".join(parts), encoding="utf-8")
+    out.write_text("\n".join(parts) + kept_history(out), encoding="utf-8")
     print(f"\nwrote {out}")
     return 1 if failed else 0
+
+
+def kept_history(results: Path) -> str:
+    """The hand-kept history section of the last RESULTS.md, which a new run keeps."""
+    old = results.read_text(encoding="utf-8") if results.exists() else ""
+    return "\n" + old[old.index(HISTORY):].lstrip("\n") if HISTORY in old else ""
 
 
 if __name__ == "__main__":
