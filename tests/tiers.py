@@ -6,7 +6,7 @@
     slow     over about 10 s alone on a quiet 2-core machine
     timing   timing-sensitive (tools/stress.py runs them beside a CPU hog); under xdist they
              share one worker, one after the other (group ``timing``), so they never compete
-             with each other for the cores
+             with each other for the cores; every other file is a group of its own
 
 The fast tier is ``-m "not slow and not ros and not browser"`` (``make test-fast``). Markers
 come from the fixtures a test uses and from the file lists below, so a new test in one of these
@@ -52,6 +52,9 @@ SLOW_TESTS = frozenset({
     "test_export_pool.py::test_pool_output_equals_serial_for_every_format",
     "test_upload_openssh.py::test_sftp_only_server",
     "test_formats_store.py::test_sigkill_during_export_leaves_no_half_shard_and_rerun_reuses",
+    # the fault corpus written as v3.0 and v2.0 (its module fixture takes ~20 s)
+    "test_quality_sources.py::test_foreign_source_gets_the_same_verdicts_as_v21",
+    "test_quality_sources.py::test_v30_short_shared_video_is_a_frame_count_mismatch_of_its_episode_only",
 })
 TIMING_FILES = frozenset(Path(p).name for paths in stress.GROUPS.values() for p in paths)
 
@@ -92,8 +95,11 @@ def apply(items: list[pytest.Item]) -> None:
     for item in items:
         for mark in markers_for(item):
             item.add_marker(mark)
-        if "timing" in item.keywords:
-            item.add_marker(pytest.mark.xdist_group("timing"))
+        # One worker takes a whole file, so a module-scoped fixture (a colcon build, the demo
+        # run, a converted dataset) is made once, not once per worker; the timing-sensitive
+        # files share one group, run one after the other.
+        group = "timing" if "timing" in item.keywords else item.path.name
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 def worker_index() -> int:
