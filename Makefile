@@ -15,11 +15,11 @@ setup:
 	tools/setup.sh
 
 # The whole suite (what CI runs) on TEST_WORKERS pytest-xdist workers (default 2), each with its
-# own ROS domain; the timing-sensitive tests share one worker, one after the other
-# (tests/tiers.py). `make test-serial` runs it in one process.
+# own ROS domain, whole files per worker; the timing-sensitive files run one after the other
+# on one worker (tests/tiers.py). `make test-serial` runs it in one process.
 TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -q -rs --durations=15
-XDIST := -n $(TEST_WORKERS) --dist loadgroup
+XDIST := -n $(TEST_WORKERS) --dist loadfile
 test: setup
 	$(PYTEST) $(XDIST) tests
 

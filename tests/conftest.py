@@ -130,6 +130,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     tiers.apply(items)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    return tiers.scheduler(config, log)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     for line in tiers.MARKERS:
         config.addinivalue_line("markers", line)

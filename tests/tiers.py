@@ -4,9 +4,13 @@
     sshd     starts a real OpenSSH server
     browser  drives Debian's headless chromium
     slow     over about 10 s alone on a quiet 2-core machine
-    timing   timing-sensitive (tools/stress.py runs them beside a CPU hog); under xdist they
-             share one worker, one after the other (group ``timing``), so they never compete
-             with each other for the cores; every other file is a group of its own
+    timing   timing-sensitive (tools/stress.py runs them beside a CPU hog)
+
+Under ``pytest -n N --dist loadfile`` the scheduler below hands each worker whole files, so a
+module-scoped fixture (a colcon build, the demo run, a converted dataset) is made once, and
+all timing-sensitive files as one unit, so one worker runs them one after the other and they
+never compete with each other for the cores. (pytest-xdist's own ``xdist_group`` does not
+group anything under pytest 9: it renames node ids, which pytest 9 derives.)
 
 The fast tier is ``-m "not slow and not ros and not browser"`` (``make test-fast``). Markers
 come from the fixtures a test uses and from the file lists below, so a new test in one of these
@@ -95,11 +99,6 @@ def apply(items: list[pytest.Item]) -> None:
     for item in items:
         for mark in markers_for(item):
             item.add_marker(mark)
-        # One worker takes a whole file, so a module-scoped fixture (a colcon build, the demo
-        # run, a converted dataset) is made once, not once per worker; the timing-sensitive
-        # files share one group, run one after the other.
-        group = "timing" if "timing" in item.keywords else item.path.name
-        item.add_marker(pytest.mark.xdist_group(group))
 
 
 def worker_index() -> int:
@@ -112,5 +111,19 @@ MARKERS = (
     "sshd: starts a real OpenSSH server",
     "browser: drives headless chromium",
     "slow: over about 10 s alone on a quiet 2-core machine",
-    "timing: timing-sensitive (tools/stress.py); one xdist worker runs them one after the other",
+    "timing: timing-sensitive (tools/stress.py); under xdist one worker runs them one after the other",
 )
+
+
+def scheduler(config: pytest.Config, log: object) -> object | None:
+    """The xdist scheduler for ``--dist loadfile``: whole files, the timing files as one unit."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TierScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            return "timing" if Path(file).name in TIMING_FILES else file
+
+    return TierScheduling(config, log)
