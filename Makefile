@@ -9,13 +9,26 @@ export RMW_IMPLEMENTATION := rmw_fastrtps_cpp
 # A local Ray instance (batch --ray local, tests, bench) binds 127.0.0.1, not the LAN address.
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 
-.PHONY: setup test stress demo console bench clean
+.PHONY: setup test test-fast test-serial stress demo console bench clean
 
 setup:
 	tools/setup.sh
 
+# The whole suite (what CI runs) on TEST_WORKERS pytest-xdist workers (default 2), each with its
+# own ROS domain, whole files per worker; the timing-sensitive files run one after the other
+# on one worker (tests/tiers.py). `make test-serial` runs it in one process.
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -rs --durations=15
+XDIST := -n $(TEST_WORKERS) --dist loadfile
 test: setup
-	$(PY) -m pytest -q -rs --durations=15 tests
+	$(PYTEST) $(XDIST) tests
+
+# The fast tier: every module's logic, without node processes, the browser or the slow tests.
+test-fast: setup
+	$(PYTEST) $(XDIST) -m "not slow and not ros and not browser" tests
+
+test-serial: setup
+	$(PYTEST) tests
 
 # The timing-sensitive tests STRESS_RUNS times each (default 20) beside a CPU hog pinned to one
 # core; prints the pass counts (build/stress.md). Not part of `make test`.

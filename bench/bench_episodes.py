@@ -2,10 +2,10 @@
 
     python bench/bench_episodes.py [--quick] [--baseline /path/to/other/checkout]
     python bench/bench_episodes.py --memory --sizes 1000,5000,10000 [--baseline ...]
-    python bench/bench_episodes.py --frames 4 --sizes 1000 --baseline ...           # issue 28's short shape
+    python bench/bench_episodes.py --frames 4 --sizes 1000 --baseline ...           # the short shape
     python bench/bench_episodes.py --frames 300 --size 640x480 --sizes 20 --baseline ...  # its long shape
 
-Builds 20 episodes x 30 frames (``--frames``; issue 28's short shape is 4) x 2 cameras 64x48
+Builds 20 episodes x 30 frames (``--frames``; the short shape is 4) x 2 cameras 64x48
 with the project's writer, tiles them (real file copies, renumbered; bench_split.tile) to 100
 and 1000 episodes, and measures, each in its own subprocess, in interleaved rounds (the order
 rotated each round; the median of the rounds):
@@ -27,7 +27,7 @@ The goal lines ("goal split <= 2x hashing: met / NOT met", and with ``--memory``
 within 10% of 1000") are printed under the tables.
 
 ``--memory``: peak RSS only, one job and one run of each exporter per size (and per checkout),
-no anchors: the shape of issue 28's "10,000 short episodes within 10% of 1,000" (a 10,000-episode
+no anchors: the shape of the goal "10,000 short episodes within 10% of 1,000" (a 10,000-episode
 job takes about a quarter of an hour on the shared 2-core machine).
 
 Prints Markdown tables (with the load average) and writes bench/out/episodes.json.
@@ -285,8 +285,8 @@ def main() -> int:
     ap.add_argument("--formats", default="lerobot_v3,hdf5,mcap", help="exporters measured with --memory")
     ap.add_argument("--job-max", type=int, default=0, help="--memory: job and exporters only up to this size")
     ap.add_argument("--baseline", type=Path, default=None, help="another checkout whose job runs in the same rounds")
-    ap.add_argument("--frames", type=int, default=30, help="frames per episode (issue 28's short shape: 4)")
-    ap.add_argument("--size", default="64x48", help="camera WIDTHxHEIGHT (issue 28's long shape: 640x480)")
+    ap.add_argument("--frames", type=int, default=30, help="frames per episode (the short shape: 4)")
+    ap.add_argument("--size", default="64x48", help="camera WIDTHxHEIGHT (the long shape: 640x480)")
     ap.add_argument("--rounds", type=int, default=0, help="interleaved rounds (default 3, --quick 1)")
     ap.add_argument("--no-exporters", action="store_true", help="skip the v3/hdf5/mcap peak-RSS rows")
     ap.add_argument("--keep", action="store_true")

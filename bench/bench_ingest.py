@@ -23,7 +23,7 @@ whole child processes (order rotated each round), medians reported:
   H.264 frame decoded to RGB, which ingest does for the checks and statistics) and copy-only
   (the same packets remuxed into one MP4 per camera, no decoding: the floor of a copy).
 
-Goal (issues 15, 28): ingest at least 5x real time on 2 cores, peak RSS flat. The machine may be
+Goal: ingest at least 5x real time on 2 cores, peak RSS flat. The machine may be
 shared: the load average of every round is printed next to the numbers. Writes
 bench/out/ingest.json.
 """

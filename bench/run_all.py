@@ -21,10 +21,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BENCHES = ["bench_capture.py", "bench_split.py", "bench_formats.py", "bench_upload.py", "bench_store.py",
            "bench_ingest.py", "bench_parallel.py", "bench_episodes.py", "bench_rawformats.py",
-           # The memory shape of issue 28: 10,000 short episodes against 1,000 (QUICK: 1,000 vs 100).
+           # The memory goal: 10,000 short episodes against 1,000 (QUICK: 1,000 vs 100).
            "bench_episodes.py --memory --sizes 1000,10000", "bench_v3.py"]
 QUICK_ARGS = {"bench_episodes.py --memory --sizes 1000,10000": ["--memory", "--sizes", "100,1000"]}
 
+
+HISTORY = "\n## History\n"  # RESULTS.md from this heading on is history, kept across runs
 
 def machine() -> str:
     cpu = ""
@@ -79,9 +81,15 @@ def main() -> int:
         parts.insert(1, "## Goals\n\n| bench | verdict (anchor measured in the same run) | load at start |\n"
                         "|---|---|---|\n" + "\n".join(goals) + "\n")
     out = HERE / "RESULTS.md"
-    out.write_text("\n".join(parts), encoding="utf-8")
+    out.write_text("\n".join(parts) + kept_history(out), encoding="utf-8")
     print(f"\nwrote {out}")
     return 1 if failed else 0
+
+
+def kept_history(results: Path) -> str:
+    """The hand-kept history section of the last RESULTS.md, which a new run keeps."""
+    old = results.read_text(encoding="utf-8") if results.exists() else ""
+    return "\n" + old[old.index(HISTORY):].lstrip("\n") if HISTORY in old else ""
 
 
 if __name__ == "__main__":

@@ -100,7 +100,7 @@ def check_note(note: str) -> str:
 
 def check_template(template: object, kind: str, what: str = "info.json") -> str:
     """``_check_template`` remembered: a pure check of three strings, asked once per path of
-    every episode (issue 28); a refusal is never remembered, so it raises every time."""
+    every episode; a refusal is never remembered, so it raises every time."""
     if not isinstance(template, str):
         return _check_template(template, kind, what)
     return _template_ok(template, kind, what)
@@ -179,7 +179,7 @@ def _plain_below(root: str, relative: str) -> bool:
 
     One lstat per component of the relative part, instead of two realpaths (an lstat of every
     component of both absolute paths): the per-episode path checks were 1.7 s of a
-    1000-episode export (issue 28). A missing component ends the walk: nothing below it exists,
+    1000-episode export. A missing component ends the walk: nothing below it exists,
     so no symlink either. Anything else (a symlink, a file with components below it, an lstat
     that fails otherwise) takes the full realpath check.
     """
@@ -198,7 +198,7 @@ def _plain_below(root: str, relative: str) -> bool:
         except FileNotFoundError:
             # Nothing exists from here on, so no symlink either: the path resolves to the
             # checked prefix plus plain components, inside ``root`` (a file about to be
-            # written took two realpaths per path: issue 28).
+            # written took two realpaths per path).
             return True
         except OSError:
             return False
@@ -221,7 +221,7 @@ def checked_dirs() -> Iterator[None]:
     """Inside the block (one export job, one batch of units), a directory component that
     ``confined`` found to be a real directory is not lstat'ed again: 1000 episodes share
     ``data/chunk-000`` and the camera directories, and the per-component lstat of every path
-    was most of the path checks' cost (issue 28). The file itself is always checked. Nested
+    was most of the path checks' cost. The file itself is always checked. Nested
     blocks share the outer one's set."""
     if _dirs_checked.get() is not None:
         yield

@@ -34,7 +34,7 @@ MAX_BYTES = 64 << 20
 _STRING_RE = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
 # A number that could be out of range has a 3-digit exponent or a run of over INT_DIGITS_MAX
 # digits; a text with neither is parsed without the per-number hooks (two million calls on a
-# 1000-episode export, issue 28). A match (maybe inside a string) just takes the hooked parse.
+# 1000-episode export). A match (maybe inside a string) just takes the hooked parse.
 # Each byte as its class: digit -> "0", e/E -> "e", +/- -> "+", anything else -> " ".
 _CLASS_MAP = bytes(0x30 if 0x30 <= b <= 0x39 else 0x65 if b in b"eE" else 0x2B if b in b"+-" else 0x20
                    for b in range(256))
@@ -87,7 +87,7 @@ def depth(text: str) -> int:
     marks = raw.translate(None, _NOT_STRUCTURE)  # quotes and brackets only: a tenth of a stats line
     if b"\\" not in marks:
         # No escapes: each string is exactly a pair of quotes (UTF-8 multibyte characters hold
-        # no ASCII bytes), so dropping the pairs leaves the structure (issue 28).
+        # no ASCII bytes), so dropping the pairs leaves the structure.
         if marks.count(b'"') % 2 == 0:
             # every quote paired: a bracket is inside a string when an odd number of quotes
             # precede it; five numpy passes, under half the pairs' regex and a Python fold

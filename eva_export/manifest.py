@@ -41,7 +41,7 @@ MANIFEST_VERSION = 1
 HASH_CHUNK = 1 << 20
 
 
-@dataclass(frozen=True, slots=True)  # one per file of a subset: no per-entry __dict__ (issue 28)
+@dataclass(frozen=True, slots=True)  # one per file of a subset: no per-entry __dict__
 class ManifestEntry:
     """One file of the subset."""
 
@@ -135,7 +135,7 @@ def sha256_file(path: Path, limit: int | None = None) -> str:
     return h.hexdigest()
 
 
-# (device, inode, size, mtime_ns) packed -> the sha256 as its 32 bytes (issue 28: a tuple of
+# (device, inode, size, mtime_ns) packed -> the sha256 as its 32 bytes (a tuple of
 # four ints and a 64-character str were ~300 bytes per episode file held until the manifest)
 _WRITTEN: dict[bytes, bytes | str] = {}
 _WRITTEN_MAX = 100_000  # a long-running node: the oldest records (of jobs that never published) go
@@ -216,7 +216,7 @@ def _entries(root: Path, hash_file: Callable[[Path], str] | None,
 
 def build_manifest(subset_dir: Path, hash_file: Callable[[Path], str] | None = None) -> Manifest:
     """Hash every file of ``subset_dir`` except an existing manifest. ``hash_file``: the export
-    job passes one that answers a hard-linked source file from its facts index (issue 28)."""
+    job passes one that answers a hard-linked source file from its facts index."""
     dirs: list[str] = []
     files = tuple(_entries(Path(subset_dir), hash_file, dirs))
     return Manifest(files, tuple(dirs))
@@ -231,7 +231,7 @@ def _entry_json(e: ManifestEntry) -> str:
 def write_manifest(subset_dir: Path, hash_file: Callable[[Path], str] | None = None) -> None:
     """Write ``meta/manifest.json`` for a finished (staged) subset, byte for byte what
     ``build_manifest(...).write`` writes, streamed: each entry goes to a spool file as it is
-    hashed, so memory does not grow with the file count (issue 28); the manifest replaces
+    hashed, so memory does not grow with the file count; the manifest replaces
     the old one by rename."""
     root = Path(subset_dir)
     dirs: list[str] = []

@@ -188,7 +188,7 @@ def _unpickle_error(blob: bytes) -> BaseException | None:
 # cores: units whose projected remaining work is below this run in the caller instead.
 SERIAL_BUDGET_S = 1.0
 # Units that compute compete with the workers' imports for the same cores: a 1000-episode
-# split of short episodes ran 2.6 s in the caller, 6.7 s on two workers (issue 28).
+# split of short episodes ran 2.6 s in the caller, 6.7 s on two workers.
 SERIAL_BUDGET_CPU_S = 4.0
 _SCHEDSTAT = "/proc/thread-self/schedstat"
 
@@ -269,7 +269,7 @@ class LocalPool:
 
     def run(self, units: Sequence[Unit], on_done: Done) -> None:
         # Units are taken by position as workers free up, never listed: a lazy sequence
-        # (export/build.py) makes each one only when it is sent (memory flat, issue 28).
+        # (export/build.py) makes each one only when it is sent (memory flat).
         start = 0
         if self.auto and not self._procs:
             start = self._run_serial_while_cheap(units, on_done)

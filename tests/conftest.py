@@ -2,11 +2,15 @@
 
 The environment is set here, at import, before any rclpy process starts (the test process's
 own rclpy context included): ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST, this run's
-ROS_DOMAIN_ID (EVA_TEST_DOMAIN_ID or derived from the pid) and RMW_IMPLEMENTATION.
+ROS_DOMAIN_ID (EVA_TEST_DOMAIN_ID or derived from the pid) and RMW_IMPLEMENTATION. Under
+pytest-xdist each worker takes its own domain: EVA_TEST_DOMAIN_ID + worker number, or one
+derived from the run's id + worker number, so two workers' nodes never see each other.
+Tier markers (ros, sshd, browser, slow, timing) are applied at collection (tests/tiers.py).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +20,25 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import rosharness  # noqa: E402
+import tiers  # noqa: E402
 
+
+def _worker_domain() -> None:
+    """Give this xdist worker a ROS domain of its own (no-op outside xdist)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return
+    index = tiers.worker_index()
+    base = os.environ.get("EVA_TEST_DOMAIN_ID", "").strip()
+    if base:
+        domain = int(base) + index
+    else:  # every worker of one run shares the run id: consecutive domains, none shared
+        run = os.environ.get("PYTEST_XDIST_TESTRUNUID", "") or str(os.getppid())
+        domain = 1 + (int.from_bytes(run.encode(), "big") + index) % 101
+    os.environ["EVA_TEST_DOMAIN_ID"] = str(domain)
+
+
+_worker_domain()
 DOMAIN_ID = rosharness.configure_ros_env()
 
 
@@ -104,6 +126,17 @@ def config_file(tmp_path: Path) -> Path:
     return path
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tiers.apply(items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    return tiers.scheduler(config, log)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    for line in tiers.MARKERS:
+        config.addinivalue_line("markers", line)
     # lark (pulled in by the rosidl parser of the ROS wheels) imports deprecated sre modules
     config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:lark.*")

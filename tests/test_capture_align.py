@@ -226,7 +226,7 @@ def starved_intake(rate: float, slice_s: float, per_slice: int, a: float, b: flo
 
 @pytest.mark.parametrize("slice_s,per_slice,until", [(0.1, 5, 2.4), (0.1, 4, 2.0), (0.2, 12, 2.4), (0.1, 5, 3.5)])
 def test_unstamped_stream_behind_a_starved_intake_fills_its_slots_by_order(slice_s, per_slice, until):
-    # issue 22: the backlog grew past 0.5 s (the old limit of placing a message before its
+    # the backlog grew past 0.5 s (the old limit of placing a message before its
     # arrival) without any receive gap that long; the grid counted 1 or 2 drops, red at 5/92.
     # The last case: a backlog that lasts longer than LOSS_WINDOW_S (1.5 s behind at its worst)
     # is still not loss: it is not steady

@@ -498,7 +498,7 @@ def test_review_keeps_quality_and_lists(tmp_path):
 
 
 def test_relaunch_with_other_cameras_refuses_the_dataset_instead_of_dropping_videos(tmp_path):
-    """Issue 12 follow-up: a capture node relaunched with more cameras than the dataset on disk
+    """A capture node relaunched with more cameras than the dataset on disk
     recovered it at start-up with the dataset's own features, then recorded into it: the extra
     cameras' frames were silently not encoded (red ``video_frame_count_mismatch``, 0 frames)."""
     col = make_config(tmp_path)

@@ -1,6 +1,6 @@
 """Capture on a full disk (a real tmpfs filled to a known free amount): START is refused below
 collection.capture.min_free_mb, STOP says when the save cannot be kept, and the status and
-list_episodes agree (issue 24, item 2)."""
+list_episodes agree."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The export node's ``~/check`` (issue 26): the quality rules over ROS, on a real node process.
+"""The export node's ``~/check``: the quality rules over ROS, on a real node process.
 
 Real datasets (the fault corpus written as v2.1 through the project's writer; LeRobot 0.4.4's own
 v3.0 output with a NaN run injected into its shared Parquet), real readers, real service calls.

@@ -2,8 +2,8 @@
 
 A third-party-like dataset (no quality fields: unrated; 32-dim state and action with joint
 names in info.json; 6 cameras; one episode NaN in one joint throughout), plus 1- and 8-camera
-datasets, behind the same four node processes as tests/test_console.py. Each test is one thing
-issue 29 (and issue 24 item 5) asked for.
+datasets, behind the same four node processes as tests/test_console.py. Each test is one thing an
+operator relies on.
 """
 
 from __future__ import annotations
@@ -320,7 +320,7 @@ def test_make_console_busy_port_is_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "logs").exists()  # refused before any node started
 
 
-# --- issue 24 item 5: every request gets an answer ------------------------------------------------
+# --- every request gets an answer ------------------------------------------------
 def _raw(ui: UiStack, method: str, path: str, body: bytes | None = None,
          headers: dict[str, str] | None = None) -> tuple[int, str]:
     """One request on its own connection; a dropped connection raises (http.client), as it should."""

@@ -1,4 +1,4 @@
-"""Issue 23: what `verify` and source validation pass, every consumer reads.
+"""What `verify` and source validation pass, every consumer reads.
 
 Sources the consumers' readers would fail on (duplicate task indices, MP4 frame timing the
 table contradicts, embedded images that are null, garbage or the wrong size) are refused

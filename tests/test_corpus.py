@@ -1,4 +1,4 @@
-"""Issue 10: every valid LeRobot v2.1 dataset exports to every format, and nothing that fails
+"""Every valid LeRobot v2.1 dataset exports to every format, and nothing that fails
 verification is published.
 
 The inputs are the corpus under tests/fixtures/lerobot-corpus, written by LeRobot 0.3.3's own

@@ -1,6 +1,6 @@
 """Exports on a full disk (a real tmpfs filled to a known free amount): no native crash, a failed
 job naming the path and the free space, nothing published, no phantom job, and a rerun completes
-once space is freed (issue 24, item 1)."""
+once space is freed."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The export node on a full disk (a real tmpfs), as a real process: a StartExport refused for
 lack of space leaves no phantom queued job, an hdf5 export that runs out of space fails naming the
-path and the free space, and the node survives both (issue 24, item 1)."""
+path and the free space, and the node survives both."""
 
 from __future__ import annotations
 

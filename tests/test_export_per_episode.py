@@ -1,4 +1,4 @@
-"""Issue 28's per-episode cost of a verified lerobot_v21 job, checked by counting (never timing):
+"""The per-episode cost of a verified lerobot_v21 job, checked by counting (never timing):
 MP4 opens per job, the native pair moved (not linked file by file), path checks of shared
 directories, stats rows parsed once per check, and the bounded-JSON depth fast path; with the
 refusals (a changed file, a bad stats row, a symlink) kept."""

@@ -301,7 +301,7 @@ def test_v3_a_reordered_episode_past_the_probe_window_starts_a_new_shard(tmp_pat
             np.testing.assert_array_equal(shards[e[f"videos/{key}/file_index"]][start + i], want[i])
 
 
-# ---- issue 23: very short B-frame episodes anywhere in a shard --------------------------------
+# ---- very short B-frame episodes anywhere in a shard --------------------------------
 SHORT_CASES = [[1, 25], [1, 30, 30], [30, 1, 30], [30, 30, 1], [2, 30], [30, 2, 30], [30, 30, 2], [1, 2, 1]]
 
 

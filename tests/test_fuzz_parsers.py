@@ -1,5 +1,5 @@
 """Fuzzing the metadata parsers and the store reader (hypothesis, bounded: 200 examples each, no
-deadline): whatever the bytes, only the project's own error types come out (issue 24, item 4)."""
+deadline): whatever the bytes, only the project's own error types come out."""
 
 from __future__ import annotations
 

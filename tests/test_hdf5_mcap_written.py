@@ -1,4 +1,4 @@
-"""hdf5 and mcap episode files written at the disk (issue 28): frames by pwritev into
+"""hdf5 and mcap episode files written at the disk: frames by pwritev into
 preallocated HDF5 chunks, cameras decoded at once, and each file hashed while it is written.
 Read back with h5py and with mcap's reader (CRCs validated) against the decoded source frames."""
 
@@ -217,7 +217,7 @@ def test_hdf5_files_carry_no_clock(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("shape", ["empty", "nested", "rewritten"])
 def test_streamed_manifest_is_byte_for_byte_the_built_one(tmp_path: Path, shape: str) -> None:
-    # write_manifest spools entries as it hashes them (issue 28); readers see the same bytes
+    # write_manifest spools entries as it hashes them; readers see the same bytes
     root = tmp_path / "subset"
     root.mkdir()
     if shape != "empty":

@@ -1,6 +1,6 @@
 """Hostile metadata values in a raw source, exported in every format: each is refused as a
 DatasetError naming the file and the line, with no Python exception type in the message and no
-staging left behind (issue 24, item 4)."""
+staging left behind."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Bag ingest (issue 15): bags written by `rosbags` (not our code) become the episodes live capture
+"""Bag ingest: bags written by `rosbags` (not our code) become the episodes live capture
 makes of the same messages; bad bags are refused or marked, never silently lost."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bag ingest of hostile bags (issue 24, items 3 and 7): metadata.yaml paths and symlinked MCAP
+"""Bag ingest of hostile bags: metadata.yaml paths and symlinked MCAP
 files outside the ingest roots are refused, a bag whose log times run backwards is named, and a
 compressed frame's size is checked from its header before anything is decoded."""
 

@@ -1,4 +1,4 @@
-"""Issue 28 (ingest speed): the zero-copy paths give exactly what the generic ones gave.
+"""Ingest speed: the zero-copy paths give exactly what the generic ones gave.
 
 * bag reading: our chunk walk and CDR views (bagreader.py, bagcdr.py) against mcap's own reader
   and mcap-ros2-support's decoder, on bags written by `rosbags` and re-chunked by `mcap`'s writer

@@ -1,4 +1,4 @@
-"""Bag ingest of H.264 cameras (foxglove_msgs/msg/CompressedVideo, issue 28): bags written by
+"""Bag ingest of H.264 cameras (foxglove_msgs/msg/CompressedVideo): bags written by
 `rosbags` with H.264 made by PyAV; the episode MP4 is the source's bitstream copied (frames decode
 to exactly the source's pixels) when every row is the source's next frame from a keyframe on, and
 encoded from the decoded frames otherwise; damaged or foreign streams are reported, never lost."""

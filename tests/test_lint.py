@@ -1,6 +1,6 @@
 """The code base passes the ruff rule set of pyproject.toml (pyflakes, pycodestyle, import order,
 bugbear, pyupgrade, simplify, RUF, blind excepts) and keeps its rooms small: no module over 400
-lines, no function over 60 (issue 25)."""
+lines, no function over 60."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def test_ruff_finds_nothing() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-# ---- rooms a reader can hold in their head (issue 25) ------------------------------------------
+# ---- rooms a reader can hold in their head ------------------------------------------
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 

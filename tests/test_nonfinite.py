@@ -129,7 +129,7 @@ def test_the_option_is_checked_and_matches_the_policies() -> None:
         parse_config({"collection": {"log_dir": "/tmp/x"}, "export": {"nonfinite_min_run": 0}})
 
 
-# ---- the units' own counts (issue 28): the scan reads a staged table only when they do not apply
+# ---- the units' own counts: the scan reads a staged table only when they do not apply
 
 
 def split_poisoned(tmp_path: Path):  # type: ignore[no-untyped-def]

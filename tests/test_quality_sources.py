@@ -1,4 +1,4 @@
-"""Issue 26: ``eva-export check`` on sources we did not record, LeRobot v3.0 and v2.0.
+"""``eva-export check`` on sources we did not record, LeRobot v3.0 and v2.0.
 
 The fault corpus (quality_corpus.py) is written as v2.1, as a v3.0 dataset (one shared Parquet,
 one shared MP4 per camera, converted by the project's v3.0 exporter and stripped to what LeRobot

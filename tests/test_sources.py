@@ -1,4 +1,4 @@
-"""Issue 26 (source half): LeRobot v3.0 and v2.0 sources export to every format.
+"""LeRobot v3.0 and v2.0 sources export to every format.
 
 Inputs are real files: tests/fixtures/lerobot-written/v30 (written by LeRobot 0.4.4's own
 recorder: one AV1 MP4 and one Parquet holding both episodes) and tests/fixtures/lerobot-derived/v20

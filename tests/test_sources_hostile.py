@@ -1,4 +1,4 @@
-"""Issue 26: hostile LeRobot v3.0 sources (paths out of the dataset, timestamps outside the video,
+"""Hostile LeRobot v3.0 sources (paths out of the dataset, timestamps outside the video,
 missing files, broken metadata) are refused naming the source file and episode, before anything
 is written; the source tree stays byte-identical."""
 

@@ -402,7 +402,7 @@ def test_non_native_format_uses_native_split_then_exporter(tmp_path: Path) -> No
     assert all(".staging-hdf5-" in str(p) for p in CopyExporter.seen)
     assert QualitySplit.read(Path(job.accepted_dir)).dataset_format == "hdf5"
     assert QualitySplit.read(Path(job.rejected_dir)).source_episode_indices == [1, 3, 5]
-    assert job.episodes_done == job.episodes_total == 6  # each source episode once (issue 23)
+    assert job.episodes_done == job.episodes_total == 6  # each source episode once
     assert not ExportPaths.of(src, "hdf5").staging.exists()
 
 
@@ -414,7 +414,7 @@ def test_real_format_exporters(tmp_path: Path, fmt: str) -> None:
     src = mixed_source(tmp_path)
     job = service(tmp_path / "logs").run(src, fmt)
     assert job.state == COMPLETED, job.error
-    assert job.episodes_done == job.episodes_total == 6  # each source episode once, not 12 (issue 23)
+    assert job.episodes_done == job.episodes_total == 6  # each source episode once, not 12
     for d, idx in ((job.accepted_dir, [0, 2, 4]), (job.rejected_dir, [1, 3, 5])):
         q = QualitySplit.read(Path(d))
         assert q.dataset_format == fmt and q.source_episode_indices == idx and q.job_id == job.job_id

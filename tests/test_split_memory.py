@@ -1,4 +1,4 @@
-"""The split's memory is flat in the episode count (issue 28): no object per episode is held.
+"""The split's memory is flat in the episode count: no object per episode is held.
 
 tracemalloc counts the Python allocations of validation, planning and the whole native split
 (units, assembly) of the same short episodes at N and 4N episodes: what grows per episode

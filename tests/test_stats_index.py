@@ -1,4 +1,4 @@
-"""episodes_stats.jsonl kept as line offsets (issue 28): the rows read back are the rows on
+"""episodes_stats.jsonl kept as line offsets: the rows read back are the rows on
 disk, a file changed after it was read is refused naming it, a mutation holds the rows, and
 validation keeps one shared schema for tables that have the same one."""
 

@@ -1,5 +1,5 @@
 """eva_store manifests that point out of the store or are damaged: the reader raises StoreError,
-the verifier reports and never crashes (issue 24, items 3 and 4)."""
+the verifier reports and never crashes."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""One uploader per export, a remote_dir that must exist, job records for this account only
-(issue 24 items 6 and 8), against a real OpenSSH server on 127.0.0.1."""
+"""One uploader per export, a remote_dir that must exist, job records for this account only,
+against a real OpenSSH server on 127.0.0.1."""
 
 from __future__ import annotations
 

@@ -73,7 +73,7 @@ def test_upload_through_the_node(tmp_path, node_factory, ros_client):  # type: i
         assert job.kind == "upload" and job.format == "hdf5"
         assert job.remote_path == str(remote_root(tmp_path) / "pick_hdf5_accepted")
         assert job.files_done == job.files_total > 0 and job.bytes_done == job.bytes_total > 0
-        assert job.attempts == 1 and job.last_error == ""  # issue 19 fields reach the message
+        assert job.attempts == 1 and job.last_error == ""  # the retry fields reach the message
         same_tree(exp.accepted, Path(job.remote_path))
 
         latest = ros_client.call(GetJob, node.service("get_job"), GetJob.Request())

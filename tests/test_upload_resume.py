@@ -1,4 +1,4 @@
-"""Uploads over a flaky link (issue 19), against a real OpenSSH server on 127.0.0.1.
+"""Uploads over a flaky link, against a real OpenSSH server on 127.0.0.1.
 
 Kills at random points (the connection's sshd, the whole sshd, or the uploading process),
 then resume: the published remote directory is byte-identical to the source or absent,

@@ -102,29 +102,81 @@ step_end "virtualenv"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 # pip, quiet; drops the "Location ... is ignored" noise of local index settings
 pip_q() { "${PIP[@]}" install -q "$@" 2>&1 | { grep -v "^WARNING: Location 'file:" || true; }; }
-step_start "pip install requirements-ros.txt requirements.txt"
-# constraints.txt pins every transitive dependency (tools/pins.py): a fresh clone gets what CI ran.
-pip_q -r requirements-ros.txt -r requirements.txt -c constraints.txt
-step_end "pip install"
 
-# --- interfaces -------------------------------------------------------------------------------
-step_start "build eva_export_interfaces (cmake -> .venv)"
-mkdir -p "$BUILD_DIR"
-if [[ -f "$BUILD_DIR/CMakeCache.txt" ]] &&
-   ! grep -qx "CMAKE_INSTALL_PREFIX:PATH=$VENV" "$BUILD_DIR/CMakeCache.txt"; then
-  rm -rf "$BUILD_DIR"
-fi
-AMENT_PREFIX_PATH="$VENV" cmake -S interfaces -B "$BUILD_DIR" \
-  -DCMAKE_PREFIX_PATH="$VENV" -DCMAKE_INSTALL_PREFIX="$VENV" \
-  -DPython3_EXECUTABLE="$VENV/bin/python" -DBUILD_TESTING=OFF \
-  -DCMAKE_BUILD_TYPE=Release >"$ROOT/build/interfaces-configure.log" 2>&1 ||
-  { tail -50 "$ROOT/build/interfaces-configure.log"; log "ERROR: cmake configure failed (log: build/interfaces-configure.log)"; exit 1; }
-AMENT_PREFIX_PATH="$VENV" cmake --build "$BUILD_DIR" -j "$(nproc)" >"$ROOT/build/interfaces-build.log" 2>&1 ||
-  { tail -50 "$ROOT/build/interfaces-build.log"; log "ERROR: interface build failed (log: build/interfaces-build.log)"; exit 1; }
-cmake --install "$BUILD_DIR" >"$ROOT/build/interfaces-install.log" 2>&1 ||
-  { tail -50 "$ROOT/build/interfaces-install.log"; log "ERROR: interface install failed"; exit 1; }
-(cd / && "$VENV/bin/python" -c 'from eva_export_interfaces.srv import StartCapture')
-step_end "build eva_export_interfaces"
+# --- interfaces: built once per set of inputs, then restored from a cache ------------------------
+# The interface build (every type support of srv/ and msg/) is the longest step. Its output
+# depends only on the definitions, the ROS wheels and the interpreter, so it is kept in
+# $EVA_SETUP_CACHE (default ~/.cache/eva_export) under the hash of those inputs: a fresh clone
+# or a redone .venv on the same machine restores it in a second. Only two installed files name
+# the venv's path; a restore rewrites them.
+CACHE_DIR="${EVA_SETUP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/eva_export}"
+interfaces_key() {
+  {
+    "$VENV/bin/python" -c 'import platform, sys; print(sys.version, platform.machine())'
+    find srv msg interfaces requirements-ros.txt constraints.txt -type f | LC_ALL=C sort | xargs sha256sum
+  } | sha256sum | cut -d' ' -f1
+}
+interfaces_import() { (cd / && "$VENV/bin/python" -c 'from eva_export_interfaces.srv import StartCapture') >/dev/null 2>&1; }
+interfaces_restore() {
+  local tar="$1"
+  [[ -f "$tar" && -f "$tar.prefix" ]] || return 1
+  local old; old="$(cat "$tar.prefix")"
+  tar -xf "$tar" -C "$VENV" || return 1
+  if [[ "$old" != "$VENV" ]]; then
+    tar -tf "$tar" | (cd "$VENV" && xargs -r grep -lIF "$old" -- 2>/dev/null || true) |
+      while read -r f; do sed -i "s|$old|$VENV|g" "$VENV/$f"; done
+  fi
+  interfaces_import
+}
+interfaces_build() {
+  mkdir -p "$BUILD_DIR"
+  if [[ -f "$BUILD_DIR/CMakeCache.txt" ]] &&
+     ! grep -qx "CMAKE_INSTALL_PREFIX:PATH=$VENV" "$BUILD_DIR/CMakeCache.txt"; then
+    rm -rf "$BUILD_DIR"
+  fi
+  AMENT_PREFIX_PATH="$VENV" cmake -S interfaces -B "$BUILD_DIR" \
+    -DCMAKE_PREFIX_PATH="$VENV" -DCMAKE_INSTALL_PREFIX="$VENV" \
+    -DPython3_EXECUTABLE="$VENV/bin/python" -DBUILD_TESTING=OFF \
+    -DCMAKE_BUILD_TYPE=Release >"$ROOT/build/interfaces-configure.log" 2>&1 ||
+    { tail -50 "$ROOT/build/interfaces-configure.log"; log "ERROR: cmake configure failed (log: build/interfaces-configure.log)"; return 1; }
+  AMENT_PREFIX_PATH="$VENV" cmake --build "$BUILD_DIR" -j "$(nproc)" >"$ROOT/build/interfaces-build.log" 2>&1 ||
+    { tail -50 "$ROOT/build/interfaces-build.log"; log "ERROR: interface build failed (log: build/interfaces-build.log)"; return 1; }
+  cmake --install "$BUILD_DIR" >"$ROOT/build/interfaces-install.log" 2>&1 ||
+    { tail -50 "$ROOT/build/interfaces-install.log"; log "ERROR: interface install failed"; return 1; }
+  interfaces_import || { log "ERROR: eva_export_interfaces does not import after the build"; return 1; }
+}
+interfaces_save() {
+  local tar="$1" tmp="$1.$$.tmp"
+  mkdir -p "$CACHE_DIR"
+  sed "s|^$VENV/||" "$BUILD_DIR/install_manifest.txt" | tar -cf "$tmp" -C "$VENV" -T - 2>/dev/null &&
+    echo "$VENV" >"$tar.prefix" && mv -f "$tmp" "$tar" || { rm -f "$tmp"; log "(interface cache not written)"; }
+}
+interfaces() {  # restore or build, then cache; logs its own time (it runs beside pip)
+  local t0 key tar
+  t0=$(date +%s.%N); key="$(interfaces_key)"; tar="$CACHE_DIR/interfaces-$key.tar"
+  if [[ -z "${EVA_SETUP_FORCE:-}" ]] && interfaces_restore "$tar"; then
+    log "eva_export_interfaces restored from $tar in $(elapsed "$t0") s"
+    return 0
+  fi
+  interfaces_build || return 1
+  interfaces_save "$tar"
+  log "eva_export_interfaces built in $(elapsed "$t0") s (cached: $tar)"
+}
+
+# The ROS wheels first: the interface build needs only them (and numpy), so it runs while pip
+# installs everything else.
+step_start "pip install the ROS wheels (requirements-ros.txt)"
+pip_q -r requirements-ros.txt numpy -c constraints.txt
+step_end "pip install the ROS wheels"
+mkdir -p "$ROOT/build"
+step_start "build eva_export_interfaces (cmake -> .venv) beside pip install requirements.txt"
+interfaces &
+IF_PID=$!
+# constraints.txt pins every transitive dependency (tools/pins.py): a fresh clone gets what CI ran.
+pip_q -r requirements-ros.txt -r requirements.txt -c constraints.txt || { kill "$IF_PID" 2>/dev/null; exit 1; }
+log "pip install requirements.txt done in $(elapsed "$T_STEP") s"
+wait "$IF_PID" || { log "ERROR: eva_export_interfaces"; exit 1; }
+step_end "pip install and interfaces"
 
 # --- eva_export -------------------------------------------------------------------------------
 step_start "pip install -e . (eva_export)"

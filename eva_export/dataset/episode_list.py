@@ -2,7 +2,7 @@
 
 A SourceEpisode with its three Paths, its dict of camera files and its task list is about
 3.3 KB of Python objects for a two-camera episode; holding one per episode for the whole
-export job made its memory grow with the episode count (issue 28: 139 MB at 1,000 short
+export job made its memory grow with the episode count (139 MB at 1,000 short
 episodes, 447 MB at 10,000). Here an episode of the templated v2.1 layout (its files at
 ``root / info.data_file(i)`` and ``root / info.video_file(key, i)``, as validation confined
 them) is kept as a few array slots: its row (a reference to the row ``meta`` already holds),

@@ -4,7 +4,7 @@ A verified export validates its source (every table read, every MP4 demuxed), th
 each staged subset again before publishing; the staged camera files are hard links of the
 source's (same inode). Each fact is stored under the file's (st_dev, st_ino, st_size,
 st_mtime_ns) and a kind, so the second pass, and a rerun on the unchanged source, cost one
-``stat`` and one lookup per file instead of an open and a demux (issue 28).
+``stat`` and one lookup per file instead of an open and a demux.
 
 The index is hostile input like any file on disk: it holds no paths (nothing read from it can
 name a file), a row is only ever found by its exact key, a payload that does not parse as its
@@ -102,7 +102,7 @@ class FactsIndex:
             # row is only found by its file's exact identity).
             db.execute("PRAGMA synchronous = OFF")
             # a page cache of 512 KiB, not SQLite's 2 MiB: the file grows ~1 KB per episode, so
-            # the default cache grew with the episode count up to 2 MiB (issue 28); lookups are
+            # the default cache grew with the episode count up to 2 MiB; lookups are
             # by key and inserts near the end of the B-tree, whose inner pages stay cached
             db.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
             version = db.execute("PRAGMA user_version").fetchone()[0]

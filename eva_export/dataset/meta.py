@@ -124,7 +124,7 @@ def check_stats_shapes(meta: DatasetMeta, done: Container[int] = ()) -> None:
     """Each numeric feature's min/max/mean/std vector has the feature's element count (a
     3-element vector for a 7-element feature would fail deep inside the statistics merge).
     ``done``: episodes whose row the caller already checked with ``check_row_shapes`` (each
-    row of the index is parsed once per check, not once per caller: issue 28)."""
+    row of the index is parsed once per check, not once per caller)."""
     stats = meta.episodes_stats
     for episode in stats:
         if episode not in done:

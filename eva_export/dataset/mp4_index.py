@@ -3,7 +3,7 @@
 Source validation needs, per MP4, what PyAV's open and demux give (validate_media): the first
 video stream's width and height, its frame count and each packet's decode/presentation time.
 Opening a container costs PyAV ~0.4 ms even for a four-frame file: most of a short episode's
-media check (issue 28). Files of the one plain shape the project's writer makes are read here
+media check. Files of the one plain shape the project's writer makes are read here
 from their boxes; anything else (a fragmented file, more than one track, a box or field value
 not listed below, a codec other than H.264 avc1, an edit list that is not the identity, a
 composition offset table, parameter sets inside the samples) gives None, and the caller takes

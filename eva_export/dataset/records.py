@@ -117,7 +117,7 @@ def _tasks(value: Any) -> list[str]:
     return [sys.intern(as_str(t, "a task")) for t in items]
 
 
-@dataclass(slots=True)  # no per-row __dict__: a source holds one row per episode (issue 28)
+@dataclass(slots=True)  # no per-row __dict__: a source holds one row per episode
 class EpisodeRow:
     """One line of meta/episodes.jsonl.
 
@@ -139,7 +139,7 @@ class EpisodeRow:
     note: str = ""
     reviewed_at: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
-    # shared (interned) sets of at most six names: a set per row was 216 bytes (issue 28)
+    # shared (interned) sets of at most six names: a set per row was 216 bytes
     present: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     def review(self, verdict: str, note: str | None, reviewed_at: str) -> None:

@@ -1,8 +1,8 @@
 """meta/episodes_stats.jsonl as an index of line offsets, not a dict of parsed rows.
 
 A parsed stats row is about 30 KB of Python floats and lists for a two-camera episode (its
-JSON line is 4.6 KB), so holding every row made a source's memory grow with its episode count
-(issue 28). ``read_meta`` still parses and checks every line once (every fault is found where
+JSON line is 4.6 KB), so holding every row made a source's memory grow with its episode count.
+``read_meta`` still parses and checks every line once (every fault is found where
 it was before, naming ``path:line``); the index keeps each episode's byte span and line number
 and parses the line again when a caller asks for it.
 
@@ -37,7 +37,7 @@ class StatsIndex(MutableMapping[int, EpisodeStats]):
         self._fh: Any = None  # the open file the spans point into
         self._stamp: tuple[int, int] = (0, 0)
         # episode -> slot in three flat arrays (offset, length, line): a tuple of three ints per
-        # episode was ~250 bytes of objects (issue 28); the dict keeps the file's episode order
+        # episode was ~250 bytes of objects; the dict keeps the file's episode order
         self._where: dict[int, int] = {}
         self._spans = array("q")  # offset, length, line of slot n at 3n, 3n+1, 3n+2
         self._held: dict[int, EpisodeStats] | None = {}  # rows in memory (no file, or after a change)

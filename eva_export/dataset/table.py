@@ -66,7 +66,7 @@ def write_table(table: pa.Table, path: Path) -> None:
     pq.write_table(table, path)
 
 
-#: Parquet files up to this size are read whole and parsed in memory (issue 28): pyarrow reading
+#: Parquet files up to this size are read whole and parsed in memory: pyarrow reading
 #: a file hands every column chunk read to its I/O thread (six futex round trips a small table;
 #: on a loaded machine each wake-up waits for a core). Larger ones stream as before.
 IN_MEMORY_BYTES = 4 * 1024 * 1024

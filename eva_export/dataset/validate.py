@@ -48,7 +48,7 @@ class SourceCheck:
     root: Path
     meta: DatasetMeta
     source_hash: str
-    # validate_source's: an EpisodeList (compact arrays, issue 28); other kinds may keep a list
+    # validate_source's: an EpisodeList (compact arrays); other kinds may keep a list
     episodes: Sequence[SourceEpisode] = field(default_factory=list)
 
     @property
@@ -164,7 +164,7 @@ def _check_episodes(check: SourceCheck, kind: str, camera_stats_computed: bool) 
 class _Shared:
     """One schema and column list for every episode whose table has the same ones: a pyarrow
     schema per episode (metadata included) made validation's memory grow with the episode
-    count (issue 28). Each episode's own schema is still checked; only the copy kept is shared."""
+    count. Each episode's own schema is still checked; only the copy kept is shared."""
 
     def __init__(self) -> None:
         self.schema: pa.Schema | None = None
@@ -218,7 +218,7 @@ def _check_stray_files(root: Path, meta: DatasetMeta) -> None:
 class _Listed:
     """The files episodes.jsonl names, as a sorted array of their str hashes and (episode,
     file) codes: a set of every path string was ~400 bytes per episode, held while the trees
-    were walked (issue 28). A hash match is confirmed by the path rebuilt from its code."""
+    were walked. A hash match is confirmed by the path rebuilt from its code."""
 
     def __init__(self, meta: DatasetMeta) -> None:
         info = self.info = meta.info

@@ -69,14 +69,14 @@ def _demux_size(e: int, key: str, path: Path) -> tuple[int, int, int, StreamTimi
     if unreadable. When the frames come from the index (no packet demuxed yet) the packet timing
     is read in the same open: its failure is returned, for check_video to raise in its turn."""
     # a small file read once for both the box tiling and the index (two opens an MP4 were
-    # a tenth of a short episode's validation, issue 28)
+    # a tenth of a short episode's validation)
     data = mp4_index.file_bytes(path)
     why = mp4_truncation(path) if data is None else mp4_truncation_of(data)
     if why:
         raise DatasetError(f"episode {e}: {path} ({key}) is not a complete MP4 (truncated, empty or "
                            f"garbage: {why})")
     plain = mp4_index.parse(data) if data is not None else None  # None: over mp4_index's bound
-    if plain is not None:  # the writer's plain shape, read from its boxes: no PyAV open (issue 28)
+    if plain is not None:  # the writer's plain shape, read from its boxes: no PyAV open
         # integer ticks as the demux gives them; no composition offsets: pts == dts. The stated
         # duration is not read: check_video does not check it
         timing = StreamTiming(plain.dts, plain.dts, Fraction(1, plain.timescale), None)

@@ -4,7 +4,7 @@ An episode table passes validation (footer, small columns, task indices, embedde
 or not, given the file's bytes and a context: info.json, the task list, the episode's row
 (index, length, tasks) and its global frame offset. A pass is stored under the file's
 identity and a kind naming that context (a digest), so the rerun on an unchanged source, or a
-file hard-linked into a subset at the same offset, is not read again (issue 28). A context that
+file hard-linked into a subset at the same offset, is not read again. A context that
 differs in anything is another kind: never found. A payload of the wrong shape is not trusted.
 """
 

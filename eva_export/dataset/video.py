@@ -109,7 +109,7 @@ class VideoEncoder:
 class RgbConverter:
     """Decoded frames of one stream as (H, W, 3) uint8 RGB arrays, through one converter with one
     swscale thread: ``frame.to_ndarray(format="rgb24")`` makes a new scaler with its own thread
-    pool for every frame (3-10x the conversion's cost, issue 28). The pixels are the same
+    pool for every frame (3-10x the conversion's cost). The pixels are the same
     (tests/test_hdf5_mcap_written.py)."""
 
     def __init__(self) -> None:

@@ -69,7 +69,7 @@ KIND = "mp4-demux-v1"  # what a stored row means (facts_index rows of other kind
 _lock = threading.Lock()
 # Outside a job: the key packed into 32 bytes and equal facts shared (most cameras of a dataset
 # have the same size, frame count and no timing problem): a tuple of four ints and a VideoFacts
-# per file were ~700 bytes per two-camera episode for validate_source alone (issue 28).
+# per file were ~700 bytes per two-camera episode for validate_source alone.
 _facts: dict[bytes, VideoFacts] = {}
 _shared: dict[VideoFacts, VideoFacts] = {}
 _KEY = struct.Struct("<QQQq")  # st_dev, st_ino, st_size (unsigned), st_mtime_ns

@@ -1,8 +1,8 @@
 """A native subset's meta files written from its unit records, one record at a time.
 
 Assembly held every unit's row and statistics (about 30 KB of Python objects per two-camera
-episode) until the meta files were written: the job's memory grew with the episode count
-(issue 28). Here episodes.jsonl and episodes_stats.jsonl are streamed to their temporaries as
+episode) until the meta files were written: the job's memory grew with the episode count.
+Here episodes.jsonl and episodes_stats.jsonl are streamed to their temporaries as
 each record is read, and the dataset statistics are merged as they come (``StatsSum``: the
 same weighted mean and pooled variance as dataset.stats.aggregate, by Chan's pairwise update,
 which needs no list of the episodes).

@@ -287,7 +287,7 @@ class RayPool:
 
     def run(self, units: Sequence[Unit], on_done: pool.Done) -> None:
         ray = self.ray
-        todo = pool.Taker(units)  # taken in order as tasks free up, never listed (issue 28)
+        todo = pool.Taker(units)  # taken in order as tasks free up, never listed
         running: dict[Any, pool.Unit] = {}
         failure: tuple[pool.Unit, BaseException | None, str] | None = None
         while running or (todo and failure is None):

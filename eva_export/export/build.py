@@ -79,7 +79,7 @@ def split_batch(staging: Path, batch: list[UnitWork], info: DatasetInfo) -> int:
 class _Units(Sequence["pool.Unit"]):
     """The pool tasks of the units to build, each made when the pool takes it: a UnitWork
     carries the episode's parsed source statistics (about 30 KB for two cameras), so making
-    every task up front held them all at once (issue 28)."""
+    every task up front held them all at once."""
 
     def __init__(self, plan: SplitPlan, staging: Path, info: DatasetInfo, faults: Faults,
                  todo: tuple[array[int], array[int]], workers: int) -> None:

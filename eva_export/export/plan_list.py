@@ -1,7 +1,7 @@
 """One subset of the split plan as compact arrays, not a PlannedEpisode object per episode.
 
 The plan held a PlannedEpisode (and through it a SourceEpisode) for every source episode for
-the whole job: memory that grew with the episode count (issue 28). A ``PlanList`` keeps, per
+the whole job: memory that grew with the episode count. A ``PlanList`` keeps, per
 planned episode, which source and which position in that source's episodes it is, and its
 frame offset in the subset; the task map and provenance are shared by every episode of one
 source. ``plan[n]`` rebuilds the PlannedEpisode (equal to the one the list form held).

@@ -196,7 +196,7 @@ class ExportService:
     def _export(self, job_id: str, *, request: ExportRequest) -> dict[str, Any]:
         # What validation proves about each file is kept in the facts index beside the job
         # records: the staged subsets' verification and a rerun on the unchanged source reuse
-        # it (issue 28); a dataset's export tree is not touched by a refused source.
+        # it; a dataset's export tree is not touched by a refused source.
         index = FactsIndex(self.config.export.jobs_dir)
         try:
             with self._unit_pool(), video_facts.use_index(index), confine.checked_dirs():
@@ -312,7 +312,7 @@ class ExportService:
         """The native format's pair: each staged subset renamed into ``staging/out`` and
         relabelled (its marker and card rewritten, new inodes), instead of the exporter's hard
         link of every file (3000 links, then 3000 unlinks with the staging, for 1000 short
-        episodes: issue 28). The same files and meta as ``exporter.export`` would write."""
+        episodes). The same files and meta as ``exporter.export`` would write."""
         from ..formats.source import write_quality_split
 
         out = staging / "out"

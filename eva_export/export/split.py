@@ -74,7 +74,7 @@ def is_unrated(row: EpisodeRow) -> bool:
 @dataclass
 class SplitPlan:
     checks: tuple[SourceCheck, ...]  # in request order; one for a classic export
-    subsets: dict[str, PlanList]  # compact: a PlannedEpisode is rebuilt per access (issue 28)
+    subsets: dict[str, PlanList]  # compact: a PlannedEpisode is rebuilt per access
     tasks: dict[str, list[tuple[int, str]]]  # subset -> [(new task_index, text)]
     home: Path | None = None  # a named export's home: its marker's source_dir, provenance in rows
 

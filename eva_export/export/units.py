@@ -185,7 +185,7 @@ def trusted_stats(entry: Any) -> bool:
 def _recomputed_stats(table: pa.Table, keys: list[str]) -> dict[str, Any]:
     """``column_stats`` of each column; the scalar integer ones (episode_index, index,
     task_index) in one call over their stacked values: each element's statistics are its own,
-    and three numpy passes per short episode were most of its statistics' cost (issue 28)."""
+    and three numpy passes per short episode were most of its statistics' cost."""
     values = {k: to_numpy(table.column(k)) for k in keys}
     ints = [k for k, v in values.items() if v.ndim == 1 and v.dtype == np.int64]
     out = {k: stats_mod.column_stats(v) for k, v in values.items() if k not in ints}
@@ -219,7 +219,7 @@ class UnitWork:
 def split_units(staging: Path, batch: list[UnitWork], info: DatasetInfo) -> int:
     """A batch of units in order, each committed by its own record (a failure keeps the ones
     before it). One pool task per batch: sending ``info`` and a worker round trip per short
-    episode cost more than the episode itself (issue 28)."""
+    episode cost more than the episode itself."""
     return sum(split_unit(staging, w.planned, info, w.source_stats, w.fail) for w in batch)
 
 

@@ -105,7 +105,7 @@ def episode_file_unit(src: Path, path: Path, episode_index: int, first_index: in
 
 class _EpisodeUnits(Sequence["pool.Unit"]):
     """The episode units still to write, each made when the pool takes it: a Unit with its
-    Path, name and arguments per episode was held for the whole export (issue 28)."""
+    Path, name and arguments per episode was held for the whole export."""
 
     def __init__(self, src: Path, out: Path, info: dict[str, Any], write_episode: WriteEpisode,
                  meta: DatasetMeta | None) -> None:

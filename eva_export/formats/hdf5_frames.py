@@ -1,4 +1,4 @@
-"""Camera frames into an HDF5 episode file at the speed of the disk (issue 28).
+"""Camera frames into an HDF5 episode file at the speed of the disk.
 
 h5py's ``ds[n] = frame`` costs a Python call, a selection, a chunk-cache pass and a write
 through the fileobj driver per frame (47% of an export). Uncompressed image datasets are

@@ -32,7 +32,7 @@ from .v3_video import Locator, Numbering
 
 ROW_GROUP_BYTES = 8 * 1024 * 1024
 # Every this many waiting episode tables become one contiguous table: a small Arrow table's
-# schema, chunk and buffer objects cost more than its rows (issue 28: memory grew per episode).
+# schema, chunk and buffer objects cost more than its rows (memory grew per episode).
 COMPACT_TABLES = 256
 _HF_DTYPES = {"float": "float32", "double": "float64", "int64": "int64", "int32": "int32", "bool": "bool",
               "string": "string", "large_string": "large_string", "halffloat": "float16"}

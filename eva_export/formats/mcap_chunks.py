@@ -1,4 +1,4 @@
-"""A chunked MCAP writer that compresses chunks off the writer's thread (issue 28).
+"""A chunked MCAP writer that compresses chunks off the writer's thread.
 
 mcap's own ``Writer`` copies every message three times on the caller's thread (into its
 chunk builder, out of it, into the chunk record) and compresses there, so an export of raw

@@ -154,7 +154,7 @@ def _h264_name() -> str:
 def index_probe(path: Path, fps: int) -> Probe | None:
     """A plain MP4's probe read from its boxes (mp4_index: the writer's shape), every packet
     kept, equal to PyAV's open and demux of it (tests/test_v3_probe_index.py compares them);
-    None for any other file. A PyAV open was most of a short episode's probe (issue 28)."""
+    None for any other file. A PyAV open was most of a short episode's probe."""
     data = mp4_index.file_bytes(path)
     found = mp4_index.samples(data) if data is not None else None
     if data is None or found is None:

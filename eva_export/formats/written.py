@@ -1,4 +1,4 @@
-"""SHA-256 of an output file computed from the bytes its exporter wrote (issue 28), so the
+"""SHA-256 of an output file computed from the bytes its exporter wrote, so the
 manifest need not read the file back.
 
 An MCAP file is written front to back by our own writer: hashing its appends is the digest.
