@@ -116,7 +116,11 @@ def _review(args: argparse.Namespace) -> int:
     root = Path(args.dir)
     try:
         wanted = parse_episodes(args.episodes)
+        if args.take_id and (wanted is None or len(wanted) != 1):
+            raise ValueError("--take-id names one take: give its one index in --episodes")
         source = open_source(root)
+        if not source.owned and args.take_id:
+            raise ValueError(f"{root}: not a dataset capture wrote, its episodes have no take ids")
         if not source.owned:
             listed = source.episode_indices(root)
             chosen = listed if wanted is None else wanted
@@ -130,12 +134,12 @@ def _review(args: argparse.Namespace) -> int:
         indices = [e.episode_index for e in writer.episodes] if wanted is None else wanted
         known = {e.episode_index for e in writer.episodes}
         unknown = [i for i in indices if i not in known]
-        if unknown:  # check all before writing any: a typo rates nothing
+        if unknown and not args.take_id:  # check all before writing any: a typo rates nothing
             lost = "; ".join(f"episode {i} {why}" for i in unknown if (why := writer.promises.absent_reason(i)))
             raise ValueError(f"{root}: no episode(s) {unknown}; the dataset has {sorted(known)}"
                              + (f" ({lost})" if lost else ""))
         for i in indices:
-            writer.review(i, args.verdict, args.note)
+            writer.review(i, args.verdict, args.note, args.take_id)
     except (EvaError, ValueError, OSError) as exc:
         print(f"eva-export: review refused: {exc}", file=sys.stderr)
         return 2
@@ -271,6 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--episodes", required=True, help="indices and ranges (0,2,5-7) or all")
     p.add_argument("--verdict", required=True, choices=[v for v in REVIEW_VERDICTS if v])
     p.add_argument("--note", default=None, help="replace the episode note")
+    p.add_argument("--take-id", default="", help="the take id STOP returned: rate the one index given only if it "
+                                                 "holds that take (a lost take's index may hold a later one)")
     p.set_defaults(func=_review)
     p = sub.add_parser("clean", help="remove old staging, publication backups and finished job records")
     p.add_argument("dirs", nargs="*", help="data roots (default: the config's export.data_roots)")
