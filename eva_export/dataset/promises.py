@@ -124,9 +124,9 @@ class Promises:
                 raise ValueError(f"episode_index {index!r}")
         except (OSError, ValueError, KeyError, TypeError) as exc:
             return f"a stopped take ({staging.name}) was lost; its promised index is unreadable: {exc}"
-        take_id = record.get("take_id")
+        take_id = record.get("take_id")  # the staging name, unless take.json was tampered with
         self.lose(index, "the process ended before the take was saved",
-                  take_id if isinstance(take_id, str) and take_id else staging.name)
+                  take_id if take_id == staging.name else staging.name)
         return f"episode {index} (take {staging.name}) was promised but lost: the process ended before its save"
 
     def absent_reason(self, index: int) -> str | None:
