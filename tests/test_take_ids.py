@@ -9,11 +9,15 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import h5py
+import msgpack
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from dsfactory import features, state_value
+from mcap.reader import make_reader
 
 from eva_export.config import parse_config
 from eva_export.dataset.episode_writer import EpisodeWriter
@@ -23,6 +27,7 @@ from eva_export.dataset.records import EpisodeRow
 from eva_export.dataset.writer import DatasetWriter
 from eva_export.errors import DatasetError, EvaError
 from eva_export.export.runner import ExportService
+from eva_export.formats.hdf5 import read_group
 from eva_export.jobs import COMPLETED
 
 FPS = 30
@@ -134,7 +139,25 @@ def test_cli_review_with_take_id(crashed):
     assert [e.qc_verdict for e in read_meta(root).episodes] == ["", "fail"]
 
 
-@pytest.mark.parametrize("fmt", ["lerobot_v21", "lerobot_v3"])
+def exported_rows(accepted: Path, fmt: str) -> list[dict[str, Any]]:
+    """The episode rows as each format's consumer reads them."""
+    if fmt == "lerobot_v3":
+        return pq.read_table(accepted / "meta" / "episodes" / "chunk-000" / "file-000.parquet").to_pylist()
+    if fmt == "lerobot_v21":
+        return [json.loads(line) for line in (accepted / "meta" / "episodes.jsonl").read_text().splitlines()]
+    out = []
+    for path in sorted((accepted / "data" / "chunk-000").glob(f"episode_*.{fmt}")):
+        if fmt == "hdf5":
+            with h5py.File(path, "r") as f:
+                out.append(read_group(f["metadata"]))
+        else:
+            with open(path, "rb") as fh:
+                out += [msgpack.unpackb(m.data, raw=False)["metadata"]
+                        for _, c, m in make_reader(fh).iter_messages() if c.topic == "episode"]
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["lerobot_v21", "lerobot_v3", "hdf5", "mcap"])
 def test_exports_carry_the_take_id(crashed, fmt):
     root, id0, _, id_new = crashed
     svc = ExportService(parse_config({"collection": {"log_dir": str(root.parent.parent)}}))
@@ -143,9 +166,5 @@ def test_exports_carry_the_take_id(crashed, fmt):
     finally:
         svc.close()
     assert job is not None and job.state == COMPLETED, job
-    accepted = Path(job.accepted_dir)
-    if fmt == "lerobot_v21":
-        rows = [json.loads(line) for line in (accepted / "meta" / "episodes.jsonl").read_text().splitlines()]
-    else:
-        rows = pq.read_table(accepted / "meta" / "episodes" / "chunk-000" / "file-000.parquet").to_pylist()
+    rows = exported_rows(Path(job.accepted_dir), fmt)
     assert [(r["episode_index"], r["take_id"]) for r in rows] == [(0, id0), (1, id_new)]
