@@ -118,15 +118,13 @@ class Promises:
         if not (staging / TAKE).is_file():
             return None  # never stopped (recording when the process ended): nothing was promised
         try:
-            record = read_json(staging / TAKE)
-            index = record["episode_index"]
+            index = read_json(staging / TAKE)["episode_index"]
             if type(index) is not int or index < 0:
                 raise ValueError(f"episode_index {index!r}")
         except (OSError, ValueError, KeyError, TypeError) as exc:
             return f"a stopped take ({staging.name}) was lost; its promised index is unreadable: {exc}"
-        take_id = record.get("take_id")  # the staging name, unless take.json was tampered with
-        self.lose(index, "the process ended before the take was saved",
-                  take_id if take_id == staging.name else staging.name)
+        # the take's id is its staging name (take.json repeats it for readers; never trusted over it)
+        self.lose(index, "the process ended before the take was saved", staging.name)
         return f"episode {index} (take {staging.name}) was promised but lost: the process ended before its save"
 
     def absent_reason(self, index: int) -> str | None:
