@@ -116,7 +116,11 @@ def _review(args: argparse.Namespace) -> int:
     root = Path(args.dir)
     try:
         wanted = parse_episodes(args.episodes)
+        if args.take_id and (wanted is None or len(wanted) != 1):
+            raise ValueError("--take-id names one take: give its one index in --episodes")
         source = open_source(root)
+        if not source.owned and args.take_id:
+            raise ValueError(f"{root}: not a dataset capture wrote, its episodes have no take ids")
         if not source.owned:
             listed = source.episode_indices(root)
             chosen = listed if wanted is None else wanted
@@ -130,12 +134,12 @@ def _review(args: argparse.Namespace) -> int:
         indices = [e.episode_index for e in writer.episodes] if wanted is None else wanted
         known = {e.episode_index for e in writer.episodes}
         unknown = [i for i in indices if i not in known]
-        if unknown:  # check all before writing any: a typo rates nothing
+        if unknown and not args.take_id:  # check all before writing any: a typo rates nothing
             lost = "; ".join(f"episode {i} {why}" for i in unknown if (why := writer.promises.absent_reason(i)))
             raise ValueError(f"{root}: no episode(s) {unknown}; the dataset has {sorted(known)}"
                              + (f" ({lost})" if lost else ""))
         for i in indices:
-            writer.review(i, args.verdict, args.note)
+            writer.review(i, args.verdict, args.note, args.take_id)
     except (EvaError, ValueError, OSError) as exc:
         print(f"eva-export: review refused: {exc}", file=sys.stderr)
         return 2
@@ -240,6 +244,16 @@ def _ingest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _review_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dir", help="the dataset directory (v2.1: its rows; v3.0 / v2.0: the meta/ sidecar)")
+    p.add_argument("--episodes", required=True, help="indices and ranges (0,2,5-7) or all")
+    p.add_argument("--verdict", required=True, choices=[v for v in REVIEW_VERDICTS if v])
+    p.add_argument("--note", default=None, help="replace the episode note")
+    p.add_argument("--take-id", default="", help="the take id STOP returned: rate the one index given only if it "
+                                                 "holds that take (a lost take's index may hold a later one)")
+    p.set_defaults(func=_review)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eva-export", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -266,12 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--merge", action="store_true",
                    help="one merged set per task (datasets grouped by their tasks), ROOT/merged_<task>/export/<format>")
     p.set_defaults(func=_batch)
-    p = sub.add_parser("review", help="set or clear the operator verdict of episodes (no ROS needed)")
-    p.add_argument("dir", help="the dataset directory (v2.1: its rows; v3.0 / v2.0: the meta/ sidecar)")
-    p.add_argument("--episodes", required=True, help="indices and ranges (0,2,5-7) or all")
-    p.add_argument("--verdict", required=True, choices=[v for v in REVIEW_VERDICTS if v])
-    p.add_argument("--note", default=None, help="replace the episode note")
-    p.set_defaults(func=_review)
+    _review_parser(sub.add_parser("review", help="set or clear the operator verdict of episodes (no ROS needed)"))
     p = sub.add_parser("clean", help="remove old staging, publication backups and finished job records")
     p.add_argument("dirs", nargs="*", help="data roots (default: the config's export.data_roots)")
     p.add_argument("--older-than", default="7d", help="age, e.g. 12h, 7d (default 7d); 0 removes all")

@@ -216,4 +216,5 @@ def status_msg(state: str) -> Any:
     register_eva_types()
     return TS.types["eva_export_interfaces/msg/CaptureStatus"](
         state=state, dataset_name="", dataset_dir="", task="", frames=0, save_queue_depth=0,
-        save_queue_capacity=4, streams=[], last_episode_index=-1, last_episode_quality="", last_message="")
+        save_queue_capacity=4, streams=[], last_episode_index=-1, last_episode_quality="", last_message="",
+        last_take_id="")

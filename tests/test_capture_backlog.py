@@ -5,7 +5,8 @@ each save it creates ``held-<index>`` and waits on the FIFO ``release``), so sev
 behind it for sure. Each test then checks the promise: every STOP reply's index is the index the
 take is saved under (the row's length equals the reply's frame count), reviews by those indices
 land on those takes, a failed save in the queue is retried while the takes behind it wait (no
-index moves), and a node killed with takes queued reports every promised index it lost.
+index moves), and a node killed with takes queued reports every promised index it lost; a review
+naming a lost take's id is then refused at its index, which the next take holds.
 Real capture and teleop_sim processes, real service calls."""
 
 from __future__ import annotations
@@ -81,13 +82,14 @@ def take(ros_client: Any, cap: Any, seconds: float) -> Any:
     stop = ros_client.call(StopCapture, cap.service("stop"), timeout=30)
     assert stop.success and stop.episode_index >= 0 and stop.frames > 0, stop.message
     assert f"as episode {stop.episode_index}" in stop.message
+    assert stop.take_id and f"(take {stop.take_id})" in stop.message, stop.message
     return stop
 
 
-def review(ros_client: Any, cap: Any, index: int, verdict: str, note: str) -> Any:
+def review(ros_client: Any, cap: Any, index: int, verdict: str, note: str, take_id: str = "") -> Any:
     from eva_export_interfaces.srv import ReviewEpisode
 
-    req = ReviewEpisode.Request(episode_index=index, verdict=verdict, note=note, set_note=True)
+    req = ReviewEpisode.Request(episode_index=index, verdict=verdict, note=note, set_note=True, take_id=take_id)
     return ros_client.call(ReviewEpisode, cap.service("review"), req, timeout=15)
 
 
@@ -169,6 +171,8 @@ def test_failed_save_is_retried_and_the_takes_behind_keep_their_indices(tmp_path
 
 
 def test_kill_with_queued_takes_reports_every_promised_index(tmp_path, node_factory, ros_client, monkeypatch):
+    from eva_export_interfaces.msg import CaptureStatus
+
     cap, sim, hold, root = backlog(tmp_path, node_factory, ros_client, monkeypatch)
     first = take(ros_client, cap, SECONDS[0])
     release(hold, 0)
@@ -183,22 +187,43 @@ def test_kill_with_queued_takes_reports_every_promised_index(tmp_path, node_fact
     log = cap2.log_text()
     for index in (1, 2, 3):  # every promised index the kill lost is reported ...
         assert f"episode {index} (take " in log and "promised but lost" in log, cap2.log_tail()
-    lost = [json.loads(line)["episode_index"] for line in (root / LOST).read_text().splitlines()]
-    assert lost == [1, 2, 3]
+    lost_lines = [json.loads(line) for line in (root / LOST).read_text().splitlines()]
+    assert [d["episode_index"] for d in lost_lines] == [1, 2, 3]
+    assert [d["take_id"] for d in lost_lines] == [s.take_id for s in stops]
+    assert len({first.take_id, *(s.take_id for s in stops)}) == 4  # one id per take
     assert_saved_as_promised(root, {0: first})
     for index in (1, 2, 3):  # ... and a review aimed at one is refused, not applied elsewhere
         r = review(ros_client, cap2, index, "fail", "")
         assert not r.success and "process ended" in r.message, r.message
     assert review(ros_client, cap2, 0, "pass", "kept").success
     nxt = take(ros_client, cap2, 1.0)  # raw indices stay 0..n-1: the next take is episode 1
-    assert nxt.episode_index == 1
+    assert nxt.episode_index == 1 and nxt.take_id not in {first.take_id, *(s.take_id for s in stops)}
     wait_episodes(ros_client, cap2, 2)
     assert_saved_as_promised(root, {0: first, 1: nxt})
+    assert [r.get("take_id") for r in episode_rows(root)] == [first.take_id, nxt.take_id]
+    for _ in range(20):  # the status names the saved take (published twice a second)
+        status = ros_client.wait_for_message(CaptureStatus, cap2.topic("status"), timeout=10)
+        if status.last_episode_index == 1:
+            break
+    assert (status.last_episode_index, status.last_take_id) == (1, nxt.take_id), status
+    lost_take = stops[0].take_id  # STOP promised it episode 1 too: a verdict for it must not land on nxt
+    before = episode_rows(root)[1]
+    r = review(ros_client, cap2, 1, "fail", "meant for the lost take", lost_take)
+    assert not r.success, r.message
+    assert f"episode 1 holds take {nxt.take_id}, not {lost_take}: take {lost_take} was lost: the process " \
+           f"ended" in r.message, r.message
+    assert episode_rows(root)[1] == before and "reviewed_at" not in before  # untouched
+    r = review(ros_client, cap2, 1, "", "the new take", nxt.take_id)
+    assert r.success and (r.episode.episode_index, r.episode.take_id) == (1, nxt.take_id), r.message
+    assert episode_rows(root)[1]["note"] == "the new take"
     assert [r.get("qc_verdict") for r in episode_rows(root)] == ["pass", None]
     assert cap2.stop() == 0, cap2.log_tail()
     # the CLI (no node running) names the lost take too, and rates nothing
     cli = subprocess.run([sys.executable, "-m", "eva_export.cli", "review", str(root), "--episodes", "3",
                           "--verdict", "fail"], capture_output=True, text=True, timeout=120)
     assert cli.returncode == 2 and "episode 3 was never saved: the process ended" in cli.stderr, cli.stderr
+    cli = subprocess.run([sys.executable, "-m", "eva_export.cli", "review", str(root), "--episodes", "1",
+                          "--verdict", "fail", "--take-id", lost_take], capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 2 and f"episode 1 holds take {nxt.take_id}, not {lost_take}" in cli.stderr, cli.stderr
     assert [r.get("qc_verdict") for r in episode_rows(root)] == ["pass", None]
     assert sim.alive()

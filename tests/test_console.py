@@ -32,6 +32,7 @@ from eva_export.export.records import QualitySplit
 pytestmark = pytest.mark.timeout(300)
 
 HOSTILE = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
+TAKE0 = "20261205T080000-0a1b2c3d"  # episode 0's take id (as STOP returned it)
 WAIT_MS = 60_000  # generous: the machine may be busy; nothing here is a speed assertion
 SCREENSHOT_ENV = "EVA_CONSOLE_SCREENSHOT"  # also copy the screenshot there (docs/console.png)
 
@@ -69,7 +70,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, rclpy_context: None) -> Iter
     root = tmp_path_factory.mktemp("console")
     log_dir = root / "datasets"
     make_dataset(log_dir / "demo" / "raw", [
-        Ep(frames=30, quality="green"),
+        Ep(frames=30, quality="green", extra={"take_id": TAKE0}),
         Ep(frames=40, quality="red", task=HOSTILE,
            issues=[{"code": "dropped_frames", "severity": "error", "detail": "cam0: 3/40",
                     "frames": [10, 11, 12]}],
@@ -221,6 +222,34 @@ def test_keyboard_review_pass(stack: Stack, page: Any) -> None:
     assert stack.row(0).qc_verdict == "" and stack.row(0).note == "looks good"
     page.keyboard.press("j")
     page.wait_for_url(re.compile(r".*/d/demo/e/1$"), timeout=WAIT_MS)
+
+
+def test_review_names_the_take_the_page_shows(stack: Stack, page: Any) -> None:
+    """A page that shows a take lost in a crash (its index now holds the next take) is refused."""
+    lost = "20261205T075900-99999999"
+
+    def stale(route: Any) -> None:  # the page as it was loaded before the crash: the lost take
+        reply = route.fetch()
+        payload = reply.json()
+        assert payload["episode"]["take_id"] == TAKE0  # the capture node lists the row's take id
+        payload["episode"]["take_id"] = lost
+        route.fulfill(response=reply, json=payload)
+
+    before = stack.row(0).to_dict()
+    page.route("**/api/episode?*", stale)
+    page.goto(stack.url + "d/demo/e/0")
+    page.wait_for_selector("#plot[data-rendered='1']", timeout=WAIT_MS)
+    page.keyboard.press("f")
+    page.wait_for_selector("#review-result.red", timeout=WAIT_MS)
+    msg = page.inner_text("#review-result")
+    assert f"episode 0 holds take {TAKE0}, not {lost}: take {lost} is not in this dataset" in msg, msg
+    assert stack.row(0).to_dict() == before
+    status, body = _http("POST", stack.url + "api/review",
+                         json.dumps({"dataset": "demo", "episode": 0, "verdict": "fail", "take_id": lost}).encode(),
+                         {"Content-Type": "application/json", "X-CSRF-Token": _token(stack)})
+    assert status == 409 and f"holds take {TAKE0}, not {lost}" in json.loads(body)["message"], body
+    assert stack.row(0).to_dict() == before
+    assert page.errors == []  # type: ignore[attr-defined]
 
 
 def test_episode_list_filters_and_hostile_strings(stack: Stack, page: Any) -> None:

@@ -92,6 +92,7 @@ class Recorder(IngestJobs, SaveWorker):
         self._save_q: queue.Queue[SaveJob | None] = queue.Queue()
         self._save_depth = 0
         self.last_index = -1
+        self.last_take_id = ""
         self.last_quality = ""
         self.last_message = ""
         self._closed = threading.Event()
@@ -217,8 +218,10 @@ class Recorder(IngestJobs, SaveWorker):
     def list_episodes(self, dataset_name: str = "") -> tuple[Path, list[EpisodeRow]]:
         return self.datasets.list_episodes(dataset_name)
 
-    def review(self, dataset_name: str, episode_index: int, verdict: str, note: str | None) -> EpisodeRow:
-        return self.datasets.review(dataset_name, episode_index, verdict, note)
+    def review(self, dataset_name: str, episode_index: int, verdict: str, note: str | None,
+               take_id: str = "") -> EpisodeRow:
+        """Review by index; with ``take_id`` (STOP's), only if that index holds that take."""
+        return self.datasets.review(dataset_name, episode_index, verdict, note, take_id)
 
     def status(self) -> Status:
         with self._lock:
@@ -244,7 +247,8 @@ class Recorder(IngestJobs, SaveWorker):
         return Status(state, ep.dataset_name if ep else "", str(self.col.dataset_dir(ep.dataset_name)) if ep else "",
                       ep.task if ep else "", ep.writer.rows if ep else 0, depth,
                       self.col.capture.save_queue_size, streams, self.last_index, self.last_quality,
-                      f"ingesting a bag (job {self._ingesting})" if self._ingesting else self.last_message)
+                      f"ingesting a bag (job {self._ingesting})" if self._ingesting else self.last_message,
+                      self.last_take_id)
 
     @property
     def save_queue_depth(self) -> int:
@@ -338,12 +342,12 @@ class Recorder(IngestJobs, SaveWorker):
                 self._save_depth += 1
                 depth = self._save_depth
             self._save_q.put(SaveJob(ep, rows, expected, ep.t_stop, latency, overflow))
-            msg = f"episode of {rows} frames queued for saving as episode {expected}"
+            msg = f"episode of {rows} frames queued for saving as episode {expected} (take {ep.writer.staging.name})"
             if depth > 1:
                 log.warning("saving falls behind: %d episodes waiting (capacity %d)", depth,
                             self.col.capture.save_queue_size)
                 msg += f"; warning: {depth} episodes waiting to be saved"
-            ep.result = StopResult(True, msg, expected, rows, depth)
+            ep.result = StopResult(True, msg, expected, rows, depth, ep.writer.staging.name)
         with self._lock:
             self._episode = None
         ep.finalized.set()

@@ -21,6 +21,7 @@ class StopResult:
     episode_index: int = -1
     frames: int = 0
     save_queue_depth: int = 0
+    take_id: str = ""  # the take's id (its row's take_id): a review naming it lands on it or is refused
 
 
 @dataclass(frozen=True)
@@ -56,3 +57,4 @@ class Status:
     last_episode_index: int
     last_episode_quality: str
     last_message: str
+    last_take_id: str = ""

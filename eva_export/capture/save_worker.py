@@ -80,6 +80,7 @@ class SaveWorker:
     save_delay_s: float
     save_hold: Path | None
     last_index: int
+    last_take_id: str
     last_quality: str
     last_message: str
     _lock: threading.Lock
@@ -140,7 +141,7 @@ class SaveWorker:
         if row is None:
             self.last_quality, self.last_message = "empty", "zero-frame episode: nothing written"
             return
-        self.last_index, self.last_quality = row.episode_index, result.quality
+        self.last_index, self.last_take_id, self.last_quality = row.episode_index, row.take_id, result.quality
         self.last_message = (f"episode {row.episode_index} saved: {row.length} frames, "
                              f"{result.quality}" + (f" ({', '.join(result.codes)})" if result.codes else ""))
         log.info(self.last_message)
@@ -149,7 +150,8 @@ class SaveWorker:
     def _lose(self, job: SaveJob, reason: str) -> None:
         """The take will not be saved: its promised index is reported lost (status, log, dataset)."""
         self.last_quality, self.last_message = "failed", (
-            f"episode {job.expected_index} was not saved and is not in the dataset: {reason}")
+            f"episode {job.expected_index} (take {job.ep.writer.staging.name}) was not saved and is not in the "
+            f"dataset: {reason}")
         log.error(self.last_message)
         try:
             job.ep.dw.give_up(job.ep.writer, reason)

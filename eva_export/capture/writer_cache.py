@@ -76,10 +76,11 @@ class DatasetWriters:
             return root, []
         return root, read_meta(root).episodes
 
-    def review(self, dataset_name: str, episode_index: int, verdict: str, note: str | None) -> EpisodeRow:
+    def review(self, dataset_name: str, episode_index: int, verdict: str, note: str | None,
+               take_id: str = "") -> EpisodeRow:
         name = self.default_name(dataset_name)
         dw = self.writer_for(name, create=False)
         if dw is None:
             raise DatasetError(f"dataset {name!r} has no episodes yet ({self.col.dataset_dir(name)})")
-        row = dw.review(episode_index, verdict, note)
+        row = dw.review(episode_index, verdict, note, take_id)
         return EpisodeRow.from_dict(row.to_dict())

@@ -62,7 +62,7 @@ class Backend(Protocol):
 
     def list_episodes(self, dataset: str) -> tuple[bool, str, list[dict[str, Any]]]: ...
     def review(self, dataset: str, episode: int, verdict: str, note: str,
-               set_note: bool) -> tuple[bool, str, dict[str, Any]]: ...
+               set_note: bool, take_id: str = "") -> tuple[bool, str, dict[str, Any]]: ...
     def start_job(self, kind: str, source_dir: str, fmt: str,
                   accepted_dir: str) -> tuple[bool, str, dict[str, Any]]: ...
     def get_job(self, kind: str, job_id: str) -> tuple[bool, str, dict[str, Any]]: ...
@@ -298,7 +298,8 @@ class ConsoleHandler(BaseHTTPRequestHandler):
         index = bounded_index(body.get("episode"))
         note = body.get("note")
         text = "" if note is None else valid_text(note, "note", MAX_NOTE)
-        ok, msg, row = self.server.backend.review(name, index, str(verdict), text, note is not None)
+        take_id = valid_text(body.get("take_id", ""), "take_id", MAX_NAME)  # the take the page shows
+        ok, msg, row = self.server.backend.review(name, index, str(verdict), text, note is not None, take_id)
         self._send_json({"ok": ok, "message": msg, "episode": row},
                         HTTPStatus.OK if ok else HTTPStatus.CONFLICT)
 

@@ -97,8 +97,8 @@ def present_with(present: frozenset[str], *names: str) -> frozenset[str]:
 
 
 # The typed episode fields besides the three LeRobot ones, in the order they are written.
-_TEXT_FIELDS = ("quality", "qc_verdict", "note", "reviewed_at")
-_EPISODE_FIELDS = ("quality", "quality_issues", "stream_stats", "qc_verdict", "note", "reviewed_at")
+_TEXT_FIELDS = ("quality", "qc_verdict", "note", "reviewed_at", "take_id")
+_EPISODE_FIELDS = ("quality", "quality_issues", "stream_stats", "qc_verdict", "note", "reviewed_at", "take_id")
 
 
 def _issues(value: Any) -> list[QualityIssue]:
@@ -121,9 +121,10 @@ def _tasks(value: Any) -> list[str]:
 class EpisodeRow:
     """One line of meta/episodes.jsonl.
 
-    Capture writes quality, quality_issues and stream_stats; review writes qc_verdict, note and
-    reviewed_at. Those are typed fields ("" / empty when absent); ``present`` remembers which
-    of them the row carries on disk, so an empty value written on purpose ("note": "",
+    Capture writes quality, quality_issues, stream_stats and take_id (the id STOP returned, which
+    a review may name beside the index); review writes qc_verdict, note and reviewed_at. Those
+    are typed fields ("" / empty when absent); ``present`` remembers which of them the row
+    carries on disk, so an empty value written on purpose ("note": "",
     "quality_issues": []) is written back. A known key whose value has another type (a foreign
     dataset's "quality": null) and every unknown key stay verbatim in ``extra``.
     """
@@ -138,8 +139,9 @@ class EpisodeRow:
     qc_verdict: str = ""  # Verdict
     note: str = ""
     reviewed_at: str = ""
+    take_id: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
-    # shared (interned) sets of at most six names: a set per row was 216 bytes
+    # shared (interned) sets of at most seven names: a set per row was 216 bytes
     present: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     def review(self, verdict: str, note: str | None, reviewed_at: str) -> None:

@@ -294,7 +294,9 @@ class DatasetWriter:
             write_table(table, ep.staging / "data.parquet")
             ep_stats = {k: stats_mod.column_stats(cols[k]) for k in self.info.table_keys}
             ep_stats.update(done.image_stats)
-            row = EpisodeRow.from_dict({**(row_extra or {}), "episode_index": index, "tasks": [ep.task], "length": n})
+            take = {} if promised is None else {"take_id": ep.staging.name}  # the id STOP returned (take.json)
+            row = EpisodeRow.from_dict({**(row_extra or {}), "episode_index": index, "tasks": [ep.task], "length": n,
+                                        **take})
             moves = [("data.parquet", self.info.data_file(index))]
             moves += [(f"{k}.mp4", self.info.video_file(k, index)) for k in self.info.video_keys]
             journal = StagingJournal(row, EpisodeStats(index, ep_stats), ep.task, tuple(moves))
@@ -350,15 +352,16 @@ class DatasetWriter:
         atomic_write_json(self.root / STATS, stats_mod.aggregate(listed))
 
     # ---- review ----------------------------------------------------------------------------
-    def review(self, episode_index: int, verdict: str, note: str | None) -> EpisodeRow:
-        """Set or clear qc_verdict and optionally replace the note; quality fields stay."""
+    def review(self, episode_index: int, verdict: str, note: str | None, take_id: str = "") -> EpisodeRow:
+        """Set or clear qc_verdict and optionally replace the note; quality fields stay. With a
+        ``take_id``, only if the row at ``episode_index`` holds that take."""
         if verdict not in REVIEW_VERDICTS:
             raise DatasetError(f"verdict {verdict!r} must be pass, fail, clear or empty")
         with self.lock:
-            for row in self.episodes:
-                if row.episode_index == episode_index:
-                    break
-            else:
+            row = next((e for e in self.episodes if e.episode_index == episode_index), None)
+            if why := self.promises.mismatch(episode_index, row.take_id if row else None, take_id):
+                raise DatasetError(f"{self.root}: {why}")
+            if row is None:
                 why = self.promises.absent_reason(episode_index) or "is not in the dataset"
                 raise DatasetError(f"{self.root}: episode {episode_index} {why}")
             row.review(verdict, note, time.strftime("%Y-%m-%dT%H:%M:%S%z"))

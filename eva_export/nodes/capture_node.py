@@ -76,6 +76,7 @@ def episode_info(row: EpisodeRow) -> EpisodeInfo:
     info.quality_codes = [i.code for i in row.quality_issues]
     info.qc_verdict = row.qc_verdict
     info.note = row.note
+    info.take_id = row.take_id
     return info
 
 
@@ -177,6 +178,7 @@ class CaptureNode(Node):
             msg.streams.append(ss)
         msg.last_episode_index = st.last_episode_index
         msg.last_episode_quality = st.last_episode_quality
+        msg.last_take_id = st.last_take_id
         msg.last_message = st.last_message or self.silent_warning
         return msg
 
@@ -199,6 +201,7 @@ class CaptureNode(Node):
         r = self.recorder.stop()
         response.success, response.message = r.ok, r.message
         response.episode_index, response.frames, response.save_queue_depth = r.episode_index, r.frames, r.save_queue_depth
+        response.take_id = r.take_id
         return response
 
     def _on_cancel(self, request: CancelCapture.Request, response: CancelCapture.Response) -> CancelCapture.Response:
@@ -234,7 +237,7 @@ class CaptureNode(Node):
             confine.check_note(request.note)  # refused over 4 KiB (the reply says so)
         try:
             row = self.recorder.review(request.dataset_name, request.episode_index, request.verdict,
-                                       request.note if request.set_note else None)
+                                       request.note if request.set_note else None, request.take_id)
         except EvaError as exc:
             response.success, response.message = False, f"refused: {exc}"
             return response

@@ -116,9 +116,9 @@ class RosBackend:
         return reply.success, reply.message, [msg_to_dict(e) for e in reply.episodes]
 
     def review(self, dataset: str, episode: int, verdict: str, note: str,
-               set_note: bool) -> tuple[bool, str, dict[str, Any]]:
+               set_note: bool, take_id: str = "") -> tuple[bool, str, dict[str, Any]]:
         req = ReviewEpisode.Request(dataset_name=dataset, episode_index=episode, verdict=verdict,
-                                    note=note, set_note=set_note)
+                                    note=note, set_note=set_note, take_id=take_id)
         reply, err = self._call(self.review_cli, req)
         if reply is None:
             return False, err, {}

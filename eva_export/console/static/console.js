@@ -404,7 +404,9 @@ async function review(verdict) {
   const out = $("review-result");
   out.textContent = "saving...";
   const text = note.value;
-  const r = await post("/api/review", {dataset, episode: index, verdict, note: text});
+  // the take the page shows: if another take now holds this index, the review is refused
+  const r = await post("/api/review", {dataset, episode: index, verdict, note: text,
+    take_id: state.ep.episode.take_id || ""});
   out.textContent = r.ok ? r.message : "refused: " + r.message;
   out.className = r.ok ? "ok" : "red";
   if (r.ok && r.episode) { showVerdict(r.episode); noteSaved(r.episode.note); }
