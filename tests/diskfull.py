@@ -4,6 +4,7 @@ a directory's file system takes O_DIRECT (the raw-frame writers' direct path).""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import subprocess
 from collections.abc import Iterator
@@ -40,10 +41,17 @@ def tmpfs(path: Path, size_mib: int) -> Iterator[Path]:
 def fill(fs: Path, leave: int = 0) -> Path:
     """Take all but ``leave`` bytes (rounded down to pages) with one filler file; returns it."""
     filler = fs / f".filler-{len(list(fs.glob('.filler-*')))}"
-    take = free_bytes(fs) - leave
     with open(filler, "wb") as fh:
-        if take > 0:
-            os.posix_fallocate(fh.fileno(), 0, take - take % PAGE)
+        for _ in range(5):  # a writer on the same mount may take space between measure and fill
+            take = free_bytes(fs) - leave
+            if take <= 0:
+                break
+            try:
+                os.posix_fallocate(fh.fileno(), 0, fh.seek(0, os.SEEK_END) + take - take % PAGE)
+                break
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
     left = free_bytes(fs)
     assert abs(left - leave) <= PAGE, f"could not fill {fs} to {leave} bytes free ({left} left)"
     return filler
