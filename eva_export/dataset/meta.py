@@ -162,8 +162,8 @@ SHAPE_FAULT = 1 << 62
 
 def stats_digest(info: DatasetInfo) -> Callable[[EpisodeStats], int] | None:
     """What source validation asks of each stats row (complete features, shapes), taken while
-    read_meta parses the row anyway: the episode checks then need not parse it again (issue
-    28). None when the features do not fit the bits."""
+    read_meta parses the row anyway: the episode checks then need not parse it again. None
+    when the features do not fit the bits."""
     if len(info.features) >= 62:
         return None
     keys = list(info.features)
