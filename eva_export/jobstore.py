@@ -96,7 +96,8 @@ class Job:
     host: str = ""
     staging_dir: str = ""  # export: staging left by a failed job (reused or removed by the next run)
     staging_bytes: int = 0
-    heartbeat_at: float = 0.0  # when the process running it last recorded it (JobStore.save)
+    # when the process running it last recorded it (JobStore.save): bookkeeping, not the job's content
+    heartbeat_at: float = field(default=0.0, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", JobState(self.state))  # a record's string -> the enum

@@ -14,6 +14,7 @@ import pytest
 
 from eva_export.config import parse_config
 from eva_export.errors import ConfigError
+from eva_export.upload.backends import backend_names
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -31,7 +32,6 @@ SECTIONS: dict[str, dict[str, Any]] = {
     "collection.streams.ee_pose": {"collection": {"streams": {"ee_pose": {"topic": "/p", PROBE: 1}}}},
     "collection.streams.cameras[]": {"collection": {"streams": {"cameras": [{"name": "c", "topic": "/c", PROBE: 1}]}}},
     "collection.capture": {"collection": {"capture": {PROBE: 1}}},
-    "collection.storage": {"collection": {"storage": {PROBE: 1}}},
     "collection.storage.sftp": {"collection": {"storage": {"sftp": {"host": "h", PROBE: 1}}}},
     "export": {"export": {PROBE: 1}},
     "export.eva_store": {"export": {"eva_store": {PROBE: 1}}},
@@ -48,6 +48,8 @@ def parser_keys() -> set[str]:
             parse_config(raw)
         allowed = ast.literal_eval(str(info.value).rsplit("allowed: ", 1)[1])
         keys.update(f"{section}.{k}" for k in allowed)
+    # collection.storage takes one section per registered upload backend (upload/backends.py)
+    keys.update(f"collection.storage.{name}" for name in backend_names())
     return keys
 
 
