@@ -28,10 +28,13 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, BinaryIO
 
 from mcap.data_stream import RecordBuilder
+from mcap.exceptions import McapError
 from mcap.opcode import Opcode
+from mcap.reader import make_reader
 from mcap.records import (
     Channel,
     ChunkIndex,
@@ -331,3 +334,16 @@ class ChunkWriter:
         wait(futures)
         self._io.close()
         self._bytes.close()
+
+
+def channel_counts(path: Path) -> dict[str, int] | None:
+    """Messages per topic from a finished MCAP file's summary (how a stopped run tells a complete
+    episode file from a cut one); None when the file is unreadable or has no statistics."""
+    try:
+        with open(path, "rb") as fh:
+            summary = make_reader(fh).get_summary()
+        if summary is None or summary.statistics is None:
+            return None
+        return {summary.channels[c].topic: n for c, n in summary.statistics.channel_message_counts.items()}
+    except (OSError, McapError, KeyError, ValueError):
+        return None

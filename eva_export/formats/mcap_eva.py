@@ -60,7 +60,7 @@ from .base import Progress, VerifyReport
 from .checks import check_sample, check_totals, read_episode_rows, start_report
 from .episode_files import episode_file, export_episode_files, to_plain
 from .images import Prefetch, camera_frames
-from .mcap_chunks import ChunkWriter
+from .mcap_chunks import ChunkWriter, channel_counts
 from .source import column_numpy, state_action_keys
 from .train_checks import ValueCheck, check_stats
 
@@ -232,15 +232,8 @@ class McapExporter:
 
 
 def _complete(path: Path, rows: int, keys: list[str]) -> bool:
-    try:
-        with open(path, "rb") as fh:
-            summary = make_reader(fh).get_summary()
-        if summary is None or summary.statistics is None:
-            return False
-        counts = {summary.channels[c].topic: n for c, n in summary.statistics.channel_message_counts.items()}
-        return counts.get(EPISODE_TOPIC) == 1 and all(counts.get(image_topic(k)) == rows for k in keys)
-    except (OSError, McapError, KeyError, ValueError):
-        return False
+    counts = channel_counts(path)
+    return counts is not None and counts.get(EPISODE_TOPIC) == 1 and all(counts.get(image_topic(k)) == rows for k in keys)
 
 
 @dataclass

@@ -15,8 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-from mcap.exceptions import McapError
-from mcap.reader import make_reader
 from mcap.writer import CompressionType, Writer
 from numpy.typing import NDArray
 
@@ -25,6 +23,7 @@ from ...dataset.records import EpisodeRow
 from ...errors import ExportError, VideoError
 from ..base import Progress, VerifyReport
 from ..episode_files import export_episode_files
+from ..mcap_chunks import channel_counts
 from ..source import column_numpy
 from .cameras import CameraPlan, camera_message, camera_payloads, plan_camera, schema_data
 from .layout import (
@@ -162,16 +161,9 @@ def _where(plan: CameraPlan) -> str:
 
 def _complete(path: Path, meta: DatasetMeta, rows: int) -> bool:
     """A finished file of a run that was stopped: every channel holds one message per row."""
-    try:
-        with open(path, "rb") as fh:
-            summary = make_reader(fh).get_summary()
-        if summary is None or summary.statistics is None:
-            return False
-        counts = {summary.channels[c].topic: n for c, n in summary.statistics.channel_message_counts.items()}
-        want = [topic(k) for k in [*meta.info.visual_keys, *numeric_keys(meta.info.features)]]
-        return (sorted(counts) == sorted([*want, EPISODE_TOPIC]) and counts[EPISODE_TOPIC] == 1
-                and all(counts[t] == rows for t in want))
-    except (OSError, McapError, KeyError, ValueError):
-        return False
+    counts = channel_counts(path)
+    want = [topic(k) for k in [*meta.info.visual_keys, *numeric_keys(meta.info.features)]]
+    return (counts is not None and sorted(counts) == sorted([*want, EPISODE_TOPIC])
+            and counts[EPISODE_TOPIC] == 1 and all(counts[t] == rows for t in want))
 
 
