@@ -71,16 +71,14 @@ def entry_shape(entry: Any) -> tuple[int, ...]:
 
 
 class RunningStats:
-    """Element-wise statistics of a stream of equally shaped arrays, in O(1) memory.
+    """Element-wise statistics of a stream of equally shaped finite arrays, in O(1) memory.
 
-    Non-finite values (a NaN burst the checks flagged red, which a reviewer may still pass)
-    are left out of min/max/mean/std, so one glitch does not turn a whole dataset's
-    normalisation statistics into NaN; ``count`` stays the number of samples, as in LeRobot.
+    The callers hand it finite values only (``column_stats`` keeps the rows whose values are all
+    finite, ``ImageStats`` pixels scaled to [0, 1]), so ``count`` is the rows that went in.
     """
 
     def __init__(self) -> None:
         self.count = 0
-        self._n: NDArray[Any] | None = None  # finite samples per element
         self._sum: NDArray[Any] | None = None
         self._sumsq: NDArray[Any] | None = None
         self._min: NDArray[Any] | None = None
@@ -91,20 +89,12 @@ class RunningStats:
         v = np.asarray(values, dtype=np.float64)
         if v.shape[0] == 0:
             return
-        finite = np.isfinite(v)
-        if finite.all():
-            n, s, sq, mn, mx = np.full(v.shape[1:], v.shape[0]), v.sum(0), (v * v).sum(0), v.min(0), v.max(0)
-        else:
-            z = np.where(finite, v, 0.0)
-            n, s, sq = finite.sum(0), z.sum(0), (z * z).sum(0)
-            mn, mx = np.where(finite, v, np.inf).min(0), np.where(finite, v, -np.inf).max(0)
+        s, sq, mn, mx = v.sum(0), (v * v).sum(0), v.min(0), v.max(0)
         if self._sum is None:
-            self._n, self._sum, self._sumsq, self._min, self._max = n, s, sq, mn, mx
+            self._sum, self._sumsq, self._min, self._max = s, sq, mn, mx
         else:
             # set together with _sum (narrowing for the type checker)
-            assert self._n is not None and self._sumsq is not None and self._min is not None \
-                and self._max is not None
-            self._n = self._n + n
+            assert self._sumsq is not None and self._min is not None and self._max is not None
             self._sum += s
             self._sumsq += sq
             self._min = np.minimum(self._min, mn)
@@ -114,13 +104,10 @@ class RunningStats:
     def to_dict(self) -> dict[str, Any]:
         if self._sum is None or self.count == 0:
             raise ValueError("no samples")
-        assert self._n is not None and self._sumsq is not None and self._min is not None and self._max is not None
-        with np.errstate(invalid="ignore", divide="ignore"):
-            mean = self._sum / self._n  # NaN only where an element never had a finite value
-            var = np.maximum(self._sumsq / self._n - mean * mean, 0.0)
-        none = self._n == 0
-        mn, mx = np.where(none, np.nan, self._min), np.where(none, np.nan, self._max)
-        return {"min": mn.tolist(), "max": mx.tolist(), "mean": mean.tolist(),
+        assert self._sumsq is not None and self._min is not None and self._max is not None
+        mean = self._sum / self.count
+        var = np.maximum(self._sumsq / self.count - mean * mean, 0.0)
+        return {"min": self._min.tolist(), "max": self._max.tolist(), "mean": mean.tolist(),
                 "std": np.sqrt(var).tolist(), "count": [self.count]}
 
 
