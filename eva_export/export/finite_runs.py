@@ -30,6 +30,7 @@ from ..dataset.records import DatasetInfo, EpisodeRow, QualitySplit
 from ..dataset.table import to_numpy
 from ..dataset.video import iter_frames
 from ..errors import ExportError
+from ..formats.episode_stats import image_stats_of
 from ..formats.images import iter_table_images
 from ..formats.nonfinite import RUNS_KEY, NonFiniteEpisode, float_keys
 from ..fsutil import dumps_json, jsonl_dumps
@@ -114,10 +115,7 @@ def _table_stats(table: pa.Table, info: DatasetInfo, run: bool) -> dict[str, Any
         if not info.features[k].is_visual:
             out[k] = stats_mod.column_stats(to_numpy(table.column(k)))
             continue
-        img = stats_mod.ImageStats()
-        for frame in iter_table_images(table, k, k):
-            img.add(frame)
-        out[k] = img.to_dict()
+        out[k] = image_stats_of(iter_table_images(table, k, k))
     return out
 
 
@@ -158,10 +156,7 @@ class _Writer:
             what = f"source episode {raw_index} frames {run[0]}..{run[1] - 1}, camera {key}"
             if cut_episode(src, run[0], n, info.fps, dst, what).reencoded:
                 reencoded.append(key)
-            img = stats_mod.ImageStats()
-            for frame in iter_frames(dst):
-                img.add(frame)
-            st[key] = img.to_dict()
+            st[key] = image_stats_of(iter_frames(dst))
         self.old.append(int(row["episode_index"]))
         row = {**row, "episode_index": new, "length": n}
         if run is not None:
@@ -216,7 +211,8 @@ def write_runs(src: Path, out: Path, found: list[NonFiniteEpisode], min_frames: 
     try:
         for ep in meta.episodes:
             i = ep.episode_index
-            raw = int(ep.extra.get("source_episode_index", i)) if isinstance(ep.extra.get("source_episode_index", i), int) else i
+            recorded = ep.extra.get("source_episode_index")
+            raw = int(recorded) if isinstance(recorded, int) else i
             videos = {k: meta.video_path(k, i) for k in meta.info.video_keys}
             try:
                 table = pq.read_table(meta.data_path(i))

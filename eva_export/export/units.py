@@ -27,6 +27,7 @@ from ..dataset.table import to_numpy
 from ..dataset.validate import SourceEpisode
 from ..dataset.video import iter_frames
 from ..errors import DatasetError, ExportError
+from ..formats.episode_stats import image_stats_of
 from ..formats.images import iter_table_images
 from ..formats.nonfinite import float_keys, table_facts
 from ..fsutil import read_json, set_file_mode
@@ -76,10 +77,7 @@ def write_text(path: Path, text: str) -> None:
 
 
 def _camera_stats(path: Path) -> dict[str, Any]:
-    st = stats_mod.ImageStats()
-    for frame in iter_frames(path):
-        st.add(frame)
-    return st.to_dict()
+    return image_stats_of(iter_frames(path))
 
 
 def unit_is_complete(staging: Path, p: PlannedEpisode, info: DatasetInfo) -> bool:
@@ -170,10 +168,7 @@ def _unit_stats(table: pa.Table, info: DatasetInfo, source_stats: dict[str, Any]
                                         and k in table.column_names and not info.features[k].is_visual]))
     for k in info.table_keys:  # a camera carried in the table without complete statistics: its frames'
         if info.features[k].is_visual and k not in st and k in table.column_names:
-            img = stats_mod.ImageStats()
-            for frame in iter_table_images(table, k, f"{where}: {k}"):
-                img.add(frame)
-            st[k] = img.to_dict()
+            st[k] = image_stats_of(iter_table_images(table, k, f"{where}: {k}"))
     return st
 
 
