@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from eva_export.formats.lerobot_v21.exporter.writer import DatasetWriter
 
 from eva_export.capture.align import GridAligner, Sample, align_offline
 from eva_export.capture.checks import EpisodeChecker
@@ -21,7 +22,6 @@ from eva_export.capture.recorder import (
     fingerprint,
 )
 from eva_export.config import parse_config
-from eva_export.dataset.writer import DatasetWriter
 from eva_export.errors import DatasetError
 
 FPS = 30
@@ -441,7 +441,7 @@ def test_recorder_flags_missing_joint_and_nan(tmp_path):
 
 
 def test_save_queue_full_refuses_start(tmp_path, monkeypatch):
-    from eva_export.dataset import writer as writer_mod
+    from eva_export.formats.lerobot_v21.exporter import writer as writer_mod
 
     col = make_config(tmp_path, save_queue_size=1)
     gate = threading.Event()

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 import rosharness
+from eva_export.formats.lerobot_v21.exporter.writer import DatasetWriter, make_features
 from test_console import (
     WAIT_MS,
     _http,
@@ -30,10 +31,9 @@ from test_console import (
     _wait_url,
 )
 
-from eva_export.dataset.meta import read_meta
-from eva_export.dataset.records import Feature
-from eva_export.dataset.video import VideoSettings
-from eva_export.dataset.writer import DatasetWriter, make_features
+from eva_export.formats.common.meta import read_meta
+from eva_export.formats.common.records import Feature
+from eva_export.formats.common.video import VideoSettings
 
 pytestmark = pytest.mark.timeout(300)
 

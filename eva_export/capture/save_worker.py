@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import CollectionConfig
-from ..dataset.records import EpisodeRow
+from ..formats.common.records import EpisodeRow
 from ..fsutil import storage_guard
 from .checks import QualityResult
 from .episode import EpisodeRun
