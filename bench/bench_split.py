@@ -115,9 +115,9 @@ def build_source(root: Path, episodes: int, frames: int, width: int = 320, heigh
     have a realistic size; flat colours would make the copy baseline unrealistically cheap."""
     import numpy as np
     from dsfactory import features, state_value
-    from eva_export.formats.lerobot_v21.exporter.writer import DatasetWriter
 
     from eva_export.formats.common.video import VideoSettings
+    from eva_export.formats.lerobot_v21.writer import DatasetWriter
 
     rng = np.random.default_rng(0)
     small = rng.integers(0, 256, (2 * height // 8, 2 * width // 8, 3), dtype=np.uint8)

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from eva_export.formats.lerobot_v21.exporter.writer import DatasetWriter, make_features
 
 from eva_export.formats.common.records import Feature
 from eva_export.formats.common.video import VideoEncoder, VideoSettings
+from eva_export.formats.lerobot_v21.writer import DatasetWriter, make_features
 
 JOINTS = [f"joint_{i}" for i in range(6)]
 

@@ -32,9 +32,9 @@ from capture_helpers import (
     wait_receiving,
     write_config,
 )
-from eva_export.formats.lerobot_v21.exporter.promises import LOST
 
 from eva_export.capture.save_worker import SAVE_SEAM_ENV
+from eva_export.formats.lerobot_v21.promises import LOST
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 import pytest
 import rosharness
-from eva_export.formats.lerobot_v21.exporter.writer import DatasetWriter, make_features
 from test_console import (
     WAIT_MS,
     _http,
@@ -34,6 +33,7 @@ from test_console import (
 from eva_export.formats.common.meta import read_meta
 from eva_export.formats.common.records import Feature
 from eva_export.formats.common.video import VideoSettings
+from eva_export.formats.lerobot_v21.writer import DatasetWriter, make_features
 
 pytestmark = pytest.mark.timeout(300)
 

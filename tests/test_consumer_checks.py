@@ -23,7 +23,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from dsfactory import Ep, make_dataset, replace_video
-from eva_export.formats.lerobot_v3.exporter.exporter import LeRobotV3Exporter
 from export_faults import faulty_service
 from short_videos import encode_bframes, short_subset, textured
 from test_hostile_sources import CAM, V2, Case, edit_rows, rewrite_table, set_column, snapshot
@@ -32,6 +31,7 @@ from eva_export.config import parse_config
 from eva_export.errors import EvaError, ExportError
 from eva_export.export.paths import ExportPaths
 from eva_export.export.runner import ExportService
+from eva_export.formats.lerobot_v3.exporter import LeRobotV3Exporter
 from eva_export.formats.registry import get_exporter
 from eva_export.formats.verify import verify_export
 from eva_export.jobs import COMPLETED, FAILED

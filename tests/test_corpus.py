@@ -23,7 +23,6 @@ import h5py
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from eva_export.formats.lerobot_v3.exporter.exporter import LeRobotV3Exporter
 from export_faults import faulty_service
 from mcap.reader import make_reader
 
@@ -33,6 +32,7 @@ from eva_export.export.records import QualitySplit
 from eva_export.export.runner import ExportService
 from eva_export.export.split import classify
 from eva_export.formats.common.records import EpisodeRow
+from eva_export.formats.lerobot_v3.exporter import LeRobotV3Exporter
 from eva_export.formats.verify import verify_export
 from eva_export.fsutil import iter_jsonl, read_json
 from eva_export.jobs import COMPLETED, FAILED, INTERRUPTED, RUNNING, Job, JobStore
@@ -133,7 +133,7 @@ def read_back(fmt: str, subset: Path, info_src: dict[str, Any], rows: list[Episo
                 cols = {it.attrs["key"] for it in h["columns"].values()}
                 assert not cols & set(visual) and "observation.state" in cols
     elif fmt == "eva_store":
-        from eva_export.formats.eva_store.exporter.reader import open_store
+        from eva_export.formats.eva_store.reader import open_store
         store = open_store(subset)
         try:
             assert len(store) == sum(lengths) and sorted(store.episodes) == list(range(len(rows)))
@@ -216,7 +216,7 @@ class BreakingHdf5:
     name = "hdf5"
 
     def __init__(self) -> None:
-        from eva_export.formats.hdf5.exporter.exporter import Hdf5Exporter
+        from eva_export.formats.hdf5.exporter import Hdf5Exporter
         self.real = Hdf5Exporter()
 
     def export(self, native_subset: Path, out_dir: Path, progress: Any) -> None:

@@ -14,8 +14,6 @@ from typing import Any
 import av
 import pytest
 from dsfactory import Ep, make_dataset, replace_video
-from eva_export.formats.lerobot_v21.exporter.exporter import verify_v21
-from eva_export.formats.lerobot_v21.exporter.validate import validate_source
 from export_faults import faulty_service
 from test_video_facts import age
 
@@ -25,6 +23,8 @@ from eva_export.errors import DatasetError, UnsafeNameError
 from eva_export.export.paths import ExportPaths
 from eva_export.export.runner import ExportService
 from eva_export.formats.common import mp4_index, video_facts
+from eva_export.formats.lerobot_v21.exporter import verify_v21
+from eva_export.formats.lerobot_v21.validate import validate_source
 
 CAM = "observation.images.cam0"
 

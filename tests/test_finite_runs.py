@@ -269,7 +269,8 @@ def test_verify_refuses_unrecorded_non_finite_values_and_off_grid_timestamps(tmp
 def test_the_raw_datasets_own_statistics_are_finite(tmp_path: Path) -> None:
     """The capture writer's stats: a joint NaN in every frame and an action NaN burst."""
     from dsfactory import features, image
-    from eva_export.formats.lerobot_v21.exporter.writer import DatasetWriter
+
+    from eva_export.formats.lerobot_v21.writer import DatasetWriter
 
     dw = DatasetWriter.open(tmp_path / "raw", fps=30, features=features(1, 32, 24), robot_type="test")
     w = dw.begin_episode("pick the cube")

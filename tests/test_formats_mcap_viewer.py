@@ -17,7 +17,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from dsfactory import Ep, make_subset, replace_video
-from eva_export.formats.eva_store.exporter.codecs import encode_image
 from mcap.reader import make_reader
 from mcap.writer import Writer
 from mcap_protobuf.decoder import DecoderFactory as ProtobufDecoders
@@ -32,6 +31,7 @@ from eva_export.formats.common.images import decode_png
 from eva_export.formats.common.meta import read_meta
 from eva_export.formats.common.table import to_numpy
 from eva_export.formats.common.video import iter_frames
+from eva_export.formats.eva_store.codecs import encode_image
 from eva_export.formats.mcap_viewer import layout
 from eva_export.formats.mcap_viewer.exporter import McapViewerExporter
 from eva_export.formats.verify import verify_export

@@ -23,18 +23,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from dsfactory import Ep, complete_stats, make_dataset, make_subset, state_value
-from eva_export.formats.eva_store.exporter.codecs import encode_image
-from eva_export.formats.eva_store.exporter.exporter import EvaStoreExporter, split_of_episodes
-from eva_export.formats.eva_store.exporter.records import (
-    KIND_RECORDS,
-    KIND_ZARR,
-    SAMPLE_INDEX_FILE,
-    SHARD_FILE,
-    IndexRecord,
-    Manifest,
-    ShardSpec,
-)
-from eva_export.formats.eva_store.exporter.verify import _verify_shard
 
 from eva_export.config import ConfigError, parse_config
 from eva_export.errors import ExportError
@@ -45,7 +33,19 @@ from eva_export.formats.common.exporter import VerifyReport
 from eva_export.formats.common.meta import read_meta
 from eva_export.formats.common.table import to_numpy
 from eva_export.formats.common.video import iter_frames
-from eva_export.formats.eva_store.exporter import StoreError, open_store
+from eva_export.formats.eva_store import StoreError, open_store
+from eva_export.formats.eva_store.codecs import encode_image
+from eva_export.formats.eva_store.exporter import EvaStoreExporter, split_of_episodes
+from eva_export.formats.eva_store.records import (
+    KIND_RECORDS,
+    KIND_ZARR,
+    SAMPLE_INDEX_FILE,
+    SHARD_FILE,
+    IndexRecord,
+    Manifest,
+    ShardSpec,
+)
+from eva_export.formats.eva_store.verify import _verify_shard
 from eva_export.formats.registry import get_exporter
 from eva_export.formats.verify import verify_export
 from eva_export.fsutil import read_json

@@ -14,13 +14,13 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from dsfactory import Ep, image, make_dataset, make_subset, replace_video, state_value
-from eva_export.formats.lerobot_v3.exporter.exporter import LeRobotV3Exporter, tasks_table
 from short_videos import encode_bframes, short_subset, textured
 
 from eva_export.errors import ExportError
 from eva_export.export.records import QualitySplit
 from eva_export.formats.common.table import to_numpy
 from eva_export.formats.common.video import VideoSettings, iter_frames, stream_timing
+from eva_export.formats.lerobot_v3.exporter import LeRobotV3Exporter, tasks_table
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "lerobot-written" / "v30"  # LeRobot-written reference (copied from shared/fixtures)
 W, H, FPS = 64, 48, 30
@@ -274,7 +274,7 @@ def test_v3_a_reordered_episode_past_the_probe_window_starts_a_new_shard(tmp_pat
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The shard's decode clock is set from the episodes probed ahead when it opens; a later
     B-frame episode needing more lead starts a new shard, stream-copied (not re-encoded)."""
-    from eva_export.formats.lerobot_v3.exporter import probe as v3_probe
+    from eva_export.formats.lerobot_v3 import probe as v3_probe
 
     monkeypatch.setattr(v3_probe, "PROBE_WINDOW", 2)
     lengths = [1, 2, 1, 2, 1, 30, 30]

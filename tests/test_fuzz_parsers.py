@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 from dsfactory import Ep, make_dataset, make_subset
-from eva_export.formats.eva_store.exporter.exporter import EvaStoreExporter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eva_export.errors import EvaError
 from eva_export.formats.common.meta import check_stats_shapes, read_meta
-from eva_export.formats.eva_store.exporter import StoreError, open_store
+from eva_export.formats.eva_store import StoreError, open_store
+from eva_export.formats.eva_store.exporter import EvaStoreExporter
 from eva_export.formats.verify import verify_export
 from eva_export.fsutil import iter_jsonl, read_json
 

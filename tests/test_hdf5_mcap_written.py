@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from diskfull import direct_supported
 from dsfactory import Ep, make_subset
-from eva_export.formats.hdf5.exporter.exporter import Hdf5Exporter, find_item
-from eva_export.formats.mcap_eva.exporter.exporter import McapExporter, decode_image
 from mcap.reader import make_reader
 
 from eva_export.formats.common.meta import read_meta
 from eva_export.formats.common.video import iter_frames
 from eva_export.formats.common.written import RegionHasher
+from eva_export.formats.hdf5.exporter import Hdf5Exporter, find_item
+from eva_export.formats.mcap_eva.exporter import McapExporter, decode_image
 from eva_export.manifest import MANIFEST_FILE, Manifest, build_manifest, recorded_digest, sha256_file, write_manifest
 
 W, H = 64, 48

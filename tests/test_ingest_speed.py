@@ -20,7 +20,6 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from bag_helpers import FPS, TOPICS, TS, H, W, frame, jpeg, make_config, offline, write_bag
-from eva_export.formats.lerobot_v21.exporter.writer import DatasetWriter, make_features
 from mcap.reader import make_reader
 from mcap.writer import CompressionType
 from mcap.writer import Writer as McapWriter
@@ -30,6 +29,7 @@ from rosbags.rosbag2 import StoragePlugin, Writer
 from eva_export.capture.ingest import BagIngest
 from eva_export.formats.common.records import Feature
 from eva_export.formats.common.video import VideoEncoder, VideoSettings
+from eva_export.formats.lerobot_v21.writer import DatasetWriter, make_features
 from eva_export.formats.rosbag2 import cdr as bagcdr
 from eva_export.formats.rosbag2.files import open_bag
 from eva_export.formats.rosbag2.reader import BagReader

@@ -13,12 +13,12 @@ from typing import Any
 import av
 import numpy as np
 import pytest
-from eva_export.formats.lerobot_v21.exporter.validate import validate_dataset
 from rosbags.rosbag2 import StoragePlugin, Writer
 from rosbags.typesys import Stores, get_types_from_msg, get_typestore
 
 from eva_export.capture.ingest import BagIngest, IngestError
 from eva_export.config import parse_config
+from eva_export.formats.lerobot_v21.validate import validate_dataset
 
 VIDEO_TYPE = "foxglove_msgs/msg/CompressedVideo"
 # the message definition as foxglove_msgs ships it for ROS 2

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 from dsfactory import Ep, make_subset
-from eva_export.formats.mcap_eva.exporter.exporter import McapExporter
 from mcap.reader import make_reader
 
 from eva_export.config import ConfigError, parse_config
+from eva_export.formats.mcap_eva.exporter import McapExporter
 from eva_export.formats.registry import get_spec
 
 

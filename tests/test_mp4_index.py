@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from eva_export.formats.lerobot_v21.exporter.validate_media import _demux_size, _pyav_size
 from short_videos import encode_bframes, textured
 
 from eva_export.errors import DatasetError
 from eva_export.formats.common import mp4_index
 from eva_export.formats.common.video import VideoEncoder, VideoSettings, timing_problems
+from eva_export.formats.lerobot_v21.validate_media import _demux_size, _pyav_size
 
 SHAPES = [(64, 48, 4, 30), (64, 48, 30, 30), (50, 30, 7, 15), (320, 240, 3, 30)]
 

@@ -10,7 +10,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from dsfactory import Ep, make_dataset
-from eva_export.formats.lerobot_v3.exporter.verify import read_episodes_meta
 
 from eva_export.config import NONFINITE_POLICIES, parse_config
 from eva_export.errors import ConfigError
@@ -19,6 +18,7 @@ from eva_export.export.records import ACCEPTED, REJECTED, QualitySplit
 from eva_export.export.runner import ExportService
 from eva_export.formats.common.card import CARD_FILE
 from eva_export.formats.common.nonfinite import NonFinitePolicy, kept_of
+from eva_export.formats.lerobot_v3.verify import read_episodes_meta
 from eva_export.formats.verify import verify_export
 from eva_export.jobs import COMPLETED, FAILED
 

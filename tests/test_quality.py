@@ -12,11 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from eva_export.formats.lerobot_v21.exporter.writer import DatasetWriter
 from quality_corpus import CAMS, FPS, CorpusEpisode, N, corpus, feed_live, live_config, write_corpus
 
 from eva_export.capture.features import capture_features
 from eva_export.formats.common.meta import read_info
+from eva_export.formats.lerobot_v21.writer import DatasetWriter
 from eva_export.quality.judge import evaluate
 from eva_export.quality.offline import check_dataset
 from eva_export.quality.rules import RULE_VERSION, EpisodeEvidence, Finding, VectorSeries

@@ -249,7 +249,8 @@ def test_v30_check_over_several_data_and_video_files_reads_each_episode_from_its
     """File rollover: each data and camera file holds a few episodes; every episode's rows and
     frames are found in the right file (the same findings and counts as the per-episode v2.1)."""
     from dsfactory import Ep, make_subset
-    from eva_export.formats.lerobot_v3.exporter.exporter import LeRobotV3Exporter
+
+    from eva_export.formats.lerobot_v3.exporter import LeRobotV3Exporter
 
     v21 = make_subset(tmp_path / "made", [Ep(frames=n) for n in (40, 7, 45, 33, 12)], cameras=2, width=32, height=24)
     src = tmp_path / "v30multi"

@@ -17,7 +17,6 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from dsfactory import Ep, image, make_dataset
-from eva_export.formats.lerobot_v21.subsets import UnknownSourceError, detect_kind
 
 from eva_export.config import parse_config
 from eva_export.export.records import QualitySplit
@@ -25,6 +24,7 @@ from eva_export.export.runner import ExportService
 from eva_export.formats import sources as registry
 from eva_export.formats.common.video import VideoEncoder, VideoSettings
 from eva_export.formats.registry import format_names
+from eva_export.formats.sources import UnknownSourceError, detect_kind
 from eva_export.formats.verify import verify_export
 from eva_export.jobs import COMPLETED
 

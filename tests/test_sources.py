@@ -22,8 +22,6 @@ import h5py
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from eva_export.formats.lerobot_v3.exporter.exporter import LeRobotV3Exporter
-from eva_export.formats.lerobot_v21.subsets import detect_kind, validate_any
 from export_faults import faulty_service
 from mcap.reader import make_reader
 
@@ -32,7 +30,9 @@ from eva_export.export.runner import ExportService
 from eva_export.formats.common import sidecar
 from eva_export.formats.common.source import SourceKind
 from eva_export.formats.common.table import to_numpy
-from eva_export.formats.eva_store.exporter import open_store
+from eva_export.formats.eva_store import open_store
+from eva_export.formats.lerobot_v3.exporter import LeRobotV3Exporter
+from eva_export.formats.sources import detect_kind, validate_any
 from eva_export.formats.verify import verify_export
 from eva_export.fsutil import iter_jsonl, read_json
 from eva_export.jobs import COMPLETED, Job

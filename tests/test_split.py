@@ -12,8 +12,6 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from dsfactory import Ep, make_dataset, state_value
-from eva_export.formats.lerobot_v21.exporter.exporter import verify_v21
-from eva_export.formats.lerobot_v21.exporter.validate import validate_dataset, validate_source
 from export_faults import faulty_service
 
 from eva_export.config import parse_config
@@ -23,6 +21,8 @@ from eva_export.export.records import ACCEPTED, REJECTED, QualitySplit
 from eva_export.export.runner import ExportService
 from eva_export.export.split import classify
 from eva_export.formats.common.records import EpisodeRow
+from eva_export.formats.lerobot_v21.exporter import verify_v21
+from eva_export.formats.lerobot_v21.validate import validate_dataset, validate_source
 from eva_export.formats.registry import UnknownFormatError
 from eva_export.fsutil import atomic_write_json, atomic_write_jsonl, iter_jsonl, read_json
 from eva_export.jobs import COMPLETED, FAILED

@@ -50,9 +50,8 @@ def test_aggregate_pools_only_finite_entries_and_stays_finite() -> None:
 
 
 def test_the_three_poolers_agree_and_are_finite() -> None:
-    from eva_export.formats.lerobot_v3.exporter.tables import _aggregate_matrices
-
     from eva_export.export.assemble import aggregate_stream
+    from eva_export.formats.lerobot_v3.tables import _aggregate_matrices
 
     parts = [np.arange(12.0).reshape(6, 2), np.full((4, 2), np.nan), np.arange(8.0).reshape(4, 2) + 100]
     parts[0][2, 1] = np.inf

@@ -13,10 +13,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from dsfactory import Ep, make_subset
-from eva_export.formats.eva_store.exporter.exporter import EvaStoreExporter
-from eva_export.formats.eva_store.exporter.records import SAMPLE_INDEX_FILE
 
-from eva_export.formats.eva_store.exporter import StoreError, open_store
+from eva_export.formats.eva_store import StoreError, open_store
+from eva_export.formats.eva_store.exporter import EvaStoreExporter
+from eva_export.formats.eva_store.records import SAMPLE_INDEX_FILE
 from eva_export.formats.verify import verify_export
 
 CAM = "observation.images.cam0"

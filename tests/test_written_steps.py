@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 from diskfull import direct_supported
 from dsfactory import Ep, make_subset
-from eva_export.formats.hdf5.exporter.exporter import Hdf5Exporter
-from eva_export.formats.mcap_eva.exporter.exporter import McapExporter
 
 from eva_export.errors import StorageError
 from eva_export.formats.common import written
 from eva_export.formats.common.written import StepThread
-from eva_export.formats.mcap_eva.exporter import chunks as mcap_chunks
+from eva_export.formats.hdf5.exporter import Hdf5Exporter
+from eva_export.formats.mcap_eva import chunks as mcap_chunks
+from eva_export.formats.mcap_eva.exporter import McapExporter
 
 
 def _enospc_on_call(n: int, inner: Callable[..., Any], calls: list[int]) -> Callable[..., Any]:

@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from eva_export.formats.lerobot_v21.exporter.writer import make_features
 
 from eva_export import confine
 from eva_export.errors import DatasetError
@@ -36,6 +35,7 @@ from eva_export.formats.common.records import DatasetInfo, EpisodeRow, Feature, 
 from eva_export.formats.common.source import SourceCheck
 from eva_export.formats.common.source_rules import SourceEpisode
 from eva_export.formats.common.table import column, schema
+from eva_export.formats.lerobot_v21.writer import make_features
 
 KIND = "tiny_csv"
 MARKER = "csv_dataset.json"

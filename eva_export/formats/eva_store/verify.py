@@ -1,5 +1,5 @@
 """Verification of an eva_store: manifest vs shards vs sample index vs info.json, then one
-real read per shard through ``eva_export.formats.eva_store`` (split from eva_store.py, the writer)."""
+real read per shard through ``eva_export.formats.eva_store`` (beside exporter.py, the writer)."""
 
 from __future__ import annotations
 
