@@ -62,10 +62,10 @@ def with_decode_times(packets: list[av.Packet]) -> list[av.Packet]:
     pts = [int(p.pts) for p in packets]
     order = sorted(pts)
     first = packets[0].dts
-    delay = max(0, *(o - q for o, q in zip(order, pts)))
+    delay = max(0, *(o - q for o, q in zip(order, pts, strict=True)))
     if first is not None and -16 <= first - order[0] <= -delay:
         delay = order[0] - first
-    for p, o in zip(packets, order):
+    for p, o in zip(packets, order, strict=True):
         p.dts = o - delay
     return packets
 
