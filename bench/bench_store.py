@@ -52,6 +52,7 @@ from eva_export.formats.eva_store.codecs import decode_image, unpack_record  # n
 from eva_export.formats.eva_store.exporter import EvaStoreExporter  # noqa: E402
 from eva_export.formats.registry import get_exporter  # noqa: E402
 from eva_export.formats.verify import verify_export  # noqa: E402
+from eva_export.formats.common.store_options import EvaStoreOptions
 
 LEROBOT_VENV = Path(os.environ.get("LEROBOT_VENV_BASE", "/tmp")) / "lerobot044"
 WARMUP = 10
@@ -286,7 +287,7 @@ def main() -> int:
         t_decode = timed(lambda: decode_only(src))
         decode_fps = video_frames / t_decode
         exports: dict[str, dict[str, Any]] = {}
-        for name, ex in (("eva_store jpeg", EvaStoreExporter()), ("eva_store raw", EvaStoreExporter(image_codec="raw"))):
+        for name, ex in (("eva_store jpeg", EvaStoreExporter()), ("eva_store raw", EvaStoreExporter(EvaStoreOptions(image_codec="raw")))):
             out = work / name.replace(" ", "_")
             t = timed(lambda: ex.export(src, out))  # noqa: B023
             rep = verify_export(out)

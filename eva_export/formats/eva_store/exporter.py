@@ -36,6 +36,7 @@ from ...fsutil import atomic_write_json, fsync_dir, read_json
 from ..common.exporter import Progress, VerifyReport
 from ..common.images import Prefetch
 from ..common.meta import INFO, DatasetMeta
+from ..common.store_options import EvaStoreOptions
 from ..common.records import EpisodeRow, QualitySplit
 from ..common.video import iter_frames
 from ..lerobot_v21.episode_files import to_plain
@@ -141,8 +142,8 @@ class EvaStoreExporter:
 
     name = FORMAT
 
-    def __init__(self, image_codec: str = "jpeg", jpeg_quality: int = 90, val_ratio: float = 0.0,
-                 split_seed: int = 0, prefetch: int = 4) -> None:
+    def __init__(self, options: EvaStoreOptions = EvaStoreOptions(), *, prefetch: int = 4) -> None:
+        image_codec, jpeg_quality, val_ratio = options.image_codec, options.jpeg_quality, options.val_ratio
         if image_codec not in CODECS:
             raise ValueError(f"eva_store image_codec {image_codec!r}: choose one of {CODECS}")
         if not 1 <= int(jpeg_quality) <= 100:
@@ -151,7 +152,7 @@ class EvaStoreExporter:
             raise ValueError(f"eva_store val_ratio {val_ratio}: must be in [0, 1)")
         self.options = StoreOptions(image_codec, int(jpeg_quality))
         self.val_ratio = float(val_ratio)
-        self.split_seed = int(split_seed)
+        self.split_seed = int(options.split_seed)
         self.prefetch = prefetch
         self.resumed: list[int] = []  # episodes whose shard an interrupted run had finished
 
