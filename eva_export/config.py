@@ -16,8 +16,8 @@ from typing import Any
 from . import confine
 from .confine import inside as inside  # re-exported: importers of config
 from .errors import ConfigError, UnsafeNameError
-from .formats.common.options import FormatOptions
 from .formats import registry
+from .formats.common.options import FormatOptions
 from .sftp_settings import BULK_MODES as BULK_MODES  # re-exported: importers of config
 from .sftp_settings import SftpSettings as SftpSettings
 

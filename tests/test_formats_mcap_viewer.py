@@ -34,6 +34,7 @@ from eva_export.formats.common.video import iter_frames
 from eva_export.formats.eva_store.codecs import encode_image
 from eva_export.formats.mcap_viewer import layout
 from eva_export.formats.mcap_viewer.exporter import McapViewerExporter
+from eva_export.formats.mcap_viewer.options import ViewerOptions
 from eva_export.formats.verify import verify_export
 from eva_export.jobs import COMPLETED
 

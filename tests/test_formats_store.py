@@ -31,6 +31,7 @@ from eva_export.export.records import QualitySplit
 from eva_export.export.runner import ExportService
 from eva_export.formats.common.exporter import VerifyReport
 from eva_export.formats.common.meta import read_meta
+from eva_export.formats.common.store_options import EvaStoreOptions
 from eva_export.formats.common.table import to_numpy
 from eva_export.formats.common.video import iter_frames
 from eva_export.formats.eva_store import StoreError, open_store
@@ -48,7 +49,6 @@ from eva_export.formats.eva_store.records import (
 from eva_export.formats.eva_store.verify import _verify_shard
 from eva_export.formats.registry import get_exporter
 from eva_export.formats.verify import verify_export
-from eva_export.formats.common.store_options import EvaStoreOptions
 from eva_export.fsutil import read_json
 from eva_export.jobs import COMPLETED
 

@@ -18,8 +18,8 @@ from eva_export.formats.common.meta import read_meta
 from eva_export.formats.common.video import iter_frames
 from eva_export.formats.common.written import RegionHasher
 from eva_export.formats.hdf5.exporter import Hdf5Exporter, find_item
-from eva_export.formats.mcap_eva.exporter import McapExporter, decode_image
 from eva_export.formats.hdf5.options import Hdf5Options
+from eva_export.formats.mcap_eva.exporter import McapExporter, decode_image
 from eva_export.manifest import MANIFEST_FILE, Manifest, build_manifest, recorded_digest, sha256_file, write_manifest
 
 W, H = 64, 48

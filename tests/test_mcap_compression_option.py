@@ -12,8 +12,8 @@ from mcap.reader import make_reader
 
 from eva_export.config import ConfigError, parse_config
 from eva_export.formats.mcap_eva.exporter import McapExporter
-from eva_export.formats.registry import get_spec
 from eva_export.formats.mcap_eva.options import McapOptions
+from eva_export.formats.registry import get_spec
 
 
 def test_default_is_lz4_and_a_bad_value_is_refused() -> None:

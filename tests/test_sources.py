@@ -32,9 +32,9 @@ from eva_export.formats.common.source import SourceKind
 from eva_export.formats.common.table import to_numpy
 from eva_export.formats.eva_store import open_store
 from eva_export.formats.lerobot_v3.exporter import LeRobotV3Exporter
+from eva_export.formats.lerobot_v3.options import V3Options
 from eva_export.formats.sources import detect_kind, validate_any
 from eva_export.formats.verify import verify_export
-from eva_export.formats.lerobot_v3.options import V3Options
 from eva_export.fsutil import iter_jsonl, read_json
 from eva_export.jobs import COMPLETED, Job
 

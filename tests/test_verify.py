@@ -15,10 +15,10 @@ from dsfactory import Ep, image, make_dataset
 from eva_export.errors import ExportError
 from eva_export.export.records import QualitySplit
 from eva_export.formats.common.meta import read_meta
-from eva_export.formats.common.video import VideoEncoder, VideoSettings
-from eva_export.formats.registry import FORMATS, UnknownFormatError, get_exporter
 from eva_export.formats.common.options import FormatOptions
+from eva_export.formats.common.video import VideoEncoder, VideoSettings
 from eva_export.formats.mcap_eva.options import McapOptions
+from eva_export.formats.registry import FORMATS, UnknownFormatError, get_exporter
 from eva_export.formats.verify import detect_format, verify_export
 
 ALL = ["lerobot_v21", "lerobot_v3", "hdf5", "mcap", "eva_store", "mcap_foxglove"]

@@ -36,8 +36,8 @@ from ...fsutil import atomic_write_json, fsync_dir, read_json
 from ..common.exporter import Progress, VerifyReport
 from ..common.images import Prefetch
 from ..common.meta import INFO, DatasetMeta
-from ..common.store_options import EvaStoreOptions
 from ..common.records import EpisodeRow, QualitySplit
+from ..common.store_options import EvaStoreOptions
 from ..common.video import iter_frames
 from ..lerobot_v21.episode_files import to_plain
 from ..lerobot_v21.episode_stats import dataset_stats

@@ -26,7 +26,7 @@
   written in time order, cameras interleaved frame by frame.
 
 Chunked (4 MiB chunks) with message indexes, summary and CRCs; chunk compression lz4 by
-default (constructor option and config ``export.mcap_compression``: "lz4" | "zstd" | "none";
+default (``McapOptions.compression``, config ``export.formats.mcap.compression``: "lz4" | "zstd" | "none";
 the eva-client profile fixes the records, not the chunk compression). lz4 is the fastest of
 the compressions that still shrinks raw RGB, but it binds the export to the CPU (about 3.4
 CPU-s per GB of frames here): "none" writes the frames at the disk's speed. Written by
