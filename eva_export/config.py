@@ -316,9 +316,9 @@ OLDER_KEYS: Mapping[str, tuple[tuple[str, str], ...]] = {
 def _format_options(ex: dict[str, Any]) -> Mapping[str, FormatOptions]:
     """export.formats.<name> as each registered format's options record, the older keys mapped in."""
     given = _take(ex.get("formats") or {}, "export.formats", set(registry.FORMATS))
-    sections = {name: dict(_take(v or {}, f"export.formats.{name}", set(v or ()))) for name, v in given.items()}
+    sections = {name: _mapping(v, f"export.formats.{name}") for name, v in given.items()}
     older = [(f"export.{k}", name, key, ex[k]) for k, targets in OLDER_KEYS.items() if k in ex for name, key in targets]
-    store = _take(ex.get("eva_store") or {}, "export.eva_store", set(ex.get("eva_store") or ()))
+    store = _mapping(ex.get("eva_store"), "export.eva_store")
     older += [(f"export.eva_store.{key}", "eva_store", key, value) for key, value in store.items()]
     spelled: dict[str, list[str]] = {}
     for old, name, key, value in older:
@@ -336,6 +336,11 @@ def _format_options(ex: dict[str, Any]) -> Mapping[str, FormatOptions]:
                 raise
             raise ConfigError(f"{exc} (given as {', '.join(spelled[spec.name])})") from exc
     return MappingProxyType(records)
+
+
+def _mapping(d: Any, where: str) -> dict[str, Any]:
+    """A section whose keys its own parser checks: here only that it is a mapping (or empty)."""
+    return dict(_take(d or {}, where, set(d) if isinstance(d, dict) else set()))
 
 
 def _workers(value: Any) -> int:

@@ -77,6 +77,7 @@ def test_a_setting_given_in_both_places_is_refused(export: dict[str, object], na
     ({"eva_store": {"val_ratio": 1}}, r"export.formats.eva_store.val_ratio must be in \[0, 1\)"),
     ({"zarr": {}}, r"export.formats: unknown keys \['zarr'\]; allowed: .*'lerobot_v3'"),
     ({"hdf5": ["gzip"]}, "export.formats.hdf5 must be a mapping"),
+    ({"hdf5": 5}, "export.formats.hdf5 must be a mapping"),
 ])
 def test_a_bad_value_or_key_is_refused_naming_it(section: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -84,6 +85,8 @@ def test_a_bad_value_or_key_is_refused_naming_it(section: dict[str, object], mes
 
 
 def test_an_error_in_an_older_key_names_the_spelling_given() -> None:
+    with pytest.raises(ConfigError, match="export.eva_store must be a mapping"):
+        formats({"eva_store": 5})
     with pytest.raises(ConfigError, match=r"lerobot_v3.data_file_mb must be a positive number of MB, got -1.0 \(given as export.v3_data_file_mb\)"):
         formats({"v3_data_file_mb": -1})
 
