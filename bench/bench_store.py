@@ -47,10 +47,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 from bench_formats import CAMS, H, W, build_dataset, decode_only  # noqa: E402
 
 from eva_export.formats.common.meta import read_meta  # noqa: E402
-from eva_export.formats.common.store_options import EvaStoreOptions
 from eva_export.formats.eva_store import open_store  # noqa: E402
 from eva_export.formats.eva_store.codecs import decode_image, unpack_record  # noqa: E402
 from eva_export.formats.eva_store.exporter import EvaStoreExporter  # noqa: E402
+from eva_export.formats.eva_store.options import EvaStoreOptions
 from eva_export.formats.registry import get_exporter  # noqa: E402
 from eva_export.formats.verify import verify_export  # noqa: E402
 

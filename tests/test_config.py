@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from eva_export import config as cfg
-from eva_export.formats.common.store_options import EvaStoreOptions
+from eva_export.formats.eva_store.options import EvaStoreOptions
 from eva_export.formats.registry import FORMATS
 
 ROOT = Path(__file__).resolve().parents[1]

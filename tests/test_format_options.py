@@ -14,7 +14,7 @@ from eva_export.errors import ConfigError
 from eva_export.export.runner import ExportService
 from eva_export.formats import registry
 from eva_export.formats.common.options import NO_OPTIONS, FormatOptions, NoOptions
-from eva_export.formats.common.store_options import EvaStoreOptions
+from eva_export.formats.eva_store.options import EvaStoreOptions
 from eva_export.formats.hdf5.options import Hdf5Options
 from eva_export.formats.lerobot_v3.options import V3Options
 from eva_export.formats.lerobot_v21.options import V21Options

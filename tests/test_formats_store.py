@@ -31,12 +31,12 @@ from eva_export.export.records import QualitySplit
 from eva_export.export.runner import ExportService
 from eva_export.formats.common.exporter import VerifyReport
 from eva_export.formats.common.meta import read_meta
-from eva_export.formats.common.store_options import EvaStoreOptions
 from eva_export.formats.common.table import to_numpy
 from eva_export.formats.common.video import iter_frames
 from eva_export.formats.eva_store import StoreError, open_store
 from eva_export.formats.eva_store.codecs import encode_image
 from eva_export.formats.eva_store.exporter import EvaStoreExporter, split_of_episodes
+from eva_export.formats.eva_store.options import EvaStoreOptions
 from eva_export.formats.eva_store.records import (
     KIND_RECORDS,
     KIND_ZARR,

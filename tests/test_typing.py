@@ -63,7 +63,7 @@ MODULES = [
     "eva_export.formats.common",
     "eva_export.formats.common.mcap_summary",
     "eva_export.formats.common.options",
-    "eva_export.formats.common.store_options",
+    "eva_export.formats.eva_store.options",
     "eva_export.formats.lerobot_v21.options",
     "eva_export.formats.lerobot_v3.options",
     "eva_export.formats.hdf5.options",

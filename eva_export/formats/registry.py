@@ -28,7 +28,7 @@ from pathlib import Path
 from ..errors import ExportError
 from .common.exporter import Exporter, VerifyReport
 from .common.options import FormatOptions, NoOptions
-from .common.store_options import EvaStoreOptions
+from .eva_store.options import EvaStoreOptions
 from .hdf5.options import Hdf5Options
 from .lerobot_v3.options import V3Options
 from .lerobot_v21.options import V21Options

@@ -37,12 +37,12 @@ from ..common.exporter import Progress, VerifyReport
 from ..common.images import Prefetch
 from ..common.meta import INFO, DatasetMeta
 from ..common.records import EpisodeRow, QualitySplit
-from ..common.store_options import EvaStoreOptions
 from ..common.video import iter_frames
 from ..lerobot_v21.episode_files import to_plain
 from ..lerobot_v21.episode_stats import dataset_stats
 from ..lerobot_v21.subset import column_numpy, copy_common_meta, load_source, read_episode_table, write_quality_split
 from .codecs import CODECS, encode_image, pack_record, sniff_codec
+from .options import EvaStoreOptions
 from .records import (
     KIND_ZARR,
     SAMPLE_INDEX_FILE,

@@ -1,9 +1,4 @@
-"""The eva_store options: image codec, JPEG quality and the train/val split.
-
-Here rather than in ``formats/eva_store/``: config parses every format's section when it
-loads, and importing the eva_store package loads its training reader (zarr, msgpack), which
-a job of another format must not pay for.
-"""
+"""The eva_store options: image codec, JPEG quality and the train/val split."""
 
 from __future__ import annotations
 
@@ -11,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ...errors import ConfigError
-from .options import FormatOptions, keys, number, whole
+from ..common.options import FormatOptions, keys, number, whole
 
 IMAGE_CODECS = ("jpeg", "png", "raw")  # raw: uncompressed; png: lossless
 
