@@ -240,6 +240,11 @@ class ExportService:
                          files_total=sum(c.files_total for c in checks),
                          bytes_total=sum(c.bytes_total for c in checks))
         self.jobs.save(job_id, force=True)
+        from .v3_direct import run_direct  # imports the v3 writer: only when a job runs
+
+        if injected is None and (direct := run_direct(self, job_id, request, paths, exporter, checks,
+                                                      self.faults.fail_at)) is not None:
+            return direct  # lerobot_v3 straight from the source (v3_direct.py)
 
         def on_unit(_p: Any, files: int, nbytes: int, reused: bool) -> None:
             self.jobs.count(job_id, episodes_done=int(spec.native), files_done=files, bytes_done=nbytes,

@@ -1,0 +1,149 @@
+"""The direct v3 writer's unit of durability: a completed shard and its record.
+
+A shard (one data Parquet file, or one camera's MP4 file) is complete once its writer closed
+it; its record ``<staging>/v3/<subset>/<stream>/CCC-FFF.json`` is then written by rename: the
+commit point. The record says which episodes (subset positions) the shard holds, where each
+one sits in it, and, for a data shard, what its episodes contributed to the episode metadata
+(their statistics and NaN/inf counts): a rerun rebuilds the metadata of the episodes of
+complete shards from the records alone, without reading their source again.
+
+A record is trusted only with its file in place at the size and mtime it recorded, and only
+as part of the unbroken run of complete shards from the stream's first: the rerun continues
+each stream from the end of that run (the shards after it are rewritten).
+
+Durability is against a killed process: records and shards are renamed/closed, not fsynced
+(publication fsyncs the renames that make the pair visible).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..fsutil import read_json
+from .units import write_text
+
+#: The stream name of the data shards (camera streams are named by their video key).
+DATA = "data"
+SETTINGS = "settings.json"
+
+
+@dataclass(frozen=True)
+class EpisodeEntry:
+    """What one episode of a data shard adds to the subset's episode metadata."""
+
+    stats: dict[str, Any]  # its per-episode statistics (meta/episodes_stats.jsonl, stats/* columns)
+    nonfinite: tuple[tuple[str, int], ...]  # (float feature, NaN/inf values) holding any
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stats": self.stats, "nonfinite": [list(c) for c in self.nonfinite]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EpisodeEntry:
+        return cls(dict(d["stats"]), tuple((str(k), int(n)) for k, n in d["nonfinite"]))
+
+
+@dataclass(frozen=True)
+class ShardRecord:
+    """One complete shard of a stream: its file, its episodes and where each sits in it."""
+
+    stream: str
+    chunk_index: int
+    file_index: int
+    first: int  # subset position of its first episode
+    count: int  # its episodes (consecutive positions)
+    size: int  # the file's bytes when closed
+    mtime_ns: int
+    before: tuple[int, ...] = ()  # camera shard: frames ahead of each episode in the file
+    reencoded: tuple[int, ...] = ()  # camera shard: subset episode indices re-encoded into it
+    episodes: tuple[EpisodeEntry, ...] = ()  # data shard: each episode's metadata
+
+    @property
+    def end(self) -> int:
+        return self.first + self.count
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stream": self.stream, "chunk_index": self.chunk_index, "file_index": self.file_index,
+                "first": self.first, "count": self.count, "size": self.size, "mtime_ns": self.mtime_ns,
+                "before": list(self.before), "reencoded": list(self.reencoded),
+                "episodes": [e.to_dict() for e in self.episodes]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ShardRecord:
+        return cls(str(d["stream"]), int(d["chunk_index"]), int(d["file_index"]), int(d["first"]),
+                   int(d["count"]), int(d["size"]), int(d["mtime_ns"]), tuple(int(b) for b in d["before"]),
+                   tuple(int(r) for r in d["reencoded"]), tuple(EpisodeEntry.from_dict(e) for e in d["episodes"]))
+
+
+def records_dir(staging: Path, subset: str, stream: str) -> Path:
+    # a camera key may hold '.' and '/'-free names only (validated); one folder per stream
+    return staging / "v3" / subset / stream.replace("/", "_")
+
+
+def record_path(staging: Path, subset: str, stream: str, chunk: int, file: int) -> Path:
+    return records_dir(staging, subset, stream) / f"{chunk:03d}-{file:03d}.json"
+
+
+def commit(staging: Path, subset: str, rec: ShardRecord, shard: Path) -> ShardRecord:
+    """Record ``shard`` (closed) as complete: its size and mtime now, the record renamed into place."""
+    st = os.stat(shard)
+    rec = ShardRecord(rec.stream, rec.chunk_index, rec.file_index, rec.first, rec.count, st.st_size,
+                      st.st_mtime_ns, rec.before, rec.reencoded, rec.episodes)
+    path = record_path(staging, subset, rec.stream, rec.chunk_index, rec.file_index)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(path, json.dumps(rec.to_dict(), ensure_ascii=False))
+    return rec
+
+
+def complete_run(staging: Path, subset: str, stream: str, shard_of: Any) -> list[ShardRecord]:
+    """The stream's complete shards from its first, unbroken, each with its file as recorded
+    (``shard_of(record)``: the shard file's path). Records after a gap or a changed file are
+    removed: their shards are rewritten."""
+    folder = records_dir(staging, subset, stream)
+    if not folder.is_dir():
+        return []
+    out: list[ShardRecord] = []
+    for path in sorted(folder.glob("*.json")):
+        rec = _read(path)
+        ok = rec is not None and rec.stream == stream and rec.first == (out[-1].end if out else 0)
+        if ok and rec is not None:
+            try:
+                st = os.stat(shard_of(rec))
+                ok = (st.st_size, st.st_mtime_ns) == (rec.size, rec.mtime_ns)
+            except OSError:
+                ok = False
+        if not ok or rec is None:
+            for late in sorted(folder.glob("*.json")):
+                if late.name >= path.name:
+                    late.unlink()
+            break
+        out.append(rec)
+    return out
+
+
+def _read(path: Path) -> ShardRecord | None:
+    try:
+        return ShardRecord.from_dict(read_json(path))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def check_settings(staging: Path, settings: dict[str, Any]) -> None:
+    """Keep the records and shards of an earlier run only if it wrote them with the same
+    writer settings (shard sizes, chunking, re-encode settings); else start the v3 part afresh."""
+    root = staging / "v3"
+    path = root / SETTINGS
+    try:
+        same = read_json(path) == json.loads(json.dumps(settings))
+    except (OSError, ValueError):
+        same = False
+    if same:
+        return
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(staging / "out", ignore_errors=True)
+    root.mkdir(parents=True)
+    write_text(path, json.dumps(settings))

@@ -1,0 +1,132 @@
+"""The lerobot_v3 job straight from the source publishes what converting a staged native split
+publishes: the same files, tables, statistics, info, marker, card and video frames.
+
+The native path is the same job with the v3 exporter injected (faults.FaultPlan.exporters): the
+runner then splits into staged native subsets and converts each. Only the job's own values
+differ (job id, creation time, the manifest's hashes of the files naming them).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from dsfactory import Ep, make_dataset
+from export_faults import faulty_service
+
+from eva_export.config import parse_config
+from eva_export.dataset.records import QualitySplit
+from eva_export.dataset.video import iter_frames
+from eva_export.export.paths import ExportPaths
+from eva_export.formats.lerobot_v3 import LeRobotV3Exporter
+from eva_export.formats.card import CARD_FILE
+from eva_export.manifest import MANIFEST_FILE, verify_manifest
+from eva_export.formats.registry import get_spec
+from eva_export.jobs import COMPLETED
+
+pytestmark = pytest.mark.timeout(600)
+
+VOLATILE = {"job_id", "created_at"}
+
+
+def _strip(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _strip(x) for k, x in v.items() if k not in VOLATILE}
+    if isinstance(v, list):
+        return [_strip(x) for x in v]
+    return v
+
+
+def _tree(root: Path) -> dict[str, Any]:
+    """Every file of the published pair: bytes, or for the files naming the job its content
+    without the job's values."""
+    out: dict[str, Any] = {}
+    for p in sorted(root.rglob("*")):
+        if not p.is_file():
+            continue
+        rel = str(p.relative_to(root))
+        if rel.endswith(MANIFEST_FILE):  # hashes of the marker and card, which name the job
+            man = json.loads(p.read_text())
+            out[rel] = sorted(f["path"] for f in man["files"]) if isinstance(man.get("files"), list) else sorted(man)
+        elif p.name == CARD_FILE:
+            marker = json.loads((p.parent / "meta/quality_split.json").read_text())
+            text = p.read_text()
+            for key in sorted(VOLATILE):
+                text = text.replace(str(marker[key]), f"<{key}>")
+            out[rel] = text
+        elif rel.endswith("quality_split.json"):
+            out[rel] = _strip(json.loads(p.read_text()))
+        else:
+            out[rel] = p.read_bytes()
+        out[rel + " (mode)"] = p.stat().st_mode
+    return out
+
+
+def _export(log_dir: Path, src: Path, native: bool, config: dict[str, Any] | None = None) -> tuple[Path, Any]:
+    cfg = parse_config({"collection": {"log_dir": str(log_dir)}, "export": {"workers": 1, **(config or {})}})
+    options = get_spec("lerobot_v3").options(cfg.export)
+    svc = faulty_service(cfg, background=False, recover=False,
+                         exporters={"lerobot_v3": lambda: LeRobotV3Exporter(**options)} if native else None)
+    job = svc.run(src, "lerobot_v3")
+    assert job.state == COMPLETED, job.error
+    return ExportPaths.of(src, "lerobot_v3").pair_dir, job
+
+
+def _eps(n: int) -> list[Ep]:
+    return [Ep(frames=5 + (i * 7) % 11, quality="green" if i % 3 else "red",
+               verdict="fail" if i == 4 else "", note="take note" if i == 2 else None,
+               extra={"take_id": f"take-{i:03d}"}) for i in range(n)]
+
+
+def _both(tmp_path: Path, eps: list[Ep], config: dict[str, Any] | None = None) -> tuple[dict[str, Any], ...]:
+    """One source exported by the native path, then by the direct one: both published trees."""
+    log_dir = tmp_path / "logs"
+    src = make_dataset(log_dir / "demo" / "raw", eps, cameras=2, width=32, height=24)
+    pair, old_job = _export(log_dir, src, True, config)
+    old = _tree(pair)
+    pair, new_job = _export(log_dir, src, False, config)
+    return old, old_job, _tree(pair), new_job, pair
+
+
+@pytest.mark.parametrize("shards", [{}, {"v3_data_file_mb": 0.002, "v3_video_file_mb": 0.002}],
+                         ids=["one-shard", "many-shards"])
+def test_direct_job_publishes_what_the_native_path_publishes(tmp_path: Path, shards: dict[str, float]) -> None:
+    eps = _eps(14)
+    old, old_job, new, new_job, pair = _both(tmp_path, eps, shards)
+    assert sorted(old) == sorted(new)
+    different = [k for k in old if old[k] != new[k]]
+    assert different == []
+    # the same episodes on each side, renumbered, and what the rows carry (take ids) kept
+    for subset in ("accepted", "rejected"):
+        marker = QualitySplit.read(pair / subset)
+        assert marker.dataset_format == "lerobot_v3"
+        eps_table = pq.read_table(pair / subset / "meta/episodes/chunk-000/file-000.parquet").to_pylist()
+        assert [r["episode_index"] for r in eps_table] == list(range(marker.episode_count))
+        assert [r["take_id"] for r in eps_table] == [f"take-{i:03d}" for i in marker.source_episode_indices]
+    assert (new_job.accepted_episodes, new_job.rejected_episodes) == (old_job.accepted_episodes,
+                                                                       old_job.rejected_episodes)
+    assert new_job.episodes_done == new_job.episodes_total == 14
+    if shards:  # small shards: several files of each stream
+        assert len(list((pair / "accepted/data").rglob("*.parquet"))) > 2
+        assert len(list((pair / "accepted/videos").rglob("*.mp4"))) > 4
+
+
+def test_direct_job_video_frames_decode_as_the_source(tmp_path: Path) -> None:
+    """The shards are stream copies: each episode's frames are the source episode's frames."""
+    log_dir = tmp_path / "frames"
+    src = make_dataset(log_dir / "demo" / "raw", _eps(6), cameras=1, width=32, height=24)
+    pair, _ = _export(log_dir, src, False)
+    marker = QualitySplit.read(pair / "accepted")
+    eps = pq.read_table(pair / "accepted/meta/episodes/chunk-000/file-000.parquet").to_pylist()
+    key = "observation.images.cam0"
+    shard = pair / f"accepted/videos/{key}/chunk-000/file-000.mp4"
+    frames = list(iter_frames(shard))
+    for row, raw in zip(eps, marker.source_episode_indices, strict=True):
+        got = frames[round(row[f"videos/{key}/from_timestamp"] * 30):round(row[f"videos/{key}/to_timestamp"] * 30)]
+        want = list(iter_frames(src / f"videos/chunk-000/{key}/episode_{raw:06d}.mp4"))
+        assert len(got) == len(want) == row["length"]
+        assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
