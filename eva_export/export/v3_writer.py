@@ -191,6 +191,7 @@ class SubsetWriter:
             entry, loc = rec.episodes[at], Locator(rec.chunk_index, rec.file_index)
         else:
             p = self.items[i]
+            self.hold(f"unit:{p.source.index}")
             table, entry = episode_rows(p, self.info, self.source_stats(p), self.float_keys)
             loc = data.add(table)
             self._advance(s, loc, i)
