@@ -22,11 +22,11 @@ from eva_export.config import parse_config
 from eva_export.dataset.records import QualitySplit
 from eva_export.dataset.video import iter_frames
 from eva_export.export.paths import ExportPaths
-from eva_export.formats.lerobot_v3 import LeRobotV3Exporter
 from eva_export.formats.card import CARD_FILE
-from eva_export.manifest import MANIFEST_FILE, verify_manifest
+from eva_export.formats.lerobot_v3 import LeRobotV3Exporter
 from eva_export.formats.registry import get_spec
 from eva_export.jobs import COMPLETED
+from eva_export.manifest import MANIFEST_FILE
 
 pytestmark = pytest.mark.timeout(600)
 

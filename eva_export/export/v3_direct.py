@@ -21,15 +21,18 @@ from __future__ import annotations
 import logging
 import shutil
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from ..config import Config
 from ..dataset.records import FORMAT_V21
 from ..dataset.validate import SourceCheck
 from ..formats.base import Exporter
 from ..formats.lerobot_v3 import LeRobotV3Exporter
 from ..formats.nonfinite import NonFiniteEpisode, NonFinitePolicy, decide, record_kept
 from ..fsutil import storage_guard
+from ..jobs import JobEngine
 from . import faults
 from .build import Faults
 from .merge import combined_hash
@@ -42,9 +45,6 @@ from .units import PlannedEpisode
 from .v3_episodes import NativeSubset, write_native_meta
 from .v3_records import check_settings
 from .v3_writer import Converted, SubsetWriter
-
-if TYPE_CHECKING:
-    from .runner import ExportService
 
 log = logging.getLogger(__name__)
 
@@ -92,30 +92,45 @@ def applies(exporter: Exporter, checks: tuple[SourceCheck, ...]) -> bool:
     return True
 
 
-def run_direct(service: ExportService, job_id: str, request: ExportRequest, paths: ExportPaths,
-               exporter: Exporter, checks: tuple[SourceCheck, ...], fail_at: str | None) -> dict[str, Any] | None:
-    """The job's result, or None when it is the native split's to do (the caller runs it)."""
+Verify = Callable[[str, Path, Exporter], None]
+
+
+class Service(Protocol):
+    """What the job uses of runner.ExportService."""
+
+    @property
+    def jobs(self) -> JobEngine: ...
+    @property
+    def config(self) -> Config: ...
+    @property
+    def faults(self) -> faults.FaultPlan: ...
+
+
+def run_direct(service: Service, job_id: str, request: ExportRequest, paths: ExportPaths, exporter: Exporter,
+               checks: tuple[SourceCheck, ...], verify: Verify) -> dict[str, Any] | None:
+    """The job's result, or None when it is the native split's to do (the caller runs it).
+    ``verify``: the runner's verification of a staged pair (raises on findings)."""
+    jobs, config, fail_at = service.jobs, service.config, service.faults.fail_at
     if request.spec.name != FORMAT or not isinstance(exporter, LeRobotV3Exporter) or not applies(exporter, checks):
         return None
     source_bytes = sum(c.bytes_total for c in checks)
     try:
         with export_lock(paths), storage_guard(paths.staging, f"{FORMAT} export: writing", lambda: source_bytes):
-            return _Job(service, job_id, request, paths, exporter, Holds(fail_at)).run(checks)
+            return _Job(jobs, config, job_id, request, paths, exporter, Holds(fail_at)).run(checks, verify)
     except NeedsNativeSplit:
         log.info("%s: the accepted subset holds NaN/inf to cut into finite runs: exporting through the "
                  "native split", paths.source_dir)
-        service.jobs.update(job_id, episodes_done=0, reused_episodes=0)
+        jobs.update(job_id, episodes_done=0, reused_episodes=0)
         return None
 
 
 class _Job:
-    def __init__(self, service: ExportService, job_id: str, request: ExportRequest, paths: ExportPaths,
+    def __init__(self, jobs: JobEngine, config: Config, job_id: str, request: ExportRequest, paths: ExportPaths,
                  exporter: LeRobotV3Exporter, holds: Holds) -> None:
-        self.service, self.job_id, self.request, self.paths = service, job_id, request, paths
+        self.jobs, self.config, self.job_id, self.request, self.paths = jobs, config, job_id, request, paths
         self.exporter, self.holds = exporter, holds
-        self.jobs = service.jobs
 
-    def run(self, checks: tuple[SourceCheck, ...]) -> dict[str, Any]:
+    def run(self, checks: tuple[SourceCheck, ...], verify: Verify) -> dict[str, Any]:
         paths, ex = self.paths, self.exporter
         recover_pair(paths)
         home = paths.source_dir if self.request.named else None
@@ -138,9 +153,7 @@ class _Job:
             self.holds.check(f"convert_{name}")
             totals[name] = (conv.episodes, conv.frames)
         pair = paths.staging / "out"
-        from .runner import verify_staged
-
-        verify_staged(FORMAT, pair, ex)  # publish only what verifies
+        verify(FORMAT, pair, ex)  # publish only what verifies
         self.holds.check("verified")
         publish_pair(paths, pair, self.job_id, self.holds)
         shutil.rmtree(paths.staging, ignore_errors=True)
@@ -161,7 +174,7 @@ class _Job:
         if name != ACCEPTED:
             record_kept(native.dir, found)
             return
-        policy = self.service.config.export.nonfinite
+        policy = self.config.export.nonfinite
         found = decide(found, policy, FORMAT)
         if policy == NonFinitePolicy.FINITE_RUNS and found:
             raise NeedsNativeSplit

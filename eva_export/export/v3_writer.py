@@ -246,8 +246,9 @@ class SubsetWriter:
         recompute every table column."""
         st = {k: dict(v) if isinstance(v, dict) else v for k, v in entry.stats.items()}
         feats = self.info.features
-        for name in table.column_names if table is not None else ():
-            if name not in st and name in feats and not feats[name].is_visual:
+        columns = table.column_names if table is not None else []
+        for name in columns:
+            if name not in st and name in feats and not feats[name].is_visual and table is not None:
                 st[name] = stats_mod.column_stats(to_numpy(table.column(name)))
         for key in self.info.table_keys:
             if key not in st:
