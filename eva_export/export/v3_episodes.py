@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS, DatasetMeta
+from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, TASKS, DatasetMeta
 from ..dataset.records import FORMAT_V21, QUALITY_SPLIT_FILE, DatasetInfo, EpisodeRow, QualitySplit, TaskRow
 from ..dataset.table import to_numpy
 from ..dataset.video import iter_frames
@@ -80,22 +80,27 @@ def write_native_meta(out: Path, items: PlanList, info: DatasetInfo, tasks: list
 
 
 class NativeStats:
-    """episodes_stats.jsonl and stats.json of the subset, streamed as the episodes go by."""
+    """episodes_stats.jsonl of the subset, streamed as the episodes go by. Its stats.json (the
+    split's aggregate) is only read by the exporter for a feature the v3 statistics could not
+    aggregate: made from these lines then (``aggregate``), not merged episode by episode."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.lines = JsonlStream(root / EPISODES_STATS)
-        self.total = StatsSum()
 
     def add(self, episode_index: int, stats: dict[str, Any]) -> None:
         self.lines.write({"episode_index": episode_index, "stats": stats})
-        self.total.add(stats)
 
-    def commit(self) -> dict[str, Any]:
+    def commit(self) -> None:
         self.lines.commit()
-        total = self.total.result()
-        write_text(self.root / STATS, dumps_json(total))
-        return total
+
+    def aggregate(self) -> dict[str, Any]:
+        """stats.json as the split's assembly writes it, read back."""
+        total = StatsSum()
+        for line in (self.root / EPISODES_STATS).read_text(encoding="utf-8").splitlines():
+            total.add(json.loads(line)["stats"])
+        result: dict[str, Any] = json.loads(dumps_json(total.result()))
+        return result
 
     def discard(self) -> None:
         self.lines.discard()
@@ -148,5 +153,4 @@ def episode_rows(p: PlannedEpisode, info: DatasetInfo, source_stats: dict[str, A
     for key in src.video_paths:
         if key not in st:  # a source without camera statistics: computed from its frames
             st[key] = image_stats_of(iter_frames(src.camera_span(key).path))
-    # the statistics as the subset's episodes_stats.jsonl gives them back (tuples are lists)
-    return table, EpisodeEntry(json.loads(json.dumps(st)), counts)
+    return table, EpisodeEntry(st, counts)

@@ -37,7 +37,7 @@ from ..formats.source import copy_common_meta, write_quality_split
 from ..formats.v3_layout import DATA_PATH_V30, TASKS_PARQUET
 from ..formats.v3_probe import Probes
 from ..formats.v3_video import VIDEO_PATH_V30, Locator, VideoShards
-from ..fsutil import atomic_write_json, read_json
+from ..fsutil import atomic_write_json
 from .plan_list import PlanList
 from .units import PlannedEpisode
 from .v3_episodes import NativeStats, NativeSubset, episode_rows
@@ -269,9 +269,10 @@ class SubsetWriter:
         pq.write_table(tasks_table([(t.task_index, t.task) for t in native.tasks]), out / TASKS_PARQUET)
         copy_common_meta(native.dir, out)
         stats = self.ep_stats.aggregate()
-        for key, value in read_json(native.dir / STATS).items():
-            if stats_mod.usable_entry(value):
-                stats.setdefault(key, value)
+        if any(k not in stats for k in self.ep_stats.cols):  # what the split's stats.json adds (rare)
+            for key, value in self.stats.aggregate().items():
+                if stats_mod.usable_entry(value):
+                    stats.setdefault(key, value)
         missing = [k for k in self.info.features if k not in stats]
         if missing and conv.episodes:
             raise ExportError(f"no statistics for features {missing}")
