@@ -68,7 +68,12 @@ def _tree(root: Path) -> dict[str, Any]:
 
 
 def _export(log_dir: Path, src: Path, native: bool, config: dict[str, Any] | None = None) -> tuple[Path, Any]:
-    cfg = parse_config({"collection": {"log_dir": str(log_dir)}, "export": {"workers": 1, **(config or {})}})
+    base = {k: v for k, v in (config or {}).items() if k != "direct_workers"}
+    cfg = parse_config({"collection": {"log_dir": str(log_dir)}, "export": {"workers": 1, **base}})
+    if not native and "direct_workers" in (config or {}):  # the direct job reading on N processes
+        cfg = parse_config({"collection": {"log_dir": str(log_dir)},
+                            "export": {**{k: v for k, v in (config or {}).items() if k != "direct_workers"},
+                                       "workers": (config or {})["direct_workers"]}})
     options = get_spec("lerobot_v3").options(cfg.export)
     svc = faulty_service(cfg, background=False, recover=False,
                          exporters={"lerobot_v3": lambda: LeRobotV3Exporter(**options)} if native else None)
@@ -95,8 +100,9 @@ def _both(tmp_path: Path, eps: list[Ep], config: dict[str, Any] | None = None) -
     return old, old_job, _tree(pair), new_job, pair
 
 
-@pytest.mark.parametrize("shards", [{}, {"v3_data_file_mb": 0.002, "v3_video_file_mb": 0.002}],
-                         ids=["one-shard", "many-shards"])
+@pytest.mark.parametrize("shards", [{}, {"v3_data_file_mb": 0.002, "v3_video_file_mb": 0.002},
+                                    {"v3_data_file_mb": 0.002, "v3_video_file_mb": 0.002, "direct_workers": 2}],
+                         ids=["one-shard", "many-shards", "many-shards-2-workers"])
 def test_direct_job_publishes_what_the_native_path_publishes(tmp_path: Path, shards: dict[str, float]) -> None:
     eps = _eps(14)
     old, old_job, new, new_job, pair = _both(tmp_path, eps, shards)

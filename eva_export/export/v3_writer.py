@@ -40,7 +40,8 @@ from ..formats.v3_video import VIDEO_PATH_V30, Locator, VideoShards
 from ..fsutil import atomic_write_json
 from .plan_list import PlanList
 from .units import PlannedEpisode
-from .v3_episodes import NativeStats, NativeSubset, episode_rows
+from .v3_episodes import NativeStats, NativeSubset
+from .v3_feed import Feed
 from .v3_records import DATA, EpisodeEntry, ShardRecord, commit, complete_run
 
 SourceStats = Callable[[PlannedEpisode], dict[str, Any]]
@@ -148,9 +149,10 @@ class SubsetWriter:
             probes[k].stream((i, self.items[i].source.camera_span(k).path) for i in range(start, n))
         nonfinite: list[tuple[int, tuple[tuple[str, int], ...]]] = []
         frames = reused = 0
+        feed = Feed(self.items, self.streams[DATA].end, self.info, self.float_keys, self.source_stats)
         try:
             for i in range(n):
-                entry, table = self._data(data, i, frames)
+                entry, table = self._data(data, feed, i, frames)
                 was_reused = table is None
                 for k in self.keys:
                     self._video(videos[k], probes[k], k, i)
@@ -170,6 +172,7 @@ class SubsetWriter:
             self._abandon(data, videos)
             raise
         finally:
+            feed.close()
             shutil.rmtree(tmp, ignore_errors=True)
         return Converted(n, frames, nonfinite, reused)
 
@@ -181,7 +184,7 @@ class SubsetWriter:
             except Exception:  # noqa: BLE001 - the export is failing anyway; its shard is not recorded
                 pass
 
-    def _data(self, data: DataShards, i: int, offset: int) -> tuple[EpisodeEntry, pa.Table | None]:
+    def _data(self, data: DataShards, feed: Feed, i: int, offset: int) -> tuple[EpisodeEntry, pa.Table | None]:
         """Episode ``i``'s rows into the data shards, and its table; or its record's entry and
         None, when its shard is complete."""
         s, row = self.streams[DATA], self.native.rows[i]
@@ -190,9 +193,8 @@ class SubsetWriter:
             rec, at = s.recorded(i)
             entry, loc = rec.episodes[at], Locator(rec.chunk_index, rec.file_index)
         else:
-            p = self.items[i]
-            self.hold(f"unit:{p.source.index}")
-            table, entry = episode_rows(p, self.info, self.source_stats(p), self.float_keys)
+            self.hold(f"unit:{self.items.source_index(i)}")
+            table, entry = feed.get(i)
             loc = data.add(table)
             self._advance(s, loc, i)
             s.entries.append(entry)
