@@ -131,6 +131,7 @@ MODULES = [
     "eva_export.export.v3_writer",
     "eva_export.export.v3_episodes",
     "eva_export.export.v3_records",
+    "eva_export.export.v3_feed",
     "eva_export.export.assemble",
     "eva_export.export.batch",
     "eva_export.pool",

@@ -98,7 +98,9 @@ def _held(config: Path, src: Path, hold: Path, point: str) -> subprocess.Popen[b
     return proc
 
 
-def test_kill_at_each_point_leaves_the_pair_whole_and_the_rerun_keeps_complete_shards(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [0, 2], ids=["auto", "2-workers"])
+def test_kill_at_each_point_leaves_the_pair_whole_and_the_rerun_keeps_complete_shards(tmp_path: Path,
+                                                                                     workers: int) -> None:
     log_dir = tmp_path / "logs"
     src = make_dataset(log_dir / "demo" / "raw",
                        [Ep(frames=6 + i % 5, quality="green" if i % 3 else "red") for i in range(N_EPISODES)],
@@ -106,7 +108,7 @@ def test_kill_at_each_point_leaves_the_pair_whole_and_the_rerun_keeps_complete_s
     config = tmp_path / "config.yaml"
     # shards of two or three episodes: many shard boundaries to be killed between
     config.write_text(f'collection:\n  log_dir: "{log_dir}"\nexport:\n  v3_data_file_mb: 0.001\n'
-                      f'  v3_video_file_mb: 0.003\n')
+                      f'  v3_video_file_mb: 0.003\n  workers: {workers}\n')
     paths = ExportPaths.of(src, "lerobot_v3")
     done = subprocess.run(_cmd(config, src), env=_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
