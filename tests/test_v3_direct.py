@@ -50,9 +50,10 @@ def _tree(root: Path) -> dict[str, Any]:
         if not p.is_file():
             continue
         rel = str(p.relative_to(root))
-        if rel.endswith(MANIFEST_FILE):  # hashes of the marker and card, which name the job
+        if rel.endswith(MANIFEST_FILE):  # every entry; the marker's and card's hashes name the job
             man = json.loads(p.read_text())
-            out[rel] = sorted(f["path"] for f in man["files"]) if isinstance(man.get("files"), list) else sorted(man)
+            out[rel] = {**man, "files": [f if f["path"] not in (CARD_FILE, "meta/quality_split.json")
+                                         else {"path": f["path"]} for f in man["files"]]}
         elif p.name == CARD_FILE:
             marker = json.loads((p.parent / "meta/quality_split.json").read_text())
             text = p.read_text()
