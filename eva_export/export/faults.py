@@ -16,7 +16,8 @@ the jobs later) and applies it to every job it runs::
 A process a test starts (a node) takes its points from the environment instead:
 ``env(check_hold=dir)`` gives the entry, ``from_env("check_hold")`` reads it. Points:
 ``check_hold`` (export node: the first quality check writes ``<dir>/started``, then blocks
-opening the FIFO ``<dir>/release`` until the test opens it).
+opening the FIFO ``<dir>/release`` until the test opens it); ``v3_hold`` (``<dir>@<point>``: the
+direct lerobot_v3 job blocks the same way at a checkpoint, e.g. ``shard#3``; v3_direct.Holds).
 """
 
 from __future__ import annotations
