@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,7 @@ from .plan_list import PlanList
 from .units import PlannedEpisode
 from .v3_episodes import NativeStats, NativeSubset
 from .v3_feed import Feed
-from .v3_records import DATA, EpisodeEntry, ShardRecord, commit, complete_run
+from .v3_records import DATA, EntryLog, EpisodeEntry, ShardRecord, commit, complete_run, read_entries, records_dir
 
 SourceStats = Callable[[PlannedEpisode], dict[str, Any]]
 
@@ -53,12 +53,15 @@ class _Stream:
 
     name: str
     records: list[ShardRecord]
+    folder: Path  # its records (v3_records.records_dir)
     loc: Locator | None = None  # the open shard's
     first: int = 0
-    entries: list[EpisodeEntry] = field(default_factory=list)
+    count: int = 0  # episodes in the open shard
+    log: EntryLog | None = None  # the data stream's entries of the open shard
     before: list[int] = field(default_factory=list)
     reencoded: list[int] = field(default_factory=list)
-    _at: int = 0  # the record holding the episode asked for last (positions only grow)
+    _at: int = -1  # the record holding the episode asked for last (positions only grow)
+    _entries: Iterator[EpisodeEntry] = field(default_factory=lambda: iter(()))
 
     def __post_init__(self) -> None:
         self.first = self.end
@@ -69,10 +72,18 @@ class _Stream:
         return self.records[-1].end if self.records else 0
 
     def recorded(self, i: int) -> tuple[ShardRecord, int]:
-        while self.records[self._at].end <= i:
+        """The record of episode ``i`` (asked once each, in order) and its place in the shard."""
+        while self._at < 0 or self.records[self._at].end <= i:
             self._at += 1
+            rec = self.records[self._at]
+            if self.name == DATA:  # its entries, read as its episodes are asked for
+                self._entries = read_entries(self.folder / f"{rec.chunk_index:03d}-{rec.file_index:03d}.json")
         rec = self.records[self._at]
         return rec, i - rec.first
+
+    def entry(self, i: int) -> tuple[EpisodeEntry, ShardRecord]:
+        rec, _ = self.recorded(i)
+        return next(self._entries), rec
 
 
 @dataclass
@@ -113,7 +124,7 @@ class SubsetWriter:
         for stream in (DATA, *self.keys):
             recs = complete_run(self.staging, self.name, stream,
                                 lambda r, s=stream: self.shard_path(s, r.chunk_index, r.file_index))
-            self.streams[stream] = _Stream(stream, recs)
+            self.streams[stream] = _Stream(stream, recs, records_dir(self.staging, self.name, stream))
             for r in recs:
                 self.reencoded.setdefault(stream, []).extend(r.reencoded)
         kept = {self.shard_path(s.name, r.chunk_index, r.file_index) for s in self.streams.values() for r in s.records}
@@ -165,6 +176,7 @@ class SubsetWriter:
                 self.on_episode(was_reused)
             data.close()
             self._commit(self.streams[DATA])
+            self._close_log()
             for k in self.keys:
                 videos[k].close()
                 self._commit(self.streams[k])
@@ -176,8 +188,14 @@ class SubsetWriter:
             shutil.rmtree(tmp, ignore_errors=True)
         return Converted(n, frames, nonfinite, reused)
 
+    def _close_log(self) -> None:
+        log = self.streams[DATA].log
+        if log is not None:
+            log.close()
+
     def _abandon(self, data: DataShards, videos: dict[str, VideoShards]) -> None:
         self.stats.discard()
+        self._close_log()
         for closer in (data.close, *(v.close for v in videos.values())):
             try:
                 closer()
@@ -190,14 +208,16 @@ class SubsetWriter:
         s, row = self.streams[DATA], self.native.rows[i]
         table: pa.Table | None = None
         if i < s.end:
-            rec, at = s.recorded(i)
-            entry, loc = rec.episodes[at], Locator(rec.chunk_index, rec.file_index)
+            entry, rec = s.entry(i)
+            loc = Locator(rec.chunk_index, rec.file_index)
         else:
             self.hold(f"unit:{self.items.source_index(i)}")
             table, entry = feed.get(i)
             loc = data.add(table)
             self._advance(s, loc, i)
-            s.entries.append(entry)
+            if s.log is None:
+                s.log = EntryLog(s.folder)
+            s.log.append(entry)
         for name, value in (("episode_index", row.episode_index), ("length", row.length),
                             ("data/chunk_index", loc.chunk_index), ("data/file_index", loc.file_index),
                             ("dataset_from_index", offset), ("dataset_to_index", offset + row.length)):
@@ -231,15 +251,16 @@ class SubsetWriter:
             self._commit(s)
             s.first = i
         s.loc = loc
+        s.count += 1
 
     def _commit(self, s: _Stream) -> None:
         if s.loc is None:
             return
-        rec = ShardRecord(s.name, s.loc.chunk_index, s.loc.file_index, s.first, len(s.entries) or len(s.before),
-                          0, 0, tuple(s.before), tuple(s.reencoded), tuple(s.entries))
+        rec = ShardRecord(s.name, s.loc.chunk_index, s.loc.file_index, s.first, s.count, 0, 0, tuple(s.before),
+                          tuple(s.reencoded))
         s.records.append(commit(self.staging, self.name, rec,
-                                self.shard_path(s.name, s.loc.chunk_index, s.loc.file_index)))
-        s.loc, s.entries, s.before, s.reencoded = None, [], [], []
+                                self.shard_path(s.name, s.loc.chunk_index, s.loc.file_index), s.log))
+        s.loc, s.count, s.before, s.reencoded = None, 0, [], []
         self.hold("shard")
 
     def _episode_stats(self, i: int, entry: EpisodeEntry, table: pa.Table | None) -> None:
