@@ -120,6 +120,7 @@ def test_direct_job_publishes_what_the_native_path_publishes(tmp_path: Path, sha
     assert (new_job.accepted_episodes, new_job.rejected_episodes) == (old_job.accepted_episodes,
                                                                        old_job.rejected_episodes)
     assert new_job.episodes_done == new_job.episodes_total == 14
+    assert (new_job.files_done, new_job.bytes_done) == (new_job.files_total, new_job.bytes_total)
     if shards:  # small shards: several files of each stream
         assert len(list((pair / "accepted/data").rglob("*.parquet"))) > 2
         assert len(list((pair / "accepted/videos").rglob("*.mp4"))) > 4

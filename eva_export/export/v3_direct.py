@@ -120,7 +120,7 @@ def run_direct(service: Service, job_id: str, request: ExportRequest, paths: Exp
     except NeedsNativeSplit:
         log.info("%s: the accepted subset holds NaN/inf to cut into finite runs: exporting through the "
                  "native split", paths.source_dir)
-        jobs.update(job_id, episodes_done=0, reused_episodes=0)
+        jobs.update(job_id, episodes_done=0, files_done=0, bytes_done=0, reused_episodes=0)
         return None
 
 
@@ -162,8 +162,8 @@ class _Job:
                 "accepted_episodes": acc_e, "accepted_frames": acc_f, "rejected_episodes": rej_e,
                 "rejected_frames": rej_f}
 
-    def _on_episode(self, reused: bool) -> None:
-        self.jobs.count(self.job_id, episodes_done=1, reused_episodes=int(reused))
+    def _on_episode(self, files: int, nbytes: int, reused: bool) -> None:
+        self.jobs.count(self.job_id, episodes_done=1, files_done=files, bytes_done=nbytes, reused_episodes=int(reused))
         self.jobs.save(self.job_id)
 
     def _nonfinite(self, name: str, native: NativeSubset, conv: Converted) -> None:

@@ -101,7 +101,7 @@ class SubsetWriter:
 
     def __init__(self, staging: Path, name: str, items: PlanList, native: NativeSubset,
                  exporter: LeRobotV3Exporter, source_stats: SourceStats,
-                 on_episode: Callable[[bool], None], hold: Callable[[str], None]) -> None:
+                 on_episode: Callable[[int, int, bool], None], hold: Callable[[str], None]) -> None:
         self.staging, self.name, self.items, self.native = staging, name, items, native
         self.exporter, self.source_stats, self.on_episode, self.hold = exporter, source_stats, on_episode, hold
         self.out = staging / "out" / name
@@ -173,7 +173,7 @@ class SubsetWriter:
                     nonfinite.append((i, entry.nonfinite))
                 frames += self.native.rows[i].length
                 reused += was_reused
-                self.on_episode(was_reused)
+                self.on_episode(1 + len(self.keys), self.items[i].source.bytes, was_reused)
             data.close()
             self._commit(self.streams[DATA])
             self._close_log()
