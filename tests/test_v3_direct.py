@@ -9,6 +9,7 @@ differ (job id, creation time, the manifest's hashes of the files naming them).
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -141,3 +142,33 @@ def test_direct_job_video_frames_decode_as_the_source(tmp_path: Path) -> None:
         want = list(iter_frames(src / f"videos/chunk-000/{key}/episode_{raw:06d}.mp4"))
         assert len(got) == len(want) == row["length"]
         assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("policy", ["keep_passed", "finite_runs", "refuse"])
+def test_nan_and_inf_episodes_take_the_same_way_as_through_the_native_split(tmp_path: Path, policy: str) -> None:
+    """Passed accepted episodes with NaN/inf: kept and recorded (keep_passed), cut into finite runs
+    (finite_runs: the job takes the native split for them), or refused naming the same episodes;
+    the rejected one's NaN recorded. Either way the same outcome as the native path."""
+    from test_finite_runs import raw_source
+
+    log_dir = tmp_path / "logs"
+    src = raw_source(log_dir / "demo" / "raw")
+    time.sleep(1.1)  # the card's review times are not an export's created_at
+    outcomes = []
+    for native in (True, False):
+        cfg = parse_config({"collection": {"log_dir": str(log_dir)}, "export": {"workers": 1, "nonfinite": policy}})
+        options = get_spec("lerobot_v3").options(cfg.export)
+        svc = faulty_service(cfg, background=False, recover=False,
+                             exporters={"lerobot_v3": lambda: LeRobotV3Exporter(**options)} if native else None)
+        job = svc.run(src, "lerobot_v3")
+        pair = ExportPaths.of(src, "lerobot_v3").pair_dir
+        tree = _tree(pair) if job.state == COMPLETED else None
+        outcomes.append((job.state, job.error, job.nonfinite_cut_episodes, job.nonfinite_kept_episodes, tree))
+        if pair.exists():
+            shutil.rmtree(pair)
+    assert outcomes[0] == outcomes[1]
+    state, error, cut, kept, _ = outcomes[1]
+    if policy == "refuse":
+        assert state == "failed" and "refused" in error and "source episode 1" in error
+    else:
+        assert state == COMPLETED and (cut, kept) == ((2, 0) if policy == "finite_runs" else (0, 2))
