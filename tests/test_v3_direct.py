@@ -8,6 +8,7 @@ differ (job id, creation time, the manifest's hashes of the files naming them).
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import time
@@ -159,7 +160,8 @@ def test_nan_and_inf_episodes_take_the_same_way_as_through_the_native_split(tmp_
         cfg = parse_config({"collection": {"log_dir": str(log_dir)}, "export": {"workers": 1, "nonfinite": policy}})
         options = get_spec("lerobot_v3").options(cfg.export)
         svc = faulty_service(cfg, background=False, recover=False,
-                             exporters={"lerobot_v3": lambda: LeRobotV3Exporter(**options)} if native else None)
+                             exporters={"lerobot_v3": functools.partial(LeRobotV3Exporter, **options)}
+                             if native else None)
         job = svc.run(src, "lerobot_v3")
         pair = ExportPaths.of(src, "lerobot_v3").pair_dir
         tree = _tree(pair) if job.state == COMPLETED else None
