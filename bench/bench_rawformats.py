@@ -47,19 +47,20 @@ mode, src, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 extra = {}
 if mode == "decode":
     from concurrent.futures import ThreadPoolExecutor
-    from eva_export.dataset.meta import read_meta
-    from eva_export.dataset.video import iter_frames
+    from eva_export.formats.common.meta import read_meta
+    from eva_export.formats.common.video import iter_frames
     t0 = time.perf_counter()
     meta = read_meta(src)
     paths = [meta.video_path(k, e.episode_index) for e in meta.episodes for k in meta.info.video_keys]
     with ThreadPoolExecutor(len(meta.info.video_keys)) as pool:  # the cameras of an episode at once, as hdf5 does
         n = sum(pool.map(lambda p: sum(1 for _ in iter_frames(p)), paths))
 else:
-    from eva_export.formats.registry import get_exporter
+    import dataclasses
+    from eva_export.formats.registry import get_exporter, get_spec
     from eva_export.manifest import build_manifest, sha256_file
     import resource
     fmt, _, comp = mode.partition(":")
-    exporter = get_exporter(fmt, **({"compression": comp} if comp else {}))
+    exporter = get_exporter(fmt, dataclasses.replace(get_spec(fmt).options(), compression=comp) if comp else None)
     ru0 = resource.getrusage(resource.RUSAGE_SELF)  # the export's own CPU: not the start-up, not the re-read
     t0 = time.perf_counter()
     exporter.export(src, out)

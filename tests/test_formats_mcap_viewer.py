@@ -24,18 +24,19 @@ from mcap_ros2.decoder import DecoderFactory as Ros2Decoders
 from short_videos import short_subset
 
 from eva_export.config import parse_config
-from eva_export.dataset.meta import read_meta
-from eva_export.dataset.table import to_numpy
-from eva_export.dataset.video import iter_frames
 from eva_export.errors import ExportError
 from eva_export.export.records import QualitySplit
 from eva_export.export.runner import ExportService
-from eva_export.formats.images import decode_png
+from eva_export.formats.common.images import decode_png
+from eva_export.formats.common.meta import read_meta
+from eva_export.formats.common.table import to_numpy
+from eva_export.formats.common.video import iter_frames
+from eva_export.formats.eva_store.codecs import encode_image
 from eva_export.formats.mcap_viewer import layout
-from eva_export.formats.mcap_viewer.writer import McapViewerExporter
+from eva_export.formats.mcap_viewer.exporter import McapViewerExporter
+from eva_export.formats.mcap_viewer.options import ViewerOptions
 from eva_export.formats.verify import verify_export
 from eva_export.jobs import COMPLETED
-from eva_export.store.codecs import encode_image
 
 FPS = 30
 CAMS = ["observation.images.cam0", "observation.images.cam1"]
@@ -63,8 +64,8 @@ def h264_frames(datas: list[bytes]) -> list[np.ndarray]:
     return out + [f.to_ndarray(format="rgb24") for f in cc.decode(None)]
 
 
-def export(src: Path, out: Path, **kw: Any) -> McapViewerExporter:
-    ex = McapViewerExporter(**kw)
+def export(src: Path, out: Path, options: ViewerOptions = ViewerOptions()) -> McapViewerExporter:
+    ex = McapViewerExporter(options)
     ex.export(src, out)
     return ex
 
@@ -249,7 +250,7 @@ def test_camera_frame_count_mismatch_fails_naming_the_source(tmp_path: Path, fra
 def test_damaged_file_is_refused(tmp_path: Path) -> None:
     src = make_subset(tmp_path / "src", [Ep(frames=6), Ep(frames=6)], "accepted", fps=FPS)
     out = tmp_path / "out"
-    export(src, out, compression="none")
+    export(src, out, ViewerOptions(compression="none"))
     assert verify_export(out).ok
     flipped, cut = out / "data/chunk-000/episode_000000.mcap", out / "data/chunk-000/episode_000001.mcap"
     data = bytearray(flipped.read_bytes())
@@ -340,6 +341,6 @@ def test_a_column_wider_or_narrower_than_its_names_is_a_named_error(tmp_path: Pa
     ((), None, ["k[0]"]),
 ])
 def test_dimension_names(shape: tuple[int, ...], names: Any, want: list[str]) -> None:
-    from eva_export.dataset.records import Feature
+    from eva_export.formats.common.records import Feature
 
     assert layout.dimension_names("k", Feature("float32", shape, names)) == want

@@ -16,11 +16,12 @@ import pytest
 from dsfactory import Ep, image, make_dataset, make_subset, replace_video, state_value
 from short_videos import encode_bframes, short_subset, textured
 
-from eva_export.dataset.table import to_numpy
-from eva_export.dataset.video import VideoSettings, iter_frames, stream_timing
 from eva_export.errors import ExportError
 from eva_export.export.records import QualitySplit
-from eva_export.formats.lerobot_v3 import LeRobotV3Exporter, tasks_table
+from eva_export.formats.common.table import to_numpy
+from eva_export.formats.common.video import VideoSettings, iter_frames, stream_timing
+from eva_export.formats.lerobot_v3.exporter import LeRobotV3Exporter, tasks_table
+from eva_export.formats.lerobot_v3.options import V3Options
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "lerobot-written" / "v30"  # LeRobot-written reference (copied from shared/fixtures)
 W, H, FPS = 64, 48, 30
@@ -88,7 +89,7 @@ def test_v3_several_shards_every_frame_through_the_locator(tmp_path: Path) -> No
     lengths = [12, 20, 7, 15, 9, 11]
     src = subset(tmp_path / "src", [Ep(frames=n) for n in lengths])
     biggest = max(p.stat().st_size for p in (src / "videos").rglob("*.mp4"))
-    ex = LeRobotV3Exporter(data_files_size_in_mb=1500 / 2**20, video_files_size_in_mb=2.5 * biggest / 2**20)
+    ex = LeRobotV3Exporter(V3Options(data_file_mb=1500 / 2**20, video_file_mb=2.5 * biggest / 2**20))
     out = tmp_path / "out"
     seen: list[int] = []
     ex.export(src, out, progress=_progress(seen))
@@ -107,7 +108,7 @@ def test_v3_several_shards_every_frame_through_the_locator(tmp_path: Path) -> No
 
 
 def _progress(seen: list[int]):  # type: ignore[no-untyped-def]
-    from eva_export.formats.base import Progress
+    from eva_export.formats.common.exporter import Progress
     return Progress(on_episode=lambda i, b: seen.append(i))
 
 
@@ -117,7 +118,7 @@ def test_v3_ffprobe_counts_match_shard_lengths(tmp_path: Path) -> None:
     src = subset(tmp_path / "src", [Ep(frames=n) for n in lengths])
     biggest = max(p.stat().st_size for p in (src / "videos").rglob("*.mp4"))
     out = tmp_path / "out"
-    LeRobotV3Exporter(video_files_size_in_mb=2.2 * biggest / 2**20).export(src, out)
+    LeRobotV3Exporter(V3Options(video_file_mb=2.2 * biggest / 2**20)).export(src, out)
     eps = read_locator(out)
     per_file: dict[tuple[str, int, int], int] = {}
     for e in eps:
@@ -274,7 +275,7 @@ def test_v3_a_reordered_episode_past_the_probe_window_starts_a_new_shard(tmp_pat
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The shard's decode clock is set from the episodes probed ahead when it opens; a later
     B-frame episode needing more lead starts a new shard, stream-copied (not re-encoded)."""
-    from eva_export.formats import v3_probe
+    from eva_export.formats.lerobot_v3 import probe as v3_probe
 
     monkeypatch.setattr(v3_probe, "PROBE_WINDOW", 2)
     lengths = [1, 2, 1, 2, 1, 30, 30]

@@ -15,13 +15,14 @@ import pyarrow.parquet as pq
 import pytest
 from dsfactory import Ep, make_subset
 
-from eva_export.dataset import stats as stats_mod
-from eva_export.dataset.meta import read_meta
-from eva_export.formats import v3_probe
-from eva_export.formats.lerobot_v3 import LeRobotV3Exporter, stats_column
-from eva_export.formats.lerobot_v3_tables import StatColumn
-from eva_export.formats.v3_timing import shard_timing_problems
-from eva_export.formats.v3_verify import read_episodes_meta
+from eva_export.formats.common import stats as stats_mod
+from eva_export.formats.common.meta import read_meta
+from eva_export.formats.lerobot_v3 import probe as v3_probe
+from eva_export.formats.lerobot_v3.exporter import LeRobotV3Exporter, stats_column
+from eva_export.formats.lerobot_v3.options import V3Options
+from eva_export.formats.lerobot_v3.tables import StatColumn
+from eva_export.formats.lerobot_v3.timing import shard_timing_problems
+from eva_export.formats.lerobot_v3.verify import read_episodes_meta
 
 FPS = 30
 LENGTHS = [3, 4, 2, 5, 4, 1, 3, 4, 2, 4, 3, 5, 2, 4, 3, 4, 1, 4, 2, 3, 4, 3]
@@ -34,7 +35,7 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def export(src: Path, out: Path) -> Path:
     # small limits: several data files and several video shards, many episodes in each
-    LeRobotV3Exporter(data_files_size_in_mb=1500 / 2**20, video_files_size_in_mb=8000 / 2**20).export(src, out)
+    LeRobotV3Exporter(V3Options(data_file_mb=1500 / 2**20, video_file_mb=8000 / 2**20)).export(src, out)
     return out
 
 

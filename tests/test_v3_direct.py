@@ -22,12 +22,11 @@ from dsfactory import Ep, make_dataset
 from export_faults import faulty_service
 
 from eva_export.config import parse_config
-from eva_export.dataset.records import QualitySplit
-from eva_export.dataset.video import iter_frames
 from eva_export.export.paths import ExportPaths
-from eva_export.formats.card import CARD_FILE
-from eva_export.formats.lerobot_v3 import LeRobotV3Exporter
-from eva_export.formats.registry import get_spec
+from eva_export.formats.common.card import CARD_FILE
+from eva_export.formats.common.records import QualitySplit
+from eva_export.formats.common.video import iter_frames
+from eva_export.formats.lerobot_v3.exporter import LeRobotV3Exporter
 from eva_export.jobs import COMPLETED
 from eva_export.manifest import MANIFEST_FILE
 
@@ -77,9 +76,9 @@ def _export(log_dir: Path, src: Path, native: bool, config: dict[str, Any] | Non
         cfg = parse_config({"collection": {"log_dir": str(log_dir)},
                             "export": {**{k: v for k, v in (config or {}).items() if k != "direct_workers"},
                                        "workers": (config or {})["direct_workers"]}})
-    options = get_spec("lerobot_v3").options(cfg.export)
+    options = cfg.export.options_for("lerobot_v3")
     svc = faulty_service(cfg, background=False, recover=False,
-                         exporters={"lerobot_v3": lambda: LeRobotV3Exporter(**options)} if native else None)
+                         exporters={"lerobot_v3": lambda: LeRobotV3Exporter(options)} if native else None)
     job = svc.run(src, "lerobot_v3")
     assert job.state == COMPLETED, job.error
     return ExportPaths.of(src, "lerobot_v3").pair_dir, job
@@ -158,9 +157,9 @@ def test_nan_and_inf_episodes_take_the_same_way_as_through_the_native_split(tmp_
     outcomes = []
     for native in (True, False):
         cfg = parse_config({"collection": {"log_dir": str(log_dir)}, "export": {"workers": 1, "nonfinite": policy}})
-        options = get_spec("lerobot_v3").options(cfg.export)
+        options = cfg.export.options_for("lerobot_v3")
         svc = faulty_service(cfg, background=False, recover=False,
-                             exporters={"lerobot_v3": functools.partial(LeRobotV3Exporter, **options)}
+                             exporters={"lerobot_v3": functools.partial(LeRobotV3Exporter, options)}
                              if native else None)
         job = svc.run(src, "lerobot_v3")
         pair = ExportPaths.of(src, "lerobot_v3").pair_dir

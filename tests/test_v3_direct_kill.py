@@ -22,11 +22,11 @@ import pytest
 from dsfactory import Ep, make_dataset
 from test_v3_direct import _tree
 
-from eva_export.dataset.records import QualitySplit
-from eva_export.export import faults
+from eva_export import faults
 from eva_export.export.paths import ExportPaths
 from eva_export.export.v3_records import ShardRecord
-from eva_export.formats.v3_verify import verify_v3
+from eva_export.formats.common.records import QualitySplit
+from eva_export.formats.lerobot_v3.verify import verify_v3
 
 REPO = Path(__file__).resolve().parents[1]
 N_EPISODES = 12

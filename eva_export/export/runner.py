@@ -32,16 +32,17 @@ from typing import Any
 from .. import confine
 from ..config import Config
 from ..confine import resolve_in_roots
-from ..dataset import video_facts
-from ..dataset.facts_index import FactsIndex
-from ..dataset.validate import SourceCheck
 from ..errors import ConfigError, EvaError, ExportError
-from ..formats.base import Exporter, Progress
-from ..formats.nonfinite import NonFinitePolicy, check_accepted, record_kept, scan_subset
+from ..formats.common import video_facts
+from ..formats.common.exporter import Exporter, Progress
+from ..formats.common.facts_index import FactsIndex
+from ..formats.common.nonfinite import NonFinitePolicy, check_accepted, record_kept, scan_subset
+from ..formats.common.options import FormatOptions
+from ..formats.common.source import SourceCheck
 from ..formats.registry import FormatSpec, get_spec
+from ..formats.sources import validate_any
 from ..fsutil import storage_guard, tree_size
 from ..jobs import Job, JobEngine, JobKind, JobStore, QueuePolicy, ServiceStatus
-from ..sources.registry import validate_any
 from . import faults
 from .build import Faults, SplitProgress
 from .finite_runs import write_runs
@@ -65,10 +66,10 @@ def source_list(source_dir: SourceArg | Sequence[SourceArg]) -> list[SourceArg]:
     return [source_dir] if isinstance(source_dir, (str, os.PathLike)) else list(source_dir)
 
 
-def load_exporter(spec: FormatSpec, **options: Any) -> Exporter:
-    """The format's exporter (its module imported now, not before)."""
+def load_exporter(spec: FormatSpec, options: FormatOptions | None = None) -> Exporter:
+    """The format's exporter built with its options record (its module imported now, not before)."""
     try:
-        return spec.make(**options)
+        return spec.make(options)
     except EvaError:
         raise
     except Exception as exc:  # noqa: BLE001 - name the format, whatever the import raised
@@ -226,7 +227,7 @@ class ExportService:
         fmt = spec.name
         paths = self.paths(job)
         injected = self.faults.exporters.get(fmt)
-        exporter = injected() if injected is not None else load_exporter(spec, **spec.options(self.config.export))
+        exporter = injected() if injected is not None else load_exporter(spec, self.config.export.options_for(fmt))
         if paths.backups():
             with export_lock(paths):
                 # A kill between the two publication renames left the old pair in .backup-*:
@@ -279,8 +280,7 @@ class ExportService:
     def _count_totals(self, job_id: str, checks: tuple[SourceCheck, ...]) -> None:
         # each source episode counts once: in the split (native format) or as the exporter writes it
         self.jobs.update(job_id, episodes_total=sum(len(c.episodes) for c in checks),
-                         files_total=sum(c.files_total for c in checks),
-                         bytes_total=sum(c.bytes_total for c in checks))
+                         files_total=sum(c.files_total for c in checks), bytes_total=sum(c.bytes_total for c in checks))
         self.jobs.save(job_id, force=True)
 
     def _direct(self, job_id: str, request: ExportRequest, paths: ExportPaths, exporter: Exporter,
@@ -322,7 +322,7 @@ class ExportService:
         relabelled (its marker and card rewritten, new inodes), instead of the exporter's hard
         link of every file (3000 links, then 3000 unlinks with the staging, for 1000 short
         episodes). The same files and meta as ``exporter.export`` would write."""
-        from ..formats.source import write_quality_split
+        from ..formats.lerobot_v21.subset import write_quality_split
 
         out = staging / "out"
         if out.exists():  # an earlier run's pair, never published: rebuilt from the units

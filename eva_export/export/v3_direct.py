@@ -25,16 +25,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from .. import faults as process_faults
 from ..config import Config
-from ..dataset.records import FORMAT_V21
-from ..dataset.validate import SourceCheck
-from ..formats.base import Exporter
-from ..formats.lerobot_v3 import LeRobotV3Exporter
-from ..formats.nonfinite import NonFiniteEpisode, NonFinitePolicy, decide, record_kept
+from ..formats.common.exporter import Exporter
+from ..formats.common.nonfinite import NonFiniteEpisode, NonFinitePolicy, decide, record_kept
+from ..formats.common.records import FORMAT_V21
+from ..formats.common.source import SourceCheck
+from ..formats.lerobot_v3.exporter import LeRobotV3Exporter
 from ..fsutil import storage_guard
 from ..jobs import JobEngine
-from . import faults
 from .build import Faults
+from .faults import FaultPlan
 from .merge import combined_hash
 from .paths import SUBSETS, ExportPaths
 from .publish import export_lock, publish_pair, recover_pair
@@ -58,13 +59,13 @@ class NeedsNativeSplit(Exception):
 class Holds(Faults):
     """The job's checkpoints; the ``n``-th pass of a repeated one is also named ``name#n``
     (``shard#3``: the third shard committed). A process a test starts may hold at one of them:
-    ``faults.env(v3_hold="<dir>@<point>")`` writes ``<dir>/started`` there and blocks opening
+    ``eva_export.faults.env(v3_hold="<dir>@<point>")`` writes ``<dir>/started`` there and blocks opening
     the FIFO ``<dir>/release`` (the test kills it while it waits)."""
 
     def __init__(self, fail_at: str | None = None) -> None:
         super().__init__(fail_at)
         self.counts: Counter[str] = Counter()
-        where, _, self.point = faults.from_env("v3_hold").rpartition("@")
+        where, _, self.point = process_faults.from_env("v3_hold").rpartition("@")
         self.dir = Path(where) if where else None
 
     def check(self, name: str) -> None:
@@ -103,7 +104,7 @@ class Service(Protocol):
     @property
     def config(self) -> Config: ...
     @property
-    def faults(self) -> faults.FaultPlan: ...
+    def faults(self) -> FaultPlan: ...
 
 
 def run_direct(service: Service, job_id: str, request: ExportRequest, paths: ExportPaths, exporter: Exporter,

@@ -19,16 +19,16 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, TASKS, DatasetMeta
-from ..dataset.records import FORMAT_V21, QUALITY_SPLIT_FILE, DatasetInfo, EpisodeRow, QualitySplit, TaskRow
-from ..dataset.table import to_numpy
-from ..dataset.video import iter_frames
 from ..errors import DatasetError
-from ..formats.episode_stats import image_stats_of
-from ..formats.nonfinite import count_table
-from ..formats.provenance import RawNames
+from ..formats.common.meta import EPISODES, EPISODES_STATS, INFO, TASKS, DatasetMeta
+from ..formats.common.nonfinite import count_table
+from ..formats.common.provenance import RawNames
+from ..formats.common.records import FORMAT_V21, QUALITY_SPLIT_FILE, DatasetInfo, EpisodeRow, QualitySplit, TaskRow
+from ..formats.common.source import read_table
+from ..formats.common.table import to_numpy
+from ..formats.common.video import iter_frames
+from ..formats.lerobot_v21.episode_stats import image_stats_of
 from ..fsutil import dumps_json, jsonl_dumps
-from ..sources.base import read_table
 from .assemble import JsonlStream, StatsSum
 from .plan_list import PlanList
 from .units import PlannedEpisode, _unit_stats, unit_name, write_text

@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 
 from .. import confine, pool
-from ..dataset.records import DatasetInfo
+from ..formats.common.records import DatasetInfo
 from .build import batches
 from .plan_list import PlanList
 from .units import PlannedEpisode, unit_name

@@ -25,18 +25,18 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..dataset import stats as stats_mod
-from ..dataset.meta import INFO, STATS
-from ..dataset.table import to_numpy
 from ..errors import ExportError
-from ..formats.episode_stats import image_stats_of
-from ..formats.lerobot_v3 import MIB, LeRobotV3Exporter, Locators, tasks_table
-from ..formats.lerobot_v3_tables import DataShards, EpisodeStatsColumns
-from ..formats.nonfinite import float_keys
-from ..formats.source import copy_common_meta, write_quality_split
-from ..formats.v3_layout import DATA_PATH_V30, TASKS_PARQUET
-from ..formats.v3_probe import Probes
-from ..formats.v3_video import VIDEO_PATH_V30, Locator, VideoShards
+from ..formats.common import stats as stats_mod
+from ..formats.common.meta import INFO, STATS
+from ..formats.common.nonfinite import float_keys
+from ..formats.common.table import to_numpy
+from ..formats.lerobot_v3.exporter import MIB, LeRobotV3Exporter, Locators, tasks_table
+from ..formats.lerobot_v3.layout import DATA_PATH_V30, TASKS_PARQUET, VIDEO_PATH_V30
+from ..formats.lerobot_v3.probe import Probes
+from ..formats.lerobot_v3.tables import DataShards, EpisodeStatsColumns
+from ..formats.lerobot_v3.video import Locator, VideoShards
+from ..formats.lerobot_v21.episode_stats import image_stats_of
+from ..formats.lerobot_v21.subset import copy_common_meta, write_quality_split
 from ..fsutil import atomic_write_json
 from .plan_list import PlanList
 from .units import PlannedEpisode
@@ -306,6 +306,6 @@ class SubsetWriter:
 
 
 def _frames(p: PlannedEpisode, key: str) -> Any:
-    from ..dataset.video import iter_frames
+    from ..formats.common.video import iter_frames
 
     return iter_frames(p.source.camera_span(key).path)
