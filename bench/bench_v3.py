@@ -3,7 +3,7 @@
 
     python bench/bench_v3.py [--quick] [--rounds N] [--keep DIR] [--baseline OTHER_CHECKOUT]
 
-Two shapes of the same kind of raw v2.1 dataset (all episodes accepted):
+Two shapes of raw v2.1 dataset (the long one all accepted, a quarter of the short one rejected):
 
 * long: 20 episodes x 300 frames, 2 cameras 640x480 (bench_formats.build_dataset; --quick 6 x 120);
 * short: 600 episodes x 4 frames, 2 cameras 320x240 (50 from bench_split.build_source, textured
