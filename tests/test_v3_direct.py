@@ -173,3 +173,31 @@ def test_nan_and_inf_episodes_take_the_same_way_as_through_the_native_split(tmp_
         assert state == "failed" and "refused" in error and "source episode 1" in error
     else:
         assert state == COMPLETED and (cut, kept) == ((2, 0) if policy == "finite_runs" else (0, 2))
+
+
+def test_a_resumed_camera_stream_opens_its_shards_with_the_uninterrupted_decode_delay(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard's decode delay is the largest reorder lead among the episodes probed ahead when it
+    opens; a resumed stream restores that window (not a fresh one from the resume point), so
+    with a B-frame episode ahead its shards are the uninterrupted run's, byte for byte."""
+    from short_videos import encode_bframes, textured
+
+    from eva_export.formats.lerobot_v3 import probe
+
+    monkeypatch.setattr(probe, "PROBE_WINDOW", 8)  # 16 episodes show what 64 would at 128
+    log_dir = tmp_path / "logs"
+    src = make_dataset(log_dir / "demo" / "raw", [Ep(frames=12) for _ in range(16)], cameras=1)
+    key = "observation.images.cam0"
+    bframes = src / f"videos/chunk-000/{key}/episode_000011.mp4"
+    bframes.unlink()
+    encode_bframes(bframes, [textured(11, i, 64, 48) for i in range(12)], 30, "libx264", gop=12)
+    assert probe.probe(bframes, 30, True).lead_frames > 0  # type: ignore[union-attr]
+    config = {"v3_video_file_mb": 1e-6}  # a shard of every episode: each opens with the window's lead
+    pair, _ = _export(log_dir, src, False, config)
+    want = _tree(pair)
+    cfg = parse_config({"collection": {"log_dir": str(log_dir)}, "export": {"workers": 1, **config}})
+    failed = faulty_service(cfg, background=False, recover=False, fail_at="shard#2").run(src, "lerobot_v3")
+    assert failed.state == "failed" and "shard#2" in failed.error
+    pair, job = _export(log_dir, src, False, config)
+    assert _tree(pair) == want
+    assert job.reused_episodes == 0  # the data shard was open: only the two camera shards were kept

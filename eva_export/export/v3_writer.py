@@ -157,7 +157,10 @@ class SubsetWriter:
             self._continue(videos[k].numbering, self.streams[k])
             probes[k] = Probes(self.info.fps)
             start = self.streams[k].end
-            probes[k].stream((i, self.items[i].source.camera_span(k).path) for i in range(start, n))
+            first = window_start(start, n, probes[k].window)
+            probes[k].stream((i, self.items[i].source.camera_span(k).path) for i in range(first, n))
+            for _ in range(first, start):  # passed: the window now holds what it held uninterrupted
+                probes[k].next()
         nonfinite: list[tuple[int, tuple[tuple[str, int], ...]]] = []
         frames = reused = 0
         feed = Feed(self.items, self.streams[DATA].end, self.info, self.float_keys, self.source_stats)
@@ -303,6 +306,22 @@ class SubsetWriter:
         atomic_write_json(out / INFO, ex._info(self.info, conv.episodes, conv.frames, len(native.tasks)))
         reenc = {k: [native.names.index(i) for i in v] for k, v in ex.last_reencoded.items()}
         write_quality_split(native.dir, out, ex.name, {"reencoded_source_episodes": reenc} if reenc else None)
+
+
+def window_start(resume: int, total: int, window: int) -> int:
+    """The episode at which ``Probes.next`` of an uninterrupted run loaded episode ``resume``
+    into its window. A camera stream resumed there, its episodes before ``resume`` passed, has
+    the window (the episodes probed ahead, whose largest reorder lead sets a new shard's decode
+    delay) the uninterrupted run had at every episode from ``resume`` on."""
+    held = loaded = start = 0
+    for e in range(resume + 1):
+        if held <= window // 2:  # Probes.next refills to ``window`` episodes ahead
+            take = min(window - held, total - loaded)
+            if loaded <= resume < loaded + take:
+                start = e
+            loaded, held = loaded + take, held + take
+        held -= 1
+    return start
 
 
 def _frames(p: PlannedEpisode, key: str) -> Any:
