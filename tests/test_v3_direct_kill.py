@@ -119,9 +119,11 @@ def test_kill_at_each_point_leaves_the_pair_whole_and_the_rerun_keeps_complete_s
     report = []
     for n, point in enumerate(POINTS):
         proc = _held(config, src, tmp_path / f"hold{n}", point)
-        kept = _recorded(paths.staging)
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate()
+        try:
+            kept = _recorded(paths.staging)
+        finally:  # never leave a held job behind a failed check
+            proc.send_signal(signal.SIGKILL)
+            proc.communicate()
         state = _pair(paths)
         assert state in (None, old) or point == "move_new", (point, state)
         rerun = subprocess.run(_cmd(config, src), env=_env(), capture_output=True, text=True, timeout=300)
