@@ -92,8 +92,9 @@ def _held(config: Path, src: Path, hold: Path, point: str) -> subprocess.Popen[b
                             stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while not (hold / "started").exists():
-        assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
-        assert time.monotonic() < deadline, f"never reached {point}"
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"never reached {point}: {proc.communicate()[1].decode()[-2000:]}")
         time.sleep(0.01)
     return proc
 
