@@ -3,11 +3,11 @@
 
     python bench/bench_v3.py [--quick] [--rounds N] [--keep DIR] [--baseline OTHER_CHECKOUT]
 
-Two shapes of the same kind of raw v2.1 dataset (all episodes accepted):
+Two shapes of raw v2.1 dataset (the long one all accepted, a quarter of the short one rejected):
 
 * long: 20 episodes x 300 frames, 2 cameras 640x480 (bench_formats.build_dataset; --quick 6 x 120);
-* short: 1000 episodes x 4 frames, one 64x48 camera (50 from bench_parallel.short_source, tiled
-  with bench_split.tile; --quick 300).
+* short: 600 episodes x 4 frames, 2 cameras 320x240 (50 from bench_split.build_source, textured
+  frames, a quarter of them red, tiled with bench_split.tile; --quick 300).
 
 Each round runs, one after the other, three whole processes (imports included):
 
@@ -137,21 +137,21 @@ def theirs(subset: Path, work: Path) -> Timing | None:
 def build(work: Path, quick: bool) -> dict[str, tuple[Path, Path]]:
     """{shape: (raw source, native subset copy for the converter)}; reused when already built."""
     from bench_formats import build_dataset
-    from bench_parallel import as_subset, short_source
-    from bench_split import tile
+    from bench_parallel import as_subset
+    from bench_split import build_source, tile
 
     def make_short(raw: Path) -> Path:  # 50 written by the project's writer, tiled (real copies)
-        short_source(raw.parent / "seed", 50)
+        build_source(raw.parent / "seed", 50, 4, 320, 240)
         tile(raw.parent / "seed", raw, n_short // 50)
         shutil.rmtree(raw.parent / "seed")
         return as_subset(raw)
 
     episodes, frames = (6, 120) if quick else (20, 300)
-    n_short = 300 if quick else 1000
+    n_short = 300 if quick else 600
     out = {}
     for shape, make in ((f"{episodes} long episodes ({frames} frames, 2 cams 640x480)",
                          lambda p: build_dataset(p, episodes, frames)),
-                        (f"{n_short} episodes x 4 frames", make_short)):
+                        (f"{n_short} episodes x 4 frames, 2 cams 320x240", make_short)):
         home = work / ("long" if "long" in shape else "short") / f"{episodes if 'long' in shape else n_short}"
         raw, subset = home / "ds" / "raw", home / "subset"
         if not (subset / "meta" / "info.json").is_file():

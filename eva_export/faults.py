@@ -10,7 +10,11 @@ production, it arms nothing. Each point is read where the code surely reaches it
   disk does (ENOSPC), anything else lets it run;
 * ``save_delay=<seconds>`` (capture save worker, bag ingest): each save starts that much later;
 * ``deaf_intake=1`` (capture node): a first start subscribes to ``<topic>/__deaf``, so it hears
-  nothing while the publishers are on the graph: the one state a deaf DDS restart produces.
+  nothing while the publishers are on the graph: the one state a deaf DDS restart produces;
+* ``v3_hold=<dir>@<point>`` (the direct lerobot_v3 export job): at the checkpoint ``<point>``
+  (``shard#3``: the third shard committed; ``unit:<source episode>``, ``convert_accepted``,
+  ``verified``, a publication step) it writes ``<dir>/started`` and blocks opening the FIFO
+  ``<dir>/release`` (export/v3_direct.Holds).
 
 In-process faults of an export job go through ``export/faults.py`` (a plan armed around the
 service), not through here.

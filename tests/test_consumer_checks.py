@@ -211,7 +211,8 @@ def test_v3_exporter_error_names_the_raw_file_and_episode(tmp_path: Path) -> Non
     log = tmp_path / "logs"
     raw = make_dataset(log / "demo" / "raw", [Ep(frames=8, quality=q) for q in
                                               ("green", "red", "green", "red", "green")], cameras=1)
-    job = _service(log, fail_at="convert_accepted").run(raw, "lerobot_v3")
+    # the native path (exporter injected) stages the split the exporter is then run on
+    job = _service(log, fail_at="convert_accepted", exporters={"lerobot_v3": LeRobotV3Exporter}).run(raw, "lerobot_v3")
     assert job.state == FAILED
     native = ExportPaths.of(raw, "lerobot_v3").staging / "native" / "accepted"
     staged = native / f"videos/chunk-000/{CAM}/episode_000002.mp4"  # raw episode 4

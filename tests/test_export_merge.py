@@ -36,8 +36,10 @@ from merge_helpers import (
 )
 
 from eva_export.cli import main as cli_main
+from eva_export.config import parse_config
 from eva_export.errors import EvaError
 from eva_export.export.merge import ORIGINS_KEY, SOURCES_KEY
+from eva_export.export.paths import ExportPaths
 from eva_export.export.records import QualitySplit
 from eva_export.export.request import ExportRequest
 from eva_export.export.runner import ExportService
@@ -144,14 +146,20 @@ def test_request_rules(tmp_path: Path) -> None:
 def test_fault_mid_export_resumes_per_unit(tmp_path: Path) -> None:
     sources = robots(tmp_path)
     total = len(ACCEPTED) + len(REJECTED)
-    failed = faulty_service(config(tmp_path), background=False, recover=False, fail_at="unit:2").run(
+    # a shard of every episode: the v3 job's unit of durability is the completed shard
+    tiny = parse_config({"collection": {"log_dir": str(tmp_path)},
+                         "export": {"workers": 1, "v3_data_file_mb": 1e-6, "v3_video_file_mb": 1e-6}})
+    failed = faulty_service(tiny, background=False, recover=False, fail_at="unit:1").run(
         sources, "lerobot_v3", "fleet")
-    assert failed.state == "failed" and "unit:2" in failed.error
+    assert failed.state == "failed" and "unit:1" in failed.error
     assert not (tmp_path / "fleet/export/lerobot_v3").exists()  # nothing published
-    # serial units in source order: r1:0 and r1:1 were committed before r1:2 failed
-    job = ExportService(config(tmp_path), background=False, recover=False).run(sources, "lerobot_v3", "fleet")
+    staging = ExportPaths.named(tmp_path / "fleet", "lerobot_v3").staging
+    complete = len(list(staging.glob("v3/*/data/*.json")))
+    # accepted in output order: r1:0, r1:2, r2:0, then r2:1 failed; r2:0's shard was still open
+    assert complete == 2
+    job = ExportService(tiny, background=False, recover=False).run(sources, "lerobot_v3", "fleet")
     assert job.state == "completed", job.error
-    assert job.reused_episodes == 2
+    assert job.reused_episodes == complete
     check_against_sources(read_v3(tmp_path / "fleet/export/lerobot_v3/accepted"), sources, ACCEPTED)
     # a fault after every unit: the rerun reuses all of them
     failed = faulty_service(config(tmp_path), background=False, recover=False, fail_at="verified").run(

@@ -235,12 +235,9 @@ class ExportService:
                 recover_pair(paths)
         checks = self._validate(request, paths)
         checkpoints.check("validate")
-        # Each source episode counts once: in the split for the native format, else when the
-        # format's exporter writes it (counting both phases showed 8/8 for 4 episodes).
-        self.jobs.update(job_id, episodes_total=sum(len(c.episodes) for c in checks),
-                         files_total=sum(c.files_total for c in checks),
-                         bytes_total=sum(c.bytes_total for c in checks))
-        self.jobs.save(job_id, force=True)
+        self._count_totals(job_id, checks)
+        if injected is None and (direct := self._direct(job_id, request, paths, exporter, checks)) is not None:
+            return direct  # lerobot_v3 straight from the source (v3_direct.py)
 
         def on_unit(_p: Any, files: int, nbytes: int, reused: bool) -> None:
             self.jobs.count(job_id, episodes_done=int(spec.native), files_done=files, bytes_done=nbytes,
@@ -279,6 +276,17 @@ class ExportService:
         return {"accepted_dir": str(paths.accepted), "rejected_dir": str(paths.rejected),
                 "accepted_episodes": acc_totals[0], "accepted_frames": acc_totals[1],
                 "rejected_episodes": rej.episodes, "rejected_frames": rej.frames}
+
+    def _count_totals(self, job_id: str, checks: tuple[SourceCheck, ...]) -> None:
+        # each source episode counts once: in the split (native format) or as the exporter writes it
+        self.jobs.update(job_id, episodes_total=sum(len(c.episodes) for c in checks),
+                         files_total=sum(c.files_total for c in checks), bytes_total=sum(c.bytes_total for c in checks))
+        self.jobs.save(job_id, force=True)
+
+    def _direct(self, job_id: str, request: ExportRequest, paths: ExportPaths, exporter: Exporter,
+                checks: tuple[SourceCheck, ...]) -> dict[str, Any] | None:
+        from .v3_direct import run_direct  # imports the v3 writer: only when a job runs
+        return run_direct(self, job_id, request, paths, exporter, checks, verify_staged)
 
     def _nonfinite(self, job_id: str, staging: Path, fmt: str, acc: Any, rej: Any) -> tuple[dict[str, Path], tuple[int, int]]:
         """export.nonfinite applied to the staged accepted subset: the native subset directories

@@ -1,0 +1,146 @@
+"""The source side of the direct v3 writer, on all cores: episodes read ahead of the shards.
+
+Reading an episode (its table, renumbered; its statistics; its NaN/inf counts: v3_episodes.py)
+is independent of every other episode; writing the shards is not (one open file per stream,
+episodes in order). So the reading runs as batches of episodes on the job's executor
+(eva_export.pool, as the split's units do), driven from a thread, while the calling thread
+writes the shards in episode order from what has arrived. The values are the same as reading
+in the writer's thread: byte-identical shards, whatever the executor.
+
+At most about ``AHEAD`` episodes wait (plus the batches in flight); the writer never waits on a
+full buffer (the pool keeps delivering until the episode it needs is there). A failure of a
+batch is raised in the writer's thread when it asks for an episode of that batch or later.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from .. import confine, pool
+from ..formats.common.records import DatasetInfo
+from .build import batches
+from .plan_list import PlanList
+from .units import PlannedEpisode, unit_name
+from .v3_episodes import episode_rows
+from .v3_records import EpisodeEntry
+
+AHEAD = 256
+Read = tuple[pa.Table, EpisodeEntry]
+SourceStats = Callable[[PlannedEpisode], dict[str, Any]]
+
+
+def rows_batch(batch: list[tuple[PlannedEpisode, dict[str, Any]]], info: DatasetInfo,
+               float_keys: list[str]) -> list[tuple[bytes, EpisodeEntry]]:
+    """One pool task: consecutive episodes read from their source (confine checked once).
+    Each table travels as Arrow IPC: a pickled table loses its list fields' child names
+    (``element`` comes back ``item``), which the shard's Arrow schema would then record."""
+    with confine.checked_dirs():
+        return [(_ipc(table), entry) for table, entry in (episode_rows(p, info, st, float_keys) for p, st in batch)]
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def _table(blob: bytes) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(blob)).read_all()
+
+
+class _Units(Sequence["pool.Unit"]):
+    """Each batch's pool task, made when the pool takes it (its source statistics read then)."""
+
+    def __init__(self, feed: Feed, bounds: list[tuple[int, int]]) -> None:
+        self.feed, self.bounds = feed, bounds
+
+    def __len__(self) -> int:
+        return len(self.bounds)
+
+    def __getitem__(self, b: Any) -> Any:
+        if isinstance(b, slice):
+            return [self[i] for i in range(*b.indices(len(self)))]
+        f = self.feed
+        start, end = self.bounds[b]
+        work = [(p, f.source_stats(p)) for p in (f.items[i] for i in range(f.start + start, f.start + end))]
+        return pool.Unit("; ".join(unit_name(p) for p, _ in work), rows_batch, (work, f.info, f.float_keys))
+
+    def __iter__(self) -> Iterator[pool.Unit]:
+        for b in range(len(self)):
+            yield self[b]
+
+
+class Feed:
+    """Episodes ``start`` .. end of ``items`` as ``get(i)`` hands them out, in any order asked
+    once each (the writer asks in order)."""
+
+    def __init__(self, items: PlanList, start: int, info: DatasetInfo, float_keys: list[str],
+                 source_stats: SourceStats) -> None:
+        self.items, self.start, self.info, self.float_keys = items, start, info, float_keys
+        self.source_stats = source_stats
+        self.executor = pool.active()  # a context variable: read here, in the writer's thread
+        self._ready: dict[int, Read] = {}
+        self._want = start
+        self._error: BaseException | None = None
+        self._done = self._cancel = False
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        if self.executor is not None and start < len(items):
+            frames = [items.rows_at(i) for i in range(start, len(items))]
+            self.bounds = batches(frames, self.executor.workers)
+            self._thread = threading.Thread(target=self._produce, name="v3-feed", daemon=True)
+            self._thread.start()
+
+    def _produce(self) -> None:
+        assert self.executor is not None
+        try:
+            self.executor.run(_Units(self, self.bounds), self._arrived)
+        except BaseException as exc:  # noqa: BLE001 - handed to the writer's thread, raised there
+            with self._cond:
+                self._error = exc
+        finally:
+            with self._cond:
+                self._done = True
+                self._cond.notify_all()
+
+    def _arrived(self, unit: pool.Unit, reads: list[tuple[bytes, EpisodeEntry]]) -> None:
+        with self._cond:
+            if self._cancel:
+                raise InterruptedError("the writer stopped")
+            base = unit.args[0][0][0].new_index  # the batch's first episode (its position)
+            for k, (blob, entry) in enumerate(reads):
+                self._ready[base + k] = (_table(blob), entry)
+            self._cond.notify_all()
+            # hold the pool while enough waits, unless the writer waits for an episode not here yet
+            while len(self._ready) > AHEAD and self._want in self._ready and not self._cancel:
+                self._cond.wait()
+
+    def get(self, i: int) -> Read:
+        if self._thread is None:  # no executor: read here
+            p = self.items[i]
+            return episode_rows(p, self.info, self.source_stats(p), self.float_keys)
+        with self._cond:
+            self._want = i
+            self._cond.notify_all()
+            while i not in self._ready:
+                if self._error is not None:
+                    raise self._error
+                if self._done:
+                    raise RuntimeError(f"episode {i} was never read")  # a bug, not the source's fault
+                self._cond.wait()
+            return self._ready.pop(i)
+
+    def close(self) -> None:
+        """Stop reading ahead (the writer finished or failed) and wait for the pool to return."""
+        if self._thread is None:
+            return
+        with self._cond:
+            self._cancel = True
+            self._ready.clear()
+            self._cond.notify_all()
+        self._thread.join()
