@@ -63,8 +63,8 @@ class StreamTiming:
     time_base: str
     clock_offset_s: float | None
 
-    def to_stats(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"late": self.late, "jitter_p50_ms": round(self.jitter_p50_ms, 3),
+    def to_stats(self) -> dict[str, object]:
+        d: dict[str, object] = {"late": self.late, "jitter_p50_ms": round(self.jitter_p50_ms, 3),
                              "jitter_p99_ms": round(self.jitter_p99_ms, 3),
                              "max_gap_ms": round(self.max_gap_ms, 3), "time_base": self.time_base}
         if self.out_of_order:

@@ -96,13 +96,13 @@ class StreamCounters:
 class QualityResult:
     quality: str
     issues: list[QualityIssue]
-    stream_stats: dict[str, dict[str, Any]]
+    stream_stats: dict[str, dict[str, object]]
 
     @property
     def codes(self) -> list[str]:
         return [i.code for i in self.issues]
 
-    def row_extra(self) -> dict[str, Any]:
+    def row_extra(self) -> dict[str, object]:
         return {"quality": self.quality, "quality_issues": [i.to_dict() for i in self.issues],
                 "stream_stats": self.stream_stats}
 
@@ -261,8 +261,8 @@ class EpisodeChecker:
             add("source_damaged", detail)
         return issues
 
-    def _stats(self, stop: float, timing: Sequence[StreamTiming] | None) -> dict[str, dict[str, Any]]:
-        stats: dict[str, dict[str, Any]] = {
+    def _stats(self, stop: float, timing: Sequence[StreamTiming] | None) -> dict[str, dict[str, object]]:
+        stats: dict[str, dict[str, object]] = {
             s.name: {"received": s.received, "rate_hz": round(s.rate_hz(), 3),
                      "max_gap_s": round(max(s.max_gap_s, stop - (s.last_recv or self.start)), 4),
                      "dropped": s.dropped}

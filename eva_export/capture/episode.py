@@ -146,7 +146,7 @@ class EpisodeRun:
 
     def emit(self, slots: list[Slot]) -> None:
         for slot in slots:
-            values: dict[str, Any] = {}
+            values: dict[str, object] = {}
             images: dict[str, np.ndarray[Any, Any]] = {}
             packets: dict[str, bytes | None] = {}  # H.264 cameras: the source's packet for this row
             row: list[Any] = []  # what the rules see: the values written, None for placeholders

@@ -91,7 +91,7 @@ class IngestJobs:
         self.jobs.save(job_id)
 
     def _run_ingest(self, job_id: str, ing: Any) -> None:
-        def body(_job_id: str) -> dict[str, Any]:
+        def body(_job_id: str) -> dict[str, object]:
             res = ing.run()
             self._ingest_progress(job_id, res)
             self.last_message = res.message

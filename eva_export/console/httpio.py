@@ -67,7 +67,7 @@ def _no_constants(name: str) -> Any:
     raise Refused(HTTPStatus.BAD_REQUEST, f"body is not JSON: {name} is not a JSON number")
 
 
-def parse_json_object(raw: bytes) -> dict[str, Any]:
+def parse_json_object(raw: bytes) -> dict[str, object]:
     try:
         body = json.loads(raw, parse_constant=_no_constants)
     except (ValueError, UnicodeDecodeError, RecursionError):

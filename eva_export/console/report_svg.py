@@ -12,7 +12,10 @@ import base64
 import html
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypedDict
+
+#: One timeline mark: frames ``from``..``to`` of an episode, with the reason's code and detail.
+Marker = TypedDict("Marker", {"code": str, "from": int, "to": int, "detail": str})
 
 SVG_NS = "http://www.w3.org/2000/svg"
 ISSUE_COLOUR = "#b00020"
@@ -58,7 +61,7 @@ def bars_img(values: list[float], colours: list[str], title: str, width: int = 7
     return as_img(_doc(width, height + 20, parts), title)
 
 
-def timeline_img(episodes: Sequence[tuple[int, int, list[dict[str, Any]]]], width: int = 720) -> str:
+def timeline_img(episodes: Sequence[tuple[int, int, list[Marker]]], width: int = 720) -> str:
     """One row per episode (index, length, marks): a grey bar as long as the episode, the marked
     frames on it (red: reasons, purple: NaN/inf), on one shared frame axis."""
     left, row_h = 60, 16

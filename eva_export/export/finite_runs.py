@@ -31,6 +31,7 @@ from ..formats.common.images import iter_table_images
 from ..formats.common.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS, DatasetMeta, read_meta
 from ..formats.common.nonfinite import RUNS_KEY, NonFiniteEpisode, float_keys
 from ..formats.common.records import DatasetInfo, EpisodeRow, QualitySplit
+from ..formats.common.stats import StatEntry
 from ..formats.common.table import to_numpy
 from ..formats.common.video import iter_frames
 from ..formats.lerobot_v21.episode_stats import image_stats_of
@@ -58,7 +59,7 @@ class CutEpisode:
     dropped_frames: int  # frames left out: non-finite ones and those of dropped runs
     min_frames: int  # the minimum run length of this export
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"source_episode_index": self.source_episode_index, "source_file": self.source_file,
                 "features": dict(self.features), "frames": self.frames, "runs": [list(r) for r in self.runs],
                 "dropped_runs": self.dropped_runs, "dropped_frames": self.dropped_frames,
@@ -104,13 +105,13 @@ def _set(table: pa.Table, name: str, values: np.ndarray[Any, Any]) -> pa.Table:
     return table.set_column(i, table.schema.field(i), pa.array(values.astype(typ.to_pandas_dtype()), type=typ))
 
 
-def _table_stats(table: pa.Table, info: DatasetInfo, run: bool) -> dict[str, Any]:
+def _table_stats(table: pa.Table, info: DatasetInfo, run: bool) -> dict[str, StatEntry]:
     """A run's statistics of every table column (cameras carried in it from their frames); an
     episode kept whole only needs its renumbered index columns' again."""
     keys = [k for k in info.table_keys if k in table.column_names]
     if not run:
         keys = [k for k in ("episode_index", "index") if k in keys]
-    out: dict[str, Any] = {}
+    out: dict[str, StatEntry] = {}
     for k in keys:
         if not info.features[k].is_visual:
             out[k] = stats_mod.column_stats(to_numpy(table.column(k)))
@@ -131,7 +132,7 @@ class _Writer:
         self.sources: list[int] = []
         self.old: list[int] = []  # each new episode's position in the split's subset
 
-    def add(self, table: pa.Table, row: dict[str, Any], stats: dict[str, Any], raw_index: int,
+    def add(self, table: pa.Table, row: dict[str, Any], stats: dict[str, StatEntry], raw_index: int,
             videos: dict[str, Path], run: tuple[int, int] | None) -> None:
         """One episode: ``table`` its rows, ``videos`` each camera's file (linked, or cut to ``run``)."""
         info, new, n = self.meta.info, self.episodes, table.num_rows
@@ -193,7 +194,7 @@ class _Writer:
         self.ep_stats.discard()
 
 
-def _stats_of(meta: DatasetMeta, ep: EpisodeRow) -> dict[str, Any]:
+def _stats_of(meta: DatasetMeta, ep: EpisodeRow) -> dict[str, StatEntry]:
     row = meta.episodes_stats.get(ep.episode_index)
     return dict(row.stats) if row is not None else {}
 

@@ -193,7 +193,7 @@ class ExportService:
             return contextlib.nullcontext()
         return pool.local_pool(self.config.export.workers)
 
-    def _export(self, job_id: str, *, request: ExportRequest) -> dict[str, Any]:
+    def _export(self, job_id: str, *, request: ExportRequest) -> dict[str, object]:
         # What validation proves about each file is kept in the facts index beside the job
         # records: the staged subsets' verification and a rerun on the unchanged source reuse
         # it; a dataset's export tree is not touched by a refused source.
@@ -219,7 +219,7 @@ class ExportService:
             raise
         return checks
 
-    def _export_job(self, job_id: str, request: ExportRequest) -> dict[str, Any]:
+    def _export_job(self, job_id: str, request: ExportRequest) -> dict[str, object]:
         job = self.jobs.job(job_id)
         checkpoints = Faults(self.faults.fail_at)
         spec = request.spec
@@ -300,7 +300,7 @@ class ExportService:
         self.jobs.update(job_id, nonfinite_cut_episodes=len(runs.cut), nonfinite_dropped_frames=dropped)
         return {**dirs, str(ACCEPTED): runs.dir}, (runs.episodes, runs.frames)
 
-    def _staging_left(self, job: Job) -> dict[str, Any]:
+    def _staging_left(self, job: Job) -> dict[str, object]:
         """A failed job names the staging it leaves (kept for resume) and its size; not a staging
         another export is writing now (a job refused for that export's lock leaves nothing)."""
         paths = self.paths(job)

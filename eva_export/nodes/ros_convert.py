@@ -21,7 +21,7 @@ from std_msgs.msg import Float64MultiArray  # type: ignore[import-untyped]  # no
 from eva_export.capture import intake
 from eva_export.capture.intake import StreamSpec, stamp_seconds  # noqa: F401 - re-exported
 
-MSG_TYPES: dict[str, Any] = {
+MSG_TYPES: dict[str, type] = {
     "JointState": JointState,
     "Float64MultiArray": Float64MultiArray,
     "PoseStamped": PoseStamped,

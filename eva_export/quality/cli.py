@@ -39,7 +39,7 @@ def episode_lines(ep: EpisodeCheck, stored: str = "") -> list[str]:
     return lines
 
 
-def to_json(check: DatasetCheck) -> dict[str, Any]:
+def to_json(check: DatasetCheck) -> dict[str, object]:
     return {"root": str(check.root), "source_kind": str(check.kind), "rule_version": RULE_VERSION,
             "red": sum(e.quality == "red" for e in check.episodes),
             "green": sum(e.quality == "green" for e in check.episodes),

@@ -58,7 +58,7 @@ class EpisodeInput:
 class EpisodeCheck:
     episode_index: int
     findings: tuple[Finding, ...]
-    stream_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stream_stats: dict[str, dict[str, object]] = field(default_factory=dict)
 
     @property
     def quality(self) -> str:
@@ -193,9 +193,9 @@ def source_inputs(root: Path) -> tuple[Source, DatasetInfo, Iterator[EpisodeInpu
 
 
 # ---- checking -------------------------------------------------------------------------------
-def stream_stats(ev: EpisodeEvidence) -> dict[str, dict[str, Any]]:
+def stream_stats(ev: EpisodeEvidence) -> dict[str, dict[str, object]]:
     """What the offline check measured per stream (beside capture's transport statistics)."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, dict[str, object]] = {}
     for v in ev.vectors:
         finite = np.all(np.isfinite(v.values), axis=1) if v.values.size else np.ones(0, bool)
         out[v.name] = {"rows": int(v.values.shape[0]), "non_finite_rows": int((~finite).sum())}

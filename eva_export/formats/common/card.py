@@ -76,7 +76,7 @@ class SplitDecisions:
     def side(self, subset: str) -> dict[str, int]:
         return self.accepted if subset == ACCEPTED else self.rejected
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {ACCEPTED.value: dict(self.accepted), REJECTED.value: dict(self.rejected)}
 
     @classmethod

@@ -78,7 +78,7 @@ class NonFiniteEpisode:
         feats = ", ".join(f"{k} ({n} NaN/inf)" for k, n in self.features)
         return f"{self.source_file}: source episode {self.source_episode_index}: {feats}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"episode_index": self.episode_index, "source_episode_index": self.source_episode_index,
                 "source_file": self.source_file, "features": {k: n for k, n in self.features},
                 "qc_verdict": self.qc_verdict}

@@ -28,9 +28,9 @@ def arrow_type(feature: Feature) -> pa.DataType:
     raise ValueError(f"unsupported table shape {feature.shape}")
 
 
-def hf_features(features: dict[str, Feature]) -> dict[str, Any]:
+def hf_features(features: dict[str, Feature]) -> dict[str, object]:
     """The 'huggingface' schema metadata LeRobot's writer adds (datasets.Features JSON)."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for key, f in features.items():
         value = {"dtype": f.dtype, "_type": "Value"}
         out[key] = value if f.shape == (1,) else {"feature": value, "length": f.shape[0], "_type": "Sequence"}

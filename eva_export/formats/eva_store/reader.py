@@ -224,7 +224,7 @@ class Store:
             h.close()
         self._open.clear()
 
-    def __getstate__(self) -> dict[str, Any]:  # picklable for spawn-based workers: no descriptors
+    def __getstate__(self) -> dict[str, object]:  # picklable for spawn-based workers: no descriptors
         state = dict(self.__dict__)
         state["_open"] = collections.OrderedDict()
         state["_numeric_cache"] = {}

@@ -106,7 +106,7 @@ def read_value(item: h5py.Group) -> Any:
     return ds[()]
 
 
-def read_group(group: h5py.Group) -> dict[str, Any]:
+def read_group(group: h5py.Group) -> dict[str, object]:
     return {str(item.attrs["key"]): read_value(item) for _, item in sorted(group.items())}
 
 
@@ -139,7 +139,7 @@ class Hdf5Exporter:
     def _write_unit(self, tmp: Path, meta: DatasetMeta, ep: Any, table: Any) -> str | None:
         return self._write_episode(tmp, meta, ep.episode_index, ep.to_dict(), table)
 
-    def _write_episode(self, tmp: Path, meta: DatasetMeta, episode_index: int, row: dict[str, Any],
+    def _write_episode(self, tmp: Path, meta: DatasetMeta, episode_index: int, row: dict[str, object],
                        table: Any) -> str | None:
         """Write one episode file; return the SHA-256 of its bytes when they were hashed as written."""
         require_free(tmp.parent, projected_bytes(meta, table), f"hdf5 episode {episode_index}")
@@ -150,7 +150,7 @@ class Hdf5Exporter:
             raise storage_error(tmp, sink.error, f"hdf5 episode {episode_index}: writing")
         return digest
 
-    def _write_file(self, sink: _Sink, meta: DatasetMeta, episode_index: int, row: dict[str, Any],
+    def _write_file(self, sink: _Sink, meta: DatasetMeta, episode_index: int, row: dict[str, object],
                     table: Any) -> str | None:
         # libver earliest (superblock v0, no status flags): closing rewrites the superblock with
         # the bytes it already had, so the digest taken while writing survives the close.
@@ -370,5 +370,5 @@ def verify_hdf5(root: Path) -> VerifyReport:
     return report
 
 
-def read_info(root: Path) -> dict[str, Any]:
+def read_info(root: Path) -> dict[str, object]:
     return dict(read_json(Path(root) / INFO))

@@ -37,7 +37,7 @@ FRAMES_PER_WRITE = 8  # ~7 MB per pwritev at 640x480: large for the disk, small 
 ALIGNMENT = {"alignment_threshold": 256 << 10, "alignment_interval": DIRECT_ALIGN}
 
 
-def compression_opts(compression: str, gzip_level: int) -> dict[str, Any]:
+def compression_opts(compression: str, gzip_level: int) -> dict[str, object]:
     if compression == "gzip":
         return {"compression": "gzip", "compression_opts": gzip_level}
     if compression == "lzf":

@@ -27,7 +27,7 @@ EPISODE_CHUNK_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}
 
 def embedded_info(info: DatasetInfo, dataset_format: str, extension: str) -> dict[str, Any]:
     """info.json of a format that carries images inside its episode files (HDF5, MCAP)."""
-    d = info.to_dict()
+    d: dict[str, Any] = info.to_dict()  # features as dicts, edited in place
     for feat in d["features"].values():
         if feat["dtype"] == "video":
             feat["dtype"] = "image"
@@ -107,7 +107,7 @@ class _EpisodeUnits(Sequence["pool.Unit"]):
     """The episode units still to write, each made when the pool takes it: a Unit with its
     Path, name and arguments per episode was held for the whole export."""
 
-    def __init__(self, src: Path, out: Path, info: dict[str, Any], write_episode: WriteEpisode,
+    def __init__(self, src: Path, out: Path, info: dict[str, object], write_episode: WriteEpisode,
                  meta: DatasetMeta | None) -> None:
         # ``meta`` when serial: the metadata handed over instead of reread by a worker
         self.src, self.out, self.info, self.write_episode, self.meta = src, out, info, write_episode, meta

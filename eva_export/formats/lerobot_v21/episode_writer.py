@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 from ...errors import DatasetError, VideoError
 from ..common import stats as stats_mod
 from ..common.records import DEFAULT_FEATURES, DatasetInfo, Feature
+from ..common.stats import StatEntry
 from ..common.video import VideoEncoder, VideoSettings
 from .video_copy import PacketCopy
 
@@ -104,7 +105,7 @@ class _CameraThread:
 class FinishedEpisode:
     rows: int
     video_frames: dict[str, int]
-    image_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    image_stats: dict[str, StatEntry] = field(default_factory=dict)
 
 
 class EpisodeWriter:
@@ -123,7 +124,7 @@ class EpisodeWriter:
         self.rows = 0
         self.finished: FinishedEpisode | None = None
 
-    def add_frame(self, values: dict[str, Any], images: dict[str, NDArray[Any]],
+    def add_frame(self, values: dict[str, object], images: dict[str, NDArray[Any]],
                   packets: dict[str, bytes | None] | None = None) -> None:
         """Append one grid frame: every non-default table feature and every camera image
         (``packets``: per H.264 camera, the source packet the image was decoded from, when the
@@ -144,7 +145,7 @@ class EpisodeWriter:
         """Close every encoder; returns row and video frame counts (checked by the caller)."""
         if self.finished is None:
             counts: dict[str, int] = {}
-            stats: dict[str, dict[str, Any]] = {}
+            stats: dict[str, StatEntry] = {}
             errors = []
             for key, cam in self._cams.items():
                 try:

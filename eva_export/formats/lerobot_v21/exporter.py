@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -111,7 +110,7 @@ class _Verifier:
         self._sample(meta, report)
         return report
 
-    def _values(self, meta: DatasetMeta, report: VerifyReport, info: dict[str, Any]) -> None:
+    def _values(self, meta: DatasetMeta, report: VerifyReport, info: dict[str, object]) -> None:
         """Every episode's float features and timestamps, as a trainer reads them."""
         values = ValueCheck(meta.root, info)
         for ep in meta.episodes:

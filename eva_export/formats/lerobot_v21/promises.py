@@ -47,7 +47,7 @@ class LostTake:
     lost_at: str
     take_id: str = ""  # "" in a record written before takes had ids
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"episode_index": self.episode_index, "take_id": self.take_id, "reason": self.reason,
                 "lost_at": self.lost_at}
 

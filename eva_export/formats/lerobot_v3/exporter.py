@@ -271,9 +271,9 @@ class LeRobotV3Exporter:
         ep_stats.add(st)
         return written
 
-    def _info(self, info: DatasetInfo, episodes: int, total_frames: int, tasks: int) -> dict[str, Any]:
+    def _info(self, info: DatasetInfo, episodes: int, total_frames: int, tasks: int) -> dict[str, object]:
         src = info.to_dict()
-        d: dict[str, Any] = {
+        d: dict[str, object] = {
             "codebase_version": CODEBASE_V30,
             "robot_type": info.robot_type,
             "total_episodes": episodes,

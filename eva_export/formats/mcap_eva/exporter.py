@@ -143,7 +143,7 @@ def pack_image(frame_index: int, fps: int, frame: NDArray[Any]) -> bytearray:
     return out
 
 
-def decode_image(payload: bytes) -> tuple[dict[str, Any], NDArray[Any]]:
+def decode_image(payload: bytes) -> tuple[dict[str, object], NDArray[Any]]:
     msg = msgpack.unpackb(payload, raw=False)
     img = np.frombuffer(msg["data"], np.uint8).reshape(msg["height"], msg["width"], 3)
     return msg, img
