@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from .clock import ClockOffset
 
@@ -94,7 +95,7 @@ class StreamTrack:
     stamped: int = 0
     zero_stamps: int = 0
     unstamped: int = 0
-    hist: np.ndarray[Any, Any] = field(default_factory=lambda: np.zeros(int(_JITTER_MAX_S / _JITTER_BIN_S) + 1,
+    hist: NDArray[np.int64] = field(default_factory=lambda: np.zeros(int(_JITTER_MAX_S / _JITTER_BIN_S) + 1,
                                                                 np.int64))
 
     def note_jitter(self, delay: float) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import av
 import numpy as np
+from numpy.typing import NDArray
 
 from ..config import CollectionConfig
 from ..formats.common.records import EpisodeRow
@@ -111,7 +112,7 @@ class EpisodeRun:
             value = self._vector(i, payload)
         self.emit(self.aligner.push(i, Sample(recv, stamp, value, t=t_src)))
 
-    def _vector(self, i: int, raw: RawVector) -> np.ndarray[Any, Any] | None:
+    def _vector(self, i: int, raw: RawVector) -> NDArray[np.generic] | None:
         spec = self.streams[i].spec
         vals = np.asarray(raw.values, dtype=np.float64)
         want = spec.width_values
@@ -147,7 +148,7 @@ class EpisodeRun:
     def emit(self, slots: list[Slot]) -> None:
         for slot in slots:
             values: dict[str, object] = {}
-            images: dict[str, np.ndarray[Any, Any]] = {}
+            images: dict[str, NDArray[np.generic]] = {}
             packets: dict[str, bytes | None] = {}  # H.264 cameras: the source's packet for this row
             row: list[Any] = []  # what the rules see: the values written, None for placeholders
             for i, pick in enumerate(slot.picks):

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from numpy.typing import NDArray
 
 from ..errors import ExportError
 from ..formats.common import stats as stats_mod
@@ -76,7 +77,7 @@ class RunsResult:
     cut: tuple[CutEpisode, ...]
 
 
-def finite_runs(mask: np.ndarray[Any, Any], min_frames: int) -> tuple[list[tuple[int, int]], int]:
+def finite_runs(mask: NDArray[np.bool_], min_frames: int) -> tuple[list[tuple[int, int]], int]:
     """The maximal runs of True in ``mask`` at least ``min_frames`` long, and how many were shorter."""
     edges = np.flatnonzero(np.diff(np.concatenate(([0], mask.astype(np.int8), [0]))))
     runs = [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2], strict=True)]
@@ -84,7 +85,7 @@ def finite_runs(mask: np.ndarray[Any, Any], min_frames: int) -> tuple[list[tuple
     return kept, len(runs) - len(kept)
 
 
-def finite_mask(table: pa.Table, keys: list[str]) -> np.ndarray[Any, Any]:
+def finite_mask(table: pa.Table, keys: list[str]) -> NDArray[np.bool_]:
     """Per row: every value of every float feature in ``keys`` is finite."""
     ok = np.ones(table.num_rows, dtype=bool)
     for k in keys:
@@ -97,7 +98,7 @@ def finite_mask(table: pa.Table, keys: list[str]) -> np.ndarray[Any, Any]:
     return ok
 
 
-def _set(table: pa.Table, name: str, values: np.ndarray[Any, Any]) -> pa.Table:
+def _set(table: pa.Table, name: str, values: NDArray[np.generic]) -> pa.Table:
     if name not in table.column_names:
         return table
     i = table.schema.get_field_index(name)

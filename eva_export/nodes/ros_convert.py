@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 from geometry_msgs.msg import PoseStamped  # type: ignore[import-untyped]  # no py.typed
 from sensor_msgs.msg import CompressedImage, Image, JointState  # type: ignore[import-untyped]  # no py.typed
 from std_msgs.msg import Float64MultiArray  # type: ignore[import-untyped]  # no py.typed
@@ -51,14 +52,14 @@ def set_stamp(msg: Any, seconds_nanos: tuple[int, int]) -> None:
     msg.header.stamp.sec, msg.header.stamp.nanosec = seconds_nanos
 
 
-def joint_state_msg(names: Sequence[str], values: np.ndarray[Any, Any], field: str = "position") -> JointState:
+def joint_state_msg(names: Sequence[str], values: NDArray[np.generic], field: str = "position") -> JointState:
     msg = JointState()
     msg.name = list(names)
     setattr(msg, field, np.asarray(values, dtype=np.float64).tolist())
     return msg
 
 
-def float_array_msg(values: np.ndarray[Any, Any]) -> Float64MultiArray:
+def float_array_msg(values: NDArray[np.generic]) -> Float64MultiArray:
     msg = Float64MultiArray()
     msg.data = np.asarray(values, dtype=np.float64).tolist()
     return msg
@@ -71,7 +72,7 @@ def pose_msg(values: Sequence[float]) -> PoseStamped:
     return msg
 
 
-def image_msg(rgb: np.ndarray[Any, Any], frame_id: str = "") -> Image:
+def image_msg(rgb: NDArray[np.uint8], frame_id: str = "") -> Image:
     """An rgb8 Image from an (H, W, 3) uint8 array (one copy into the message)."""
     msg = Image()
     msg.header.frame_id = frame_id

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import av
 import numpy as np
@@ -58,7 +58,7 @@ class VideoEncoder:
         except (av.FFmpegError, OSError, ValueError) as exc:
             raise VideoError(f"cannot open video encoder for {self.path}: {exc}") from exc
 
-    def add(self, rgb: NDArray[Any]) -> None:
+    def add(self, rgb: NDArray[np.uint8]) -> None:
         if rgb.shape != (self.height, self.width, 3) or rgb.dtype != np.uint8:
             raise VideoError(
                 f"{self.path.name}: frame {self.frames} has shape {rgb.shape} {rgb.dtype}, "
@@ -115,12 +115,12 @@ class RgbConverter:
     def __init__(self) -> None:
         self._reformatter = VideoReformatter()
 
-    def __call__(self, frame: Any) -> NDArray[Any]:
-        rgb: NDArray[Any] = self._reformatter.reformat(frame, format="rgb24", threads=1).to_ndarray()
-        return rgb
+    def __call__(self, frame: av.VideoFrame) -> NDArray[np.uint8]:
+        rgb = self._reformatter.reformat(frame, format="rgb24", threads=1).to_ndarray()
+        return cast("NDArray[np.uint8]", rgb)  # rgb24 is 8 bits per channel; the stubs give every format's type
 
 
-def iter_frames(path: Path) -> Iterator[NDArray[Any]]:
+def iter_frames(path: Path) -> Iterator[NDArray[np.uint8]]:
     """Decode every frame of the first video stream as an (H, W, 3) uint8 RGB array."""
     rgb = RgbConverter()
     try:

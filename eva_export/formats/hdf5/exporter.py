@@ -200,7 +200,7 @@ class Hdf5Exporter:
             with Prefetch(camera_frames(meta, episode_index, table, key), self.prefetch) as frames:
                 self._append_frames(g, episode_index, key, frames, table.num_rows)
 
-    def _append_frames(self, g: h5py.Group, episode_index: int, key: str, frames: Iterable[NDArray[Any]],
+    def _append_frames(self, g: h5py.Group, episode_index: int, key: str, frames: Iterable[NDArray[np.uint8]],
                        rows: int) -> None:
         ds: h5py.Dataset | None = None
         n = 0

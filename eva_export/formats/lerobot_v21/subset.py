@@ -7,7 +7,6 @@ import dataclasses
 import os
 import shutil
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -70,7 +69,7 @@ def read_episode_table(meta: DatasetMeta, ep: EpisodeRow, first_index: int | Non
                               f"{first_index} (the subset must be renumbered)")
     return table
 
-def column_numpy(table: pa.Table, name: str) -> NDArray[Any]:
+def column_numpy(table: pa.Table, name: str) -> NDArray[np.generic]:
     from ..common.table import to_numpy
     return to_numpy(table.column(name))
 

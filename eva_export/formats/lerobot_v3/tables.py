@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from numpy.typing import NDArray
 
 from ..common import stats as stats_mod
 from ..common.stats import StatEntry
@@ -191,7 +192,7 @@ class StatColumn:
             self.floats.extend(a.astype(np.float64).ravel().tolist())
         return True
 
-    def matrix(self) -> np.ndarray[Any, Any] | None:
+    def matrix(self) -> NDArray[np.generic] | None:
         """(episodes, *shape) of the numbers, or None on the generic path."""
         if self.raw is not None or self.shape is None:
             return None
@@ -268,7 +269,7 @@ class EpisodeStatsColumns:
         return out
 
 
-def _aggregate_matrices(m: dict[str, np.ndarray[Any, Any]]) -> StatEntry | None:
+def _aggregate_matrices(m: dict[str, NDArray[np.generic]]) -> StatEntry | None:
     """stats_mod.aggregate's arithmetic on (episodes, *shape) arrays of one feature: only the
     episodes with a finite row (count > 0) and finite numbers are pooled."""
     counts = m["count"].reshape(len(m["count"]), -1)[:, 0].astype(np.float64)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import av
 import numpy as np
@@ -55,7 +55,7 @@ def read_episodes_meta(root: Path, columns: list[str] | None = None) -> pa.Table
     return pa.concat_tables([read_columns(f, columns) for f in files], promote_options="permissive")
 
 
-def decode_frame_at(path: Path, frame_number: int, fps: int) -> NDArray[Any]:
+def decode_frame_at(path: Path, frame_number: int, fps: int) -> NDArray[np.uint8]:
     """Decode the frame shown at ``frame_number / fps`` seconds of an MP4 (seek, then decode)."""
     target = Fraction(frame_number, fps)
     with av.open(str(path)) as c:
@@ -67,7 +67,7 @@ def decode_frame_at(path: Path, frame_number: int, fps: int) -> NDArray[Any]:
                 continue
             t = Fraction(frame.pts) * tb
             if abs(t - target) < Fraction(1, 10000):
-                return frame.to_ndarray(format="rgb24")
+                return cast("NDArray[np.uint8]", frame.to_ndarray(format="rgb24"))  # rgb24: 8 bits per channel
             if t > target:
                 break
     raise VideoError(f"{path}: no frame at {float(target):.4f} s (frame {frame_number})")

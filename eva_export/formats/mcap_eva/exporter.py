@@ -123,7 +123,7 @@ def _bin_header(n: int) -> bytes:
     return struct.pack(">BI", 0xC6, n)
 
 
-def image_head(frame_index: int, fps: int, frame: NDArray[Any]) -> bytes:
+def image_head(frame_index: int, fps: int, frame: NDArray[np.uint8]) -> bytes:
     """The MessagePack image payload up to the pixels: head + the frame's bytes is the payload."""
     h, w = frame.shape[:2]
     packer = msgpack.Packer(use_bin_type=True)
@@ -134,7 +134,7 @@ def image_head(frame_index: int, fps: int, frame: NDArray[Any]) -> bytes:
     return b"".join((head, packer.pack("data"), _bin_header(frame.nbytes)))
 
 
-def pack_image(frame_index: int, fps: int, frame: NDArray[Any]) -> bytearray:
+def pack_image(frame_index: int, fps: int, frame: NDArray[np.uint8]) -> bytearray:
     """The MessagePack image payload, built with a single copy of the pixels."""
     head = image_head(frame_index, fps, frame)
     out = bytearray(len(head) + frame.nbytes)
@@ -143,7 +143,7 @@ def pack_image(frame_index: int, fps: int, frame: NDArray[Any]) -> bytearray:
     return out
 
 
-def decode_image(payload: bytes) -> tuple[dict[str, object], NDArray[Any]]:
+def decode_image(payload: bytes) -> tuple[dict[str, object], NDArray[np.uint8]]:
     msg = msgpack.unpackb(payload, raw=False)
     img = np.frombuffer(msg["data"], np.uint8).reshape(msg["height"], msg["width"], 3)
     return msg, img
