@@ -20,7 +20,7 @@ import itertools
 import json
 import math
 import re
-from typing import Any
+from typing import Any, SupportsFloat, SupportsIndex, SupportsInt
 
 import numpy as np
 
@@ -214,6 +214,22 @@ def as_dict(value: Any, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"{what} is {type(value).__name__}, expected a JSON object")
     return value
+
+
+def int_like(value: object) -> int:
+    """``int(value)`` of a decoded value, as Python takes it ("30", 30.0 and True too): for
+    readers that always converted leniently; the same TypeError for any other kind."""
+    if isinstance(value, (str, bytes, bytearray, SupportsInt, SupportsIndex)):
+        return int(value)
+    raise TypeError(f"int() argument must be a string, a bytes-like object or a real number, "
+                    f"not '{type(value).__name__}'")
+
+
+def float_like(value: object) -> float:
+    """``float(value)`` of a decoded value, as Python takes it; the same TypeError otherwise."""
+    if isinstance(value, (str, bytes, bytearray, SupportsFloat, SupportsIndex)):
+        return float(value)
+    raise TypeError(f"float() argument must be a string or a real number, not '{type(value).__name__}'")
 
 
 def as_list(value: Any, what: str) -> list[Any]:

@@ -315,16 +315,16 @@ def verify_hdf5(root: Path) -> VerifyReport:
     report, info = start_report(root, FORMAT, embedded_images=True)
     if info is None:
         return report
-    image_keys = [k for k, f in info["features"].items() if f["dtype"] == "image"]
+    image_keys = info.keys_of("image")
     rows_total = 0
     episodes = read_episode_rows(root, report)
     n_err = len(report.errors)
     sample: tuple[Any, Any, Any] = (None, None, None)
-    feats = DatasetInfo.from_dict(info)
+    feats = DatasetInfo.from_dict(info.raw)
     state_key, action_key = state_action_keys(feats)
     values = ValueCheck(root, info)
     for ep in episodes:
-        path = root / episode_file(info, ep.episode_index)
+        path = root / episode_file(info.raw, ep.episode_index)
         try:
             with h5py.File(path, "r") as f:
                 missing = [g for g in GROUPS if g not in f]
@@ -350,7 +350,7 @@ def verify_hdf5(root: Path) -> VerifyReport:
                 values.episode(path.name, ep.episode_index, {
                     k: it["value"][()] for k in (*values.floats, "timestamp") if (it := find_item(f["columns"], k))})
                 md = read_group(f["metadata"])
-                if md.get("episode_index") != ep.episode_index or md.get("fps") != info["fps"]:
+                if md.get("episode_index") != ep.episode_index or md.get("fps") != info.raw["fps"]:
                     report.errors.append(f"{path.name}: metadata episode_index/fps do not match")
                 if sample[0] is None and state_key and action_key and image_keys:
                     s_item, a_item = find_item(f["columns"], state_key), find_item(f["columns"], action_key)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import pyarrow as pa
 from ... import pool
 from ...errors import ExportError
 from ...fsutil import atomic_write_json, fsync_dir, storage_guard
+from ...jsonbound import int_like
 from ...manifest import record_written
 from ..common.exporter import Progress
 from ..common.meta import EPISODES, INFO, DatasetMeta
@@ -39,8 +40,8 @@ def embedded_info(info: DatasetInfo, dataset_format: str, extension: str) -> dic
     d["dataset_format"] = dataset_format
     return d
 
-def episode_file(info: dict[str, Any], episode_index: int) -> str:
-    chunks = int(info.get("chunks_size") or 1000)
+def episode_file(info: Mapping[str, object], episode_index: int) -> str:
+    chunks = int_like(info.get("chunks_size") or 1000)
     return str(info["data_path"]).format(episode_chunk=episode_index // chunks, episode_index=episode_index)
 
 def to_plain(value: Any) -> Any:

@@ -32,7 +32,7 @@ from ..common.episode_list import rows_at
 from ..common.source import SourceCheck
 from .validate import validate_source
 from ..common.exporter import Progress, VerifyReport
-from ..common.checks import check_sample, check_totals, start_report
+from ..common.checks import ExportInfo, check_sample, check_totals, start_report
 from ..common.images import iter_table_images, parquet_image_keys
 from ..common.train_checks import ValueCheck, check_stats
 from .subset import column_numpy, link_or_copy, load_source, state_action_keys, write_quality_split
@@ -110,7 +110,7 @@ class _Verifier:
         self._sample(meta, report)
         return report
 
-    def _values(self, meta: DatasetMeta, report: VerifyReport, info: dict[str, object]) -> None:
+    def _values(self, meta: DatasetMeta, report: VerifyReport, info: ExportInfo) -> None:
         """Every episode's float features and timestamps, as a trainer reads them."""
         values = ValueCheck(meta.root, info)
         for ep in meta.episodes:

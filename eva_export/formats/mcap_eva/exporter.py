@@ -254,9 +254,9 @@ def verify_mcap(root: Path) -> VerifyReport:
     report, info = start_report(root, FORMAT, embedded_images=True)
     if info is None:
         return report
-    fps = int(info["fps"])
-    image_keys = [k for k, f in info["features"].items() if f["dtype"] == "image"]
-    feats = DatasetInfo.from_dict(info)
+    fps = info.fps
+    image_keys = info.keys_of("image")
+    feats = DatasetInfo.from_dict(info.raw)
     state_key, action_key = state_action_keys(feats)
     episodes = read_episode_rows(root, report)
     n_err = len(report.errors)
@@ -264,7 +264,7 @@ def verify_mcap(root: Path) -> VerifyReport:
     sample: tuple[Any, Any, Any] = (None, None, None)
     values = ValueCheck(root, info)
     for ep in episodes:
-        path = root / episode_file(info, ep.episode_index)
+        path = root / episode_file(info.raw, ep.episode_index)
         scan = _FileScan({k: [] for k in image_keys}, {k: [] for k in image_keys}, sample)
         scan.values, scan.episode = values, ep.episode_index
         try:

@@ -69,13 +69,13 @@ def verify_viewer(root: Path) -> VerifyReport:
     report, info = start_report(root, FORMAT, embedded_images=True)
     if info is None:
         return report
-    feats = DatasetInfo.from_dict(info)
+    feats = DatasetInfo.from_dict(info.raw)
     state_key, action_key = state_action_keys(feats)
     episodes = read_episode_rows(root, report)
     n_err, rows_total = len(report.errors), 0
     sample: list[Any] = [None, None, None]
     for ep in episodes:
-        path = root / episode_file(info, ep.episode_index)
+        path = root / episode_file(info.raw, ep.episode_index)
         scan = _Scan({k: _Camera(k, feats.features[k].shape[:2]) for k in feats.visual_keys},  # type: ignore[arg-type]
                      {k: dimension_names(k, feats.features[k]) for k in numeric_keys(feats.features)})
         try:
