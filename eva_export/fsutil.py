@@ -132,11 +132,11 @@ def atomic_write_text(path: Path, text: str, mode: int = FILE_MODE) -> None:
     atomic_write_bytes(path, text.encode("utf-8"), mode)
 
 
-def dumps_json(obj: Any) -> str:
+def dumps_json(obj: object) -> str:
     return json.dumps(obj, indent=4, ensure_ascii=False) + "\n"
 
 
-def atomic_write_json(path: Path, obj: Any, mode: int = FILE_MODE) -> None:
+def atomic_write_json(path: Path, obj: object, mode: int = FILE_MODE) -> None:
     atomic_write_text(path, dumps_json(obj), mode)
 
 

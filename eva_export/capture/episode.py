@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import av
 import numpy as np
@@ -26,11 +26,11 @@ from ..formats.lerobot_v21.writer import DatasetWriter
 from .align import LATENCY_BUDGET_S, GridAligner, Sample, Slot
 from .checks import EpisodeChecker, QualityResult
 from .features import CAPTURE_TIME
-from .intake import RawImage, RawVector
+from .intake import Payload, RawImage, RawVector
 from .stream import StreamState
 
 
-def _key_or_not_video(payload: Any) -> bool:
+def _key_or_not_video(payload: object) -> bool:
     """Row 0 of an H.264 reference camera is a keyframe: the episode's video can then be the
     source's own packets (a start inside a GOP would need the frames before it)."""
     return not isinstance(payload, RawImage) or payload.frame_no < 0 or payload.key
@@ -83,7 +83,7 @@ class EpisodeRun:
         return cls(epoch, dataset_name, task, dw, writer, aligner, checker, streams, now, wall_offset)
 
     # ---- messages ---------------------------------------------------------------------------
-    def push(self, i: int, recv: float, stamp: float | None, payload: Any, t_src: float | None = None) -> None:
+    def push(self, i: int, recv: float, stamp: float | None, payload: Payload, t_src: float | None = None) -> None:
         """One message, in receive order (``t_src``: its source time when unstamped)."""
         if recv < self.start:
             # received before START but handed over after it (a callback racing START): not part
@@ -101,7 +101,7 @@ class EpisodeRun:
         self.checker.on_message(i, recv, stamp)
         value: Any = None
         if spec.is_camera:
-            raw: RawImage = payload
+            raw = cast(RawImage, payload)  # a camera stream's payload
             if raw.frame_no >= 0 and raw.packet is None:  # an H.264 message that did not decode
                 self.checker.on_shape(i, f"undecodable frame: {raw.encoding}")
             elif not raw.compressed and (raw.width, raw.height) != (spec.width, spec.height):
@@ -109,7 +109,7 @@ class EpisodeRun:
             else:
                 value = raw
         else:
-            value = self._vector(i, payload)
+            value = self._vector(i, cast(RawVector, payload))  # any other stream's
         self.emit(self.aligner.push(i, Sample(recv, stamp, value, t=t_src)))
 
     def _vector(self, i: int, raw: RawVector) -> NDArray[np.generic] | None:

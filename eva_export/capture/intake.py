@@ -111,10 +111,14 @@ def streams_from_config(col: CollectionConfig) -> list[StreamSpec]:
 
 
 # ---- message -> (stamp, payload) ----------------------------------------------------------------
-Convert = Callable[[Any], tuple[float | None, Any]]
+#: What a stream's message becomes: a vector (joint state, array, pose) or a camera frame.
+Payload = RawVector | RawImage
+
+#: A message (rclpy's or mcap-ros2-support's: untyped classes) -> (header stamp or None, payload).
+Convert = Callable[[Any], tuple[float | None, Payload]]
 
 
-def stamp_seconds(msg: Any) -> float | None:
+def stamp_seconds(msg: object) -> float | None:
     header = getattr(msg, "header", None)
     if header is None:
         return None
@@ -141,20 +145,20 @@ def converter(spec: StreamSpec) -> Convert:
     if spec.msg_type == "JointState":
         field = spec.field
 
-        def joint_state(msg: Any) -> tuple[float | None, Any]:
+        def joint_state(msg: Any) -> tuple[float | None, Payload]:
             return stamp_seconds(msg), RawVector(_f64(getattr(msg, field)), list(msg.name))
 
         return joint_state
     if spec.msg_type == "Float64MultiArray":
         return lambda msg: (None, RawVector(_f64(msg.data)))
     if spec.msg_type == "PoseStamped":
-        def pose(msg: Any) -> tuple[float | None, Any]:
+        def pose(msg: Any) -> tuple[float | None, Payload]:
             p, q = msg.pose.position, msg.pose.orientation
             return stamp_seconds(msg), RawVector(np.array([p.x, p.y, p.z, q.x, q.y, q.z, q.w]))
 
         return pose
     if spec.msg_type == "Image":
-        def image(msg: Any) -> tuple[float | None, Any]:
+        def image(msg: Any) -> tuple[float | None, Payload]:
             return stamp_seconds(msg), RawImage(_u8(msg.data), msg.height, msg.width, msg.encoding, msg.step)
 
         return image

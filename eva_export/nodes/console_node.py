@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from eva_export_interfaces.msg import CaptureStatus, JobQueueStatus  # type: ignore[import-untyped]  # no py.typed
 from eva_export_interfaces.srv import GetJob, ListEpisodes, ReviewEpisode, StartExport, StartUpload  # type: ignore[import-untyped]  # no py.typed
@@ -33,13 +33,19 @@ WAIT_SERVICE = 2.0
 PEER_WAIT = 60.0
 
 
-def msg_to_dict(msg: Any) -> dict[str, object]:
+def msg_to_dict(msg: _Fields) -> dict[str, object]:
     """A flat ROS message as a JSON-able dict (lists of strings kept as lists)."""
     out: dict[str, object] = {}
     for name in msg.get_fields_and_field_types():
         v = getattr(msg, name)
         out[name] = list(v) if isinstance(v, (list, tuple)) or hasattr(v, "tolist") else v
     return out
+
+
+class _Fields(Protocol):
+    """A generated message class's field list (the classes are untyped)."""
+
+    def get_fields_and_field_types(self) -> dict[str, str]: ...
 
 
 class RosBackend:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -32,12 +32,27 @@ MSG_TYPES: dict[str, type] = {
 
 Intake = intake.Convert
 
+
+class _Time(Protocol):
+    sec: int
+    nanosec: int
+
+
+class _Header(Protocol):
+    stamp: _Time
+
+
+class Stamped(Protocol):
+    """A message with a std_msgs/Header (the generated classes are untyped)."""
+
+    header: _Header
+
 DDS_PROFILE_ENV = "FASTDDS_DEFAULT_PROFILES_FILE"
 DDS_PROFILE_NAME = "fastdds_shm.xml"
 
 
 # ---- intake -----------------------------------------------------------------------------------
-def intake_converter(spec: StreamSpec) -> tuple[Any, Intake]:
+def intake_converter(spec: StreamSpec) -> tuple[type, Intake]:
     """(message class, msg -> (header stamp or None, payload)) for one configured stream.
 
     The conversion itself is ROS-free (eva_export.capture.intake) and shared with bag ingest.
@@ -48,7 +63,7 @@ def intake_converter(spec: StreamSpec) -> tuple[Any, Intake]:
 
 
 # ---- builders (teleop_sim, tests) ---------------------------------------------------------------
-def set_stamp(msg: Any, seconds_nanos: tuple[int, int]) -> None:
+def set_stamp(msg: Stamped, seconds_nanos: tuple[int, int]) -> None:
     msg.header.stamp.sec, msg.header.stamp.nanosec = seconds_nanos
 
 

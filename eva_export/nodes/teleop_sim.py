@@ -44,7 +44,7 @@ from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 
-from eva_export.capture.intake import streams_from_config
+from eva_export.capture.intake import StreamSpec, streams_from_config
 from eva_export.config import load_config
 from eva_export.nodes import ros_convert
 from eva_export.nodes.common import run_node
@@ -140,7 +140,7 @@ class Schedule:
         return k / self.rate
 
     def due(self, now: float) -> list[int]:
-        out: list[Any] = []
+        out: list[int] = []
         while True:
             if self._release is None:
                 delay = float(self.rng.uniform(0.0, self.jitter_s)) if self.jitter_s > 0 else 0.0
@@ -243,7 +243,7 @@ class TeleopSim(Node):
             values = -(n + 0.25 * np.arange(len(spec.names)))
             self.pubs["action"].publish(self._vector_msg(spec, values, self._stamp_of(sched, n)))
 
-    def _vector_msg(self, spec: Any, values: NDArray[np.generic], stamp: tuple[int, int]) -> Any:
+    def _vector_msg(self, spec: StreamSpec, values: NDArray[np.generic], stamp: tuple[int, int]) -> Any:
         """A JointState (stamped, by joint name) or a Float64MultiArray, as the config says."""
         if spec.msg_type == "JointState":
             msg = ros_convert.joint_state_msg(spec.names, values, spec.field)
