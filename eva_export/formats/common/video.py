@@ -14,7 +14,7 @@ from typing import Any, cast
 
 import av
 import numpy as np
-from av.container import OutputContainer
+from av.container import InputContainer, OutputContainer
 from av.video.reformatter import VideoReformatter
 from av.video.stream import VideoStream
 from numpy.typing import NDArray
@@ -204,7 +204,7 @@ def count_frames(path: Path) -> int:
         raise VideoError(f"cannot read {path}: {exc}") from exc
 
 
-def stream_frames(container: Any, stream: Any) -> int:
+def stream_frames(container: InputContainer, stream: VideoStream) -> int:
     """Frames of an open video stream: the container index (the MP4 sample table, exact) when
     it has one, else the packets, demuxed (no decode)."""
     indexed = int(stream.frames or 0)
@@ -270,7 +270,7 @@ def stream_timing(path: Path) -> StreamTiming:
         raise VideoError(f"cannot read {path}: {exc}") from exc
 
 
-def container_timing(container: Any, path: Path) -> StreamTiming:
+def container_timing(container: InputContainer, path: Path) -> StreamTiming:
     """``stream_timing`` of a container already open (its packets not demuxed yet); PyAV's own
     errors are not wrapped here."""
     s = container.streams.video[0]

@@ -33,6 +33,7 @@ from typing import Any
 import h5py
 import msgpack
 import numpy as np
+import pyarrow as pa
 from numpy.typing import NDArray
 
 from ...errors import ExportError, VideoError
@@ -41,7 +42,7 @@ from ..common.checks import check_sample, check_totals, read_episode_rows, start
 from ..common.exporter import Progress, VerifyReport
 from ..common.images import Prefetch, camera_frames
 from ..common.meta import INFO, DatasetMeta
-from ..common.records import DatasetInfo
+from ..common.records import DatasetInfo, EpisodeRow
 from ..common.train_checks import ValueCheck, check_stats
 from ..common.written import RegionHasher
 from ..lerobot_v21.episode_files import episode_file, export_episode_files, to_plain
@@ -136,11 +137,11 @@ class Hdf5Exporter:
             write_episode=self._write_unit,  # a bound method: picklable for worker processes
             is_complete=lambda path, meta, ep: _complete(path, ep.length, len(meta.info.visual_keys)))
 
-    def _write_unit(self, tmp: Path, meta: DatasetMeta, ep: Any, table: Any) -> str | None:
+    def _write_unit(self, tmp: Path, meta: DatasetMeta, ep: EpisodeRow, table: pa.Table) -> str | None:
         return self._write_episode(tmp, meta, ep.episode_index, ep.to_dict(), table)
 
     def _write_episode(self, tmp: Path, meta: DatasetMeta, episode_index: int, row: dict[str, object],
-                       table: Any) -> str | None:
+                       table: pa.Table) -> str | None:
         """Write one episode file; return the SHA-256 of its bytes when they were hashed as written."""
         require_free(tmp.parent, projected_bytes(meta, table), f"hdf5 episode {episode_index}")
         with open(tmp, "w+b", buffering=0) as fh:  # unbuffered: our pwritev and h5py's writes share the fd
@@ -151,7 +152,7 @@ class Hdf5Exporter:
         return digest
 
     def _write_file(self, sink: _Sink, meta: DatasetMeta, episode_index: int, row: dict[str, object],
-                    table: Any) -> str | None:
+                    table: pa.Table) -> str | None:
         # libver earliest (superblock v0, no status flags): closing rewrites the superblock with
         # the bytes it already had, so the digest taken while writing survives the close.
         with h5py.File(sink, "w", libver="earliest", **(ALIGNMENT if not self.compression else {})) as f:
@@ -170,7 +171,7 @@ class Hdf5Exporter:
         return hasher.finish(sink.writes or [])
 
     def _write_direct(self, f: h5py.File, imgs: h5py.Group, sink: _Sink, meta: DatasetMeta, episode_index: int,
-                      table: Any) -> RegionHasher:
+                      table: pa.Table) -> RegionHasher:
         """Uncompressed images: preallocated chunks written by pwritev (hdf5_frames), hashed."""
         visual, rows = meta.info.visual_keys, int(table.num_rows)
         iters = [Prefetch(camera_frames(meta, episode_index, table, key), self.prefetch) for key in visual]
@@ -192,7 +193,7 @@ class Hdf5Exporter:
             for it in iters:
                 it.close()
 
-    def _write_compressed(self, imgs: h5py.Group, meta: DatasetMeta, episode_index: int, table: Any) -> None:
+    def _write_compressed(self, imgs: h5py.Group, meta: DatasetMeta, episode_index: int, table: pa.Table) -> None:
         for i, key in enumerate(meta.info.visual_keys):
             g = imgs.create_group(item_name(i))
             g.attrs["key"] = key
@@ -230,7 +231,7 @@ class Hdf5Exporter:
         return verify_hdf5(Path(out_dir))
 
 
-def projected_bytes(meta: DatasetMeta, table: Any) -> int:
+def projected_bytes(meta: DatasetMeta, table: pa.Table) -> int:
     """Upper bound of one episode file: the table, every frame uncompressed, and HDF5's object
     and per-frame chunk-index overhead (generous: refusing early is cheap, a full disk is not)."""
     visual = meta.info.visual_keys

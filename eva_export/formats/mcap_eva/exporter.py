@@ -49,6 +49,7 @@ from typing import Any
 
 import msgpack
 import numpy as np
+import pyarrow as pa
 from mcap.exceptions import McapError
 from mcap.reader import make_reader
 from numpy.typing import NDArray
@@ -168,7 +169,7 @@ class McapExporter:
             write_episode=self._write_episode,
             is_complete=lambda path, meta, ep: _complete(path, ep.length, meta.info.visual_keys))
 
-    def _write_episode(self, tmp: Path, meta: DatasetMeta, ep: EpisodeRow, table: Any) -> str | None:
+    def _write_episode(self, tmp: Path, meta: DatasetMeta, ep: EpisodeRow, table: pa.Table) -> str | None:
         """Write one episode file; return the SHA-256 of its bytes (hashed as they were written)."""
         fps = meta.info.fps
         keys = meta.info.visual_keys  # MP4 cameras and images stored in Parquet alike
@@ -199,7 +200,7 @@ class McapExporter:
         return w.sha256
 
     def _write_frames(self, w: ChunkWriter, channels: dict[str, int], meta: DatasetMeta, ep: EpisodeRow,
-                      table: Any) -> None:
+                      table: pa.Table) -> None:
         """Every camera's frames in time order, interleaved frame by frame."""
         fps, rows = meta.info.fps, table.num_rows
         iters = {k: Prefetch(camera_frames(meta, ep.episode_index, table, k), self.prefetch) for k in channels}
