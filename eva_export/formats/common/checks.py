@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -161,7 +160,7 @@ def check_totals(report: VerifyReport, info: ExportInfo, episodes: int, frames: 
     else:
         report.checks.append(f"info.json totals match {what}: {episodes} episodes, {frames} frames")
 
-def check_sample(report: VerifyReport, state: Any, action: Any, frame: Any, where: str,
+def check_sample(report: VerifyReport, state: object, action: object, frame: object, where: str,
                  empty: bool = False) -> None:
     """Record the real read of one state value, one action value and one image frame.
 

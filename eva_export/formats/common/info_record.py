@@ -62,14 +62,14 @@ class Feature:
                          "video.fps": fps, "video.channels": 3, "has_audio": False})
 
 
-def _feature(key: str, d: Any) -> Feature:
+def _feature(key: str, d: object) -> Feature:
     try:
         return Feature.from_dict(d)
     except (KeyError, ValueError, TypeError) as exc:
         raise ValueError(f"feature {key!r}: {exc}") from None
 
 
-def _features(value: Any) -> dict[str, object]:
+def _features(value: object) -> dict[str, object]:
     features = as_dict(value, "features")
     if len(features) > KEYS_MAX:
         raise ValueError(f"features has {len(features)} entries; at most {KEYS_MAX} are accepted")

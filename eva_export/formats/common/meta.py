@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Container, Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
@@ -174,7 +174,7 @@ def stats_digest(info: DatasetInfo) -> Callable[[EpisodeStats], int] | None:
     return digest
 
 
-def _size(value: Any) -> int:
+def _size(value: object) -> int:
     try:
         return int(np.asarray(value, dtype=np.float64).size)
     except (ValueError, TypeError):

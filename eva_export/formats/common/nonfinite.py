@@ -26,7 +26,6 @@ from array import array
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -84,7 +83,7 @@ class NonFiniteEpisode:
                 "qc_verdict": self.qc_verdict}
 
     @classmethod
-    def from_dict(cls, d: Any) -> NonFiniteEpisode:
+    def from_dict(cls, d: object) -> NonFiniteEpisode:
         if not isinstance(d, dict) or not isinstance(d.get("features"), dict):
             raise ValueError(f"{NONFINITE_KEY}: an entry is not an object with a features object")
         return cls(int(d["episode_index"]), int(d["source_episode_index"]), str(d["source_file"]),

@@ -102,7 +102,7 @@ _TEXT_FIELDS = ("quality", "qc_verdict", "note", "reviewed_at", "take_id")
 _EPISODE_FIELDS = ("quality", "quality_issues", "stream_stats", "qc_verdict", "note", "reviewed_at", "take_id")
 
 
-def _issues(value: Any) -> list[QualityIssue]:
+def _issues(value: object) -> list[QualityIssue]:
     """quality_issues as typed records; any other shape is refused."""
     items = as_list(value, "quality_issues")
     if len(items) > ITEMS_MAX:
@@ -110,7 +110,7 @@ def _issues(value: Any) -> list[QualityIssue]:
     return [QualityIssue.from_dict(i) for i in items]
 
 
-def _tasks(value: Any) -> list[str]:
+def _tasks(value: object) -> list[str]:
     """A row's tasks: a list of task texts (a single text is one task), each bounded."""
     items = as_list([value] if isinstance(value, str) else value, "tasks")
     if len(items) > ITEMS_MAX:

@@ -43,7 +43,7 @@ def stat_keys(info: ExportInfo) -> list[str]:
     return [k for k, f in feats.items() if isinstance(f, dict) and f.get("dtype") in _NUMERIC]
 
 
-def stats_problems(stats: Any, keys: list[str]) -> list[str]:
+def stats_problems(stats: object, keys: list[str]) -> list[str]:
     """Every way ``stats`` (stats.json's object) fails a trainer, one line per feature."""
     if not isinstance(stats, dict):
         return ["is not a JSON object"]

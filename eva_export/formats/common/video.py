@@ -331,7 +331,7 @@ def tick_problems(pts: Sequence[int], dts: Sequence[int], tb: Fraction, duration
     return out
 
 
-def image_row_problem(value: Any, shape: tuple[int, ...]) -> str:
+def image_row_problem(value: object, shape: tuple[int, ...]) -> str:
     """Why one embedded-image cell (``{"bytes", "path"}`` holding a PNG or JPEG) would not give a
     reader an image of ``shape`` ("" when it would)."""
     data = value.get("bytes") if isinstance(value, dict) else value

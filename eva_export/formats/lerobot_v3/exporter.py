@@ -104,7 +104,7 @@ def tasks_table(tasks: list[tuple[int, str]]) -> pa.Table:
                     schema=sch)
 
 
-def _plain_kind(v: Any) -> str:
+def _plain_kind(v: object) -> str:
     if isinstance(v, bool):
         return "bool"
     if isinstance(v, int):
