@@ -12,7 +12,7 @@ import base64
 import html
 import math
 from collections.abc import Sequence
-from typing import Any, TypedDict
+from typing import TypedDict
 
 #: One timeline mark: frames ``from``..``to`` of an episode, with the reason's code and detail.
 Marker = TypedDict("Marker", {"code": str, "from": int, "to": int, "detail": str})
@@ -22,12 +22,12 @@ ISSUE_COLOUR = "#b00020"
 NONFINITE_COLOUR = "#6a1b9a"
 
 
-def esc(value: Any) -> str:
+def esc(value: object) -> str:
     """HTML-escape anything (quotes too: values also land in attributes)."""
     return html.escape(str(value), quote=True)
 
 
-def fmt_num(v: Any) -> str:
+def fmt_num(v: object) -> str:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return ""
     if isinstance(v, int):

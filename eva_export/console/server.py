@@ -28,7 +28,7 @@ import urllib.parse
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..errors import DatasetError, UnsafeNameError
 from ..export.paths import ExportPaths
@@ -121,7 +121,7 @@ class ConsoleHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "eva_console"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
         LOG.debug("%s " + format, self.address_string(), *args)
 
     # ---- dispatch ---------------------------------------------------------------------------
@@ -375,7 +375,7 @@ class ConsoleHandler(BaseHTTPRequestHandler):
     def _send_text(self, text: str, status: HTTPStatus, extra: list[tuple[str, str]] | None = None) -> None:
         self._send(status, text.encode("utf-8", "replace"), "text/plain; charset=utf-8", extra)
 
-    def _send_json(self, obj: Any, status: HTTPStatus = HTTPStatus.OK) -> None:
+    def _send_json(self, obj: object, status: HTTPStatus = HTTPStatus.OK) -> None:
         self._send(status, json.dumps(obj, allow_nan=False).encode("utf-8"), "application/json")
 
 

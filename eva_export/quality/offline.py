@@ -14,7 +14,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
 
 import av
 import numpy as np
@@ -107,7 +106,7 @@ def _names(feature: Feature) -> tuple[str, ...]:
     return tuple(str(n) for n in names) if isinstance(names, list) else ()
 
 
-def _luma(frame: Any) -> NDArray[np.uint8]:
+def _luma(frame: av.VideoFrame) -> NDArray[np.uint8]:
     """A decoded frame's luma plane, without a colour conversion (most of the cost)."""
     if frame.format.name not in ("yuv420p", "yuvj420p", "yuv422p", "yuv444p", "gray"):
         return np.asarray(frame.to_ndarray(format="gray"), np.uint8)

@@ -42,7 +42,7 @@ class Provenance:
         return {"version": self.version, "sources": list(self.sources), "live_quality": self.live_quality}
 
     @classmethod
-    def from_dict(cls, d: Any) -> Provenance | None:
+    def from_dict(cls, d: object) -> Provenance | None:
         if not isinstance(d, dict) or "version" not in d:
             return None
         return cls(str(d["version"]), tuple(str(s) for s in d.get("sources") or ()), str(d.get("live_quality", "")))
