@@ -29,6 +29,7 @@ from typing import Any, cast
 
 import msgpack
 import numpy as np
+import pyarrow as pa
 from numpy.typing import NDArray
 
 from ...errors import EvaError
@@ -181,7 +182,7 @@ class Store:
         self._open: collections.OrderedDict[int, _Shard] = collections.OrderedDict()
         self._numeric_cache: dict[int, dict[str, NDArray[np.generic]]] = {}  # per process, like the descriptors
 
-    def _read_index(self, table: Any) -> None:
+    def _read_index(self, table: pa.Table) -> None:
         """The sample index columns; every (shard, row) must lie inside its shard."""
         pos = {s.shard_id: i for i, s in enumerate(self.manifest.shards)}
         shard_ids = table.column("shard_id").to_pylist()
