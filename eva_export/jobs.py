@@ -87,9 +87,9 @@ class ServiceStatus:
 
 
 #: A job's work, given the job id; returns the fields to set when it completes.
-JobBody = Callable[[str], Mapping[str, Any] | None]
+JobBody = Callable[[str], Mapping[str, object] | None]
 #: Given the failed job, the fields to add to it (e.g. the staging it leaves).
-OnFailure = Callable[["Job"], Mapping[str, Any]]
+OnFailure = Callable[["Job"], Mapping[str, object]]
 
 
 class JobEngine:

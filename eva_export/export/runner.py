@@ -50,8 +50,8 @@ from .paths import SUBSETS, ExportPaths
 from .publish import export_lock, lock_held, publish_pair, recover_pair
 from .records import ACCEPTED, REJECTED
 from .request import ExportRequest
-from .split import NativeSplit, prepare_staging
-from .units import native_dir
+from .split import NativeSplit, SubsetResult, prepare_staging
+from .units import PlannedEpisode, native_dir
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ class ExportService:
         self.jobs.close(timeout)
 
     # ---- one job ---------------------------------------------------------------------------
-    def _unit_pool(self) -> contextlib.AbstractContextManager[Any]:
+    def _unit_pool(self) -> contextlib.AbstractContextManager[object]:
         """Episode units of this job run in worker processes (eva_export.pool), unless the caller
         already chose an executor (``eva-export batch`` on Ray)."""
         from .. import pool
@@ -241,7 +241,7 @@ class ExportService:
                          bytes_total=sum(c.bytes_total for c in checks))
         self.jobs.save(job_id, force=True)
 
-        def on_unit(_p: Any, files: int, nbytes: int, reused: bool) -> None:
+        def on_unit(_p: PlannedEpisode, files: int, nbytes: int, reused: bool) -> None:
             self.jobs.count(job_id, episodes_done=int(spec.native), files_done=files, bytes_done=nbytes,
                             reused_episodes=int(reused))
             self.jobs.save(job_id)
@@ -279,7 +279,8 @@ class ExportService:
                 "accepted_episodes": acc_totals[0], "accepted_frames": acc_totals[1],
                 "rejected_episodes": rej.episodes, "rejected_frames": rej.frames}
 
-    def _nonfinite(self, job_id: str, staging: Path, fmt: str, acc: Any, rej: Any) -> tuple[dict[str, Path], tuple[int, int]]:
+    def _nonfinite(self, job_id: str, staging: Path, fmt: str, acc: SubsetResult, rej: SubsetResult,
+                   ) -> tuple[dict[str, Path], tuple[int, int]]:
         """export.nonfinite applied to the staged accepted subset: the native subset directories
         to write the format from, and the accepted (episodes, frames) they hold."""
         policy = self.config.export.nonfinite
