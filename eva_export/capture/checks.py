@@ -62,12 +62,12 @@ class StreamCounters:
     stamp_recv: list[float] = field(default_factory=list)  # receive time of each stamped message
     rejected: list[tuple[float, int, str]] = field(default_factory=list)  # (receive time, width, why)
     anchor: tuple[int, float] | None = None  # (row, receive time) of the stream's first placed message
-    values: list[Any] = field(default_factory=list)  # vector rows
+    values: list[NDArray[np.generic] | None] = field(default_factory=list)  # vector rows
     valid: list[bool] = field(default_factory=list)
     age: int = 0  # slots since the held vector was fresh
     change: list[float] = field(default_factory=list)  # camera rows: rules.frame_change
-    last_sig: Any = None
-    last_img: Any = None
+    last_sig: NDArray[np.int16] | None = None
+    last_img: object = None  # compared by identity only
 
     def rate_hz(self) -> float:
         if self.received < 2 or self.first_recv is None or self.last_recv is None:

@@ -27,6 +27,7 @@ from .align import LATENCY_BUDGET_S, GridAligner, Sample, Slot
 from .checks import EpisodeChecker, QualityResult
 from .features import CAPTURE_TIME
 from .intake import Payload, RawImage, RawVector
+from .results import CancelResult, StopResult
 from .stream import StreamState
 
 
@@ -51,7 +52,7 @@ class EpisodeRun:
     t_stop: float | None = None
     cancel: bool = False
     finalized: threading.Event = field(default_factory=threading.Event)
-    result: Any = None
+    result: StopResult | CancelResult | None = None  # set once the episode is closed
     row_extra: dict[str, Any] = field(default_factory=dict)  # added to the episode row at commit
     # per H.264 camera: the frame_no its next row must carry for the video to stay a copy of the
     # source (absent: row 0, a keyframe; -1: given up). Per episode: an episode still closing
