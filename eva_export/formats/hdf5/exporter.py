@@ -320,7 +320,7 @@ def verify_hdf5(root: Path) -> VerifyReport:
     rows_total = 0
     episodes = read_episode_rows(root, report)
     n_err = len(report.errors)
-    sample: tuple[Any, Any, Any] = (None, None, None)
+    sample: tuple[object, object, object] = (None, None, None)  # state, action, frame
     feats = DatasetInfo.from_dict(info.raw)
     state_key, action_key = state_action_keys(feats)
     values = ValueCheck(root, info)

@@ -244,7 +244,7 @@ class _FileScan:
 
     seqs: dict[str, list[int]]
     times: dict[str, list[int]]
-    sample: tuple[Any, Any, Any]  # (state, action, frame) of the first episode that has them
+    sample: tuple[object, object, object]  # (state, action, frame) of the first episode that has them
     meta_msgs: int = 0
     rows: int | None = None
     values: ValueCheck | None = None  # the subset's value checks (train_checks), fed each episode's columns
@@ -262,7 +262,7 @@ def verify_mcap(root: Path) -> VerifyReport:
     episodes = read_episode_rows(root, report)
     n_err = len(report.errors)
     rows_total = 0
-    sample: tuple[Any, Any, Any] = (None, None, None)
+    sample: tuple[object, object, object] = (None, None, None)  # state, action, frame
     values = ValueCheck(root, info)
     for ep in episodes:
         path = root / episode_file(info.raw, ep.episode_index)
