@@ -45,7 +45,6 @@ import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import msgpack
 import numpy as np
