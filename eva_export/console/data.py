@@ -12,7 +12,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from ..config import check_name, inside
 from ..errors import DatasetError, UnsafeNameError
@@ -104,6 +104,28 @@ def confined_file(log_dir: Path, name: str, rel: str, suffixes: tuple[str, ...] 
 def episode_rows(root: Path) -> tuple[DatasetInfo, list[EpisodeRow]]:
     meta = read_meta(root)
     return meta.info, meta.episodes
+
+
+class Series(TypedDict):
+    """One plotted feature: its element names and, per frame, its values (None: NaN or inf)."""
+
+    names: list[str]
+    values: list[list[float | None]]
+
+
+class EpisodeSeries(TypedDict):
+    series: dict[str, Series]
+    nonfinite: dict[str, list[int]]  # feature -> frames holding NaN or inf
+
+
+class CameraFile(TypedDict):
+    """One camera's file of an episode; the server swaps ``rel`` for the ``url`` it serves."""
+
+    key: str
+    rel: NotRequired[str]
+    codec: str
+    exists: bool
+    url: NotRequired[str]
 
 
 def _finite_or_none(x: float) -> float | None:
@@ -212,7 +234,7 @@ def element_names(info: DatasetInfo, key: str, width: int) -> list[str]:
     return [str(n) for n in names]
 
 
-def episode_series(root: Path, info: DatasetInfo, episode_index: int) -> dict[str, Any]:
+def episode_series(root: Path, info: DatasetInfo, episode_index: int) -> EpisodeSeries:
     """The plotted vectors of one episode.
 
     Returns ``{"series": {feature: {"names": [...], "values": [[...] per frame]}},
@@ -220,7 +242,7 @@ def episode_series(root: Path, info: DatasetInfo, episode_index: int) -> dict[st
     """
     import numpy as np
 
-    series: dict[str, object] = {}
+    series: dict[str, Series] = {}
     nonfinite: dict[str, list[int]] = {}
     for key, arr in feature_arrays(root, info, episode_index).items():
         bad = ~np.isfinite(arr)
@@ -231,9 +253,9 @@ def episode_series(root: Path, info: DatasetInfo, episode_index: int) -> dict[st
     return {"series": series, "nonfinite": nonfinite}
 
 
-def camera_files(root: Path, info: DatasetInfo, episode_index: int) -> list[dict[str, Any]]:
+def camera_files(root: Path, info: DatasetInfo, episode_index: int) -> list[CameraFile]:
     """Per camera: key, path relative to the dataset root, codec, and whether the file exists."""
-    out = []
+    out: list[CameraFile] = []
     for key in info.video_keys:
         rel = info.video_file(key, episode_index)
         feat_info = info.features[key].info or {}
