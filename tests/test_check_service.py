@@ -20,7 +20,7 @@ import pytest
 from eva_export_interfaces.srv import CheckDataset, GetJob
 from quality_corpus import corpus, write_corpus
 
-from eva_export.export import faults
+from eva_export import faults
 from eva_export.formats.common import sidecar
 from eva_export.formats.common.table import to_numpy
 from eva_export.quality.rules import RULE_VERSION

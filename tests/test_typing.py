@@ -21,6 +21,7 @@ pytestmark = pytest.mark.timeout(600)
 MODULES = [
     # format registry, job engine, job nodes
     "eva_export.export.runner",
+    "eva_export.faults",
     "eva_export.export.request",
     "eva_export.formats.common.exporter",
     "eva_export.formats.eva_store.exporter",
@@ -61,6 +62,13 @@ MODULES = [
     "eva_export.capture",
     "eva_export.formats.common",
     "eva_export.formats.common.mcap_summary",
+    "eva_export.formats.common.options",
+    "eva_export.formats.eva_store.options",
+    "eva_export.formats.lerobot_v21.options",
+    "eva_export.formats.lerobot_v3.options",
+    "eva_export.formats.hdf5.options",
+    "eva_export.formats.mcap_eva.options",
+    "eva_export.formats.mcap_viewer.options",
     "eva_export.formats.hdf5",
     "eva_export.formats.lerobot_v20",
     "eva_export.formats.lerobot_v21",
