@@ -132,11 +132,11 @@ def atomic_write_text(path: Path, text: str, mode: int = FILE_MODE) -> None:
     atomic_write_bytes(path, text.encode("utf-8"), mode)
 
 
-def dumps_json(obj: Any) -> str:
+def dumps_json(obj: object) -> str:
     return json.dumps(obj, indent=4, ensure_ascii=False) + "\n"
 
 
-def atomic_write_json(path: Path, obj: Any, mode: int = FILE_MODE) -> None:
+def atomic_write_json(path: Path, obj: object, mode: int = FILE_MODE) -> None:
     atomic_write_text(path, dumps_json(obj), mode)
 
 
@@ -151,22 +151,22 @@ def read_json(path: Path) -> Any:
     return jsonbound.loads(jsonbound.decode(data))
 
 
-def jsonl_dumps(rows: Iterable[dict[str, Any]]) -> str:
+def jsonl_dumps(rows: Iterable[dict[str, object]]) -> str:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
 
 
-def atomic_write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+def atomic_write_jsonl(path: Path, rows: Iterable[dict[str, object]]) -> None:
     atomic_write_text(path, jsonl_dumps(rows))
 
 
-def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+def iter_jsonl(path: Path) -> Iterator[dict[str, object]]:
     """Yield the JSON objects of a JSON Lines file; ValueError("path:line: ...") on any fault
     (not UTF-8, too long, too deep, a number out of range, not an object)."""
     for _lineno, obj in iter_jsonl_lines(path):
         yield obj
 
 
-def iter_jsonl_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def iter_jsonl_lines(path: Path) -> Iterator[tuple[int, dict[str, object]]]:
     """``iter_jsonl`` with each object's line number."""
     for lineno, _offset, _length, obj in iter_jsonl_spans(path):
         yield lineno, obj
@@ -182,7 +182,7 @@ def line_limit(path: Path) -> int:
 
 
 def iter_jsonl_spans(path: Path, fh: BinaryIO | None = None,
-                     limit: int | None = None) -> Iterator[tuple[int, int, int, dict[str, Any]]]:
+                     limit: int | None = None) -> Iterator[tuple[int, int, int, dict[str, object]]]:
     """``iter_jsonl_lines`` with each line's byte offset and length, so a reader can keep where
     a row is and parse it again later (``jsonl_object``) instead of holding every object.
     ``fh``: the file already open (read from its start); ``path`` then only names it.
@@ -203,7 +203,7 @@ def iter_jsonl_spans(path: Path, fh: BinaryIO | None = None,
             offset += len(raw)
 
 
-def jsonl_object(path: Path, raw: bytes, lineno: int, limit: int = jsonbound.MAX_BYTES) -> dict[str, Any] | None:
+def jsonl_object(path: Path, raw: bytes, lineno: int, limit: int = jsonbound.MAX_BYTES) -> dict[str, object] | None:
     """One line's object (None for a blank line); ValueError naming ``path:line``."""
     try:
         if len(raw) > limit:

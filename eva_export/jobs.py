@@ -87,9 +87,9 @@ class ServiceStatus:
 
 
 #: A job's work, given the job id; returns the fields to set when it completes.
-JobBody = Callable[[str], Mapping[str, Any] | None]
+JobBody = Callable[[str], Mapping[str, object] | None]
 #: Given the failed job, the fields to add to it (e.g. the staging it leaves).
-OnFailure = Callable[["Job"], Mapping[str, Any]]
+OnFailure = Callable[["Job"], Mapping[str, object]]
 
 
 class JobEngine:
@@ -189,7 +189,7 @@ class JobEngine:
                 self._heartbeat = threading.Thread(target=self._beat, name=f"{self.name}-heartbeat", daemon=True)
                 self._heartbeat.start()
         self.update(job_id, state=RUNNING, **self._claim_fields())
-        changes: dict[str, Any]
+        changes: dict[str, object]
         try:
             self._save_or_fail(job_id)
             changes = {"state": COMPLETED, **(body(job_id) or {})}
@@ -202,7 +202,7 @@ class JobEngine:
             changes.update(on_failure(self.job(job_id)))
         return self.finish(job_id, **changes)
 
-    def _claim_fields(self) -> dict[str, Any]:
+    def _claim_fields(self) -> dict[str, object]:
         return {"pid": os.getpid(), "host": socket.gethostname()} if self.claim else {}
 
     def _save_or_fail(self, job_id: str) -> None:

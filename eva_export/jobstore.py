@@ -107,7 +107,7 @@ class Job:
         job_id = f"{kind}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
         return cls(job_id=job_id, kind=kind, source_dir=source_dir, format=fmt, **kw)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         d = dataclasses.asdict(self)
         d["state"] = str(self.state)  # plain JSON strings on disk, as before
         return d

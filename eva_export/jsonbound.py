@@ -20,7 +20,7 @@ import itertools
 import json
 import math
 import re
-from typing import Any
+from typing import Any, SupportsFloat, SupportsIndex, SupportsInt
 
 import numpy as np
 
@@ -156,7 +156,7 @@ ROW_KEYS_MAX = 1 << 16
 BLANK_LINES_MAX = 1000
 
 
-def _kind(value: Any) -> str:
+def _kind(value: object) -> str:
     """A value's JSON kind and a short view of it, for a refusal message (never the whole value)."""
     kind = {bool: "boolean", float: "float", str: "string", type(None): "null", list: "array",
             dict: "object"}.get(type(value), type(value).__name__)
@@ -165,7 +165,7 @@ def _kind(value: Any) -> str:
     return f"{kind} {str(value)[:40]!r}" if isinstance(value, str) else f"{kind} {str(value)[:40]}"
 
 
-def as_int(value: Any, what: str, lo: int = INT_MIN, hi: int = INT_MAX) -> int:
+def as_int(value: object, what: str, lo: int = INT_MIN, hi: int = INT_MAX) -> int:
     """A metadata field that must be a JSON integer in [lo, hi]: a boolean, a float (even 90.0),
     a string ("2"), null, an array or an object is refused by name, never converted."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
@@ -178,7 +178,7 @@ def as_int(value: Any, what: str, lo: int = INT_MIN, hi: int = INT_MAX) -> int:
     return out
 
 
-def as_str(value: Any, what: str, max_bytes: int = TEXT_MAX_BYTES) -> str:
+def as_str(value: object, what: str, max_bytes: int = TEXT_MAX_BYTES) -> str:
     """A metadata field that must be a JSON string of at most ``max_bytes`` UTF-8 bytes."""
     if not isinstance(value, str):
         raise ValueError(f"{what} is {_kind(value)}, expected a string")
@@ -187,7 +187,7 @@ def as_str(value: Any, what: str, max_bytes: int = TEXT_MAX_BYTES) -> str:
     return value
 
 
-def check_bounds(value: Any, what: str, max_text: int = TEXT_MAX_BYTES, max_items: int = ITEMS_MAX) -> None:
+def check_bounds(value: object, what: str, max_text: int = TEXT_MAX_BYTES, max_items: int = ITEMS_MAX) -> None:
     """Every string in a decoded value at most ``max_text`` bytes, every object at most
     KEYS_MAX keys (each a bounded string) and every array at most ``max_items`` items; a
     refusal names ``what`` (the field holding the value)."""
@@ -209,14 +209,30 @@ def check_bounds(value: Any, what: str, max_text: int = TEXT_MAX_BYTES, max_item
             stack.extend(v)
 
 
-def as_dict(value: Any, what: str) -> dict[str, Any]:
+def as_dict(value: object, what: str) -> dict[str, Any]:
     """A metadata field that must be a JSON object (``"features": []`` is refused by name)."""
     if not isinstance(value, dict):
         raise ValueError(f"{what} is {type(value).__name__}, expected a JSON object")
     return value
 
 
-def as_list(value: Any, what: str) -> list[Any]:
+def int_like(value: object) -> int:
+    """``int(value)`` of a decoded value, as Python takes it ("30", 30.0 and True too): for
+    readers that always converted leniently; the same TypeError for any other kind."""
+    if isinstance(value, (str, bytes, bytearray, SupportsInt, SupportsIndex)):
+        return int(value)
+    raise TypeError(f"int() argument must be a string, a bytes-like object or a real number, "
+                    f"not '{type(value).__name__}'")
+
+
+def float_like(value: object) -> float:
+    """``float(value)`` of a decoded value, as Python takes it; the same TypeError otherwise."""
+    if isinstance(value, (str, bytes, bytearray, SupportsFloat, SupportsIndex)):
+        return float(value)
+    raise TypeError(f"float() argument must be a string or a real number, not '{type(value).__name__}'")
+
+
+def as_list(value: object, what: str) -> list[Any]:
     if not isinstance(value, (list, tuple)):
         raise ValueError(f"{what} is {type(value).__name__}, expected a JSON array")
     return list(value)

@@ -31,7 +31,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from .fsutil import atomic_write_bytes, atomic_write_with, read_json
 from .jsonbound import as_dict, as_int, as_list, as_str
@@ -49,11 +49,11 @@ class ManifestEntry:
     size: int
     sha256: str  # lowercase hex
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"path": self.path, "size": self.size, "sha256": self.sha256}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ManifestEntry:
+    def from_dict(cls, d: object) -> ManifestEntry:
         d = as_dict(d, "a manifest entry")
         path, size, digest = as_str(d["path"], "a manifest path"), d["size"], d["sha256"]
         if not _safe_rel(path):
@@ -79,7 +79,7 @@ class Manifest:
     def by_path(self) -> dict[str, ManifestEntry]:
         return {e.path: e for e in self.files}
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"version": self.version, "algorithm": "sha256",
                 "directories": list(self.directories),
                 "files": [e.to_dict() for e in self.files]}
@@ -88,7 +88,7 @@ class Manifest:
         return (json.dumps(self.to_dict(), indent=1, ensure_ascii=False) + "\n").encode("utf-8")
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Manifest:
+    def from_dict(cls, d: dict[str, object]) -> Manifest:
         if not isinstance(d, dict) or d.get("version") != MANIFEST_VERSION or d.get("algorithm") != "sha256":
             raise ValueError(f"not a version {MANIFEST_VERSION} sha256 manifest")
         files = tuple(ManifestEntry.from_dict(e) for e in as_list(d.get("files", []), "manifest files"))

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from .clock import ClockOffset
 
@@ -63,8 +64,8 @@ class StreamTiming:
     time_base: str
     clock_offset_s: float | None
 
-    def to_stats(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"late": self.late, "jitter_p50_ms": round(self.jitter_p50_ms, 3),
+    def to_stats(self) -> dict[str, object]:
+        d: dict[str, object] = {"late": self.late, "jitter_p50_ms": round(self.jitter_p50_ms, 3),
                              "jitter_p99_ms": round(self.jitter_p99_ms, 3),
                              "max_gap_ms": round(self.max_gap_ms, 3), "time_base": self.time_base}
         if self.out_of_order:
@@ -94,7 +95,7 @@ class StreamTrack:
     stamped: int = 0
     zero_stamps: int = 0
     unstamped: int = 0
-    hist: np.ndarray[Any, Any] = field(default_factory=lambda: np.zeros(int(_JITTER_MAX_S / _JITTER_BIN_S) + 1,
+    hist: NDArray[np.int64] = field(default_factory=lambda: np.zeros(int(_JITTER_MAX_S / _JITTER_BIN_S) + 1,
                                                                 np.int64))
 
     def note_jitter(self, delay: float) -> None:

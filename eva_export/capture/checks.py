@@ -62,12 +62,12 @@ class StreamCounters:
     stamp_recv: list[float] = field(default_factory=list)  # receive time of each stamped message
     rejected: list[tuple[float, int, str]] = field(default_factory=list)  # (receive time, width, why)
     anchor: tuple[int, float] | None = None  # (row, receive time) of the stream's first placed message
-    values: list[Any] = field(default_factory=list)  # vector rows
+    values: list[NDArray[np.generic] | None] = field(default_factory=list)  # vector rows
     valid: list[bool] = field(default_factory=list)
     age: int = 0  # slots since the held vector was fresh
     change: list[float] = field(default_factory=list)  # camera rows: rules.frame_change
-    last_sig: Any = None
-    last_img: Any = None
+    last_sig: NDArray[np.int16] | None = None
+    last_img: object = None  # compared by identity only
 
     def rate_hz(self) -> float:
         if self.received < 2 or self.first_recv is None or self.last_recv is None:
@@ -96,13 +96,13 @@ class StreamCounters:
 class QualityResult:
     quality: str
     issues: list[QualityIssue]
-    stream_stats: dict[str, dict[str, Any]]
+    stream_stats: dict[str, dict[str, object]]
 
     @property
     def codes(self) -> list[str]:
         return [i.code for i in self.issues]
 
-    def row_extra(self) -> dict[str, Any]:
+    def row_extra(self) -> dict[str, object]:
         return {"quality": self.quality, "quality_issues": [i.to_dict() for i in self.issues],
                 "stream_stats": self.stream_stats}
 
@@ -261,8 +261,8 @@ class EpisodeChecker:
             add("source_damaged", detail)
         return issues
 
-    def _stats(self, stop: float, timing: Sequence[StreamTiming] | None) -> dict[str, dict[str, Any]]:
-        stats: dict[str, dict[str, Any]] = {
+    def _stats(self, stop: float, timing: Sequence[StreamTiming] | None) -> dict[str, dict[str, object]]:
+        stats: dict[str, dict[str, object]] = {
             s.name: {"received": s.received, "rate_hz": round(s.rate_hz(), 3),
                      "max_gap_s": round(max(s.max_gap_s, stop - (s.last_recv or self.start)), 4),
                      "dropped": s.dropped}

@@ -13,10 +13,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import av
 import numpy as np
+from numpy.typing import NDArray
 
 from ..config import CollectionConfig
 from ..formats.common.records import EpisodeRow
@@ -25,11 +26,12 @@ from ..formats.lerobot_v21.writer import DatasetWriter
 from .align import LATENCY_BUDGET_S, GridAligner, Sample, Slot
 from .checks import EpisodeChecker, QualityResult
 from .features import CAPTURE_TIME
-from .intake import RawImage, RawVector
+from .intake import Payload, RawImage, RawVector
+from .results import CancelResult, StopResult
 from .stream import StreamState
 
 
-def _key_or_not_video(payload: Any) -> bool:
+def _key_or_not_video(payload: object) -> bool:
     """Row 0 of an H.264 reference camera is a keyframe: the episode's video can then be the
     source's own packets (a start inside a GOP would need the frames before it)."""
     return not isinstance(payload, RawImage) or payload.frame_no < 0 or payload.key
@@ -50,7 +52,7 @@ class EpisodeRun:
     t_stop: float | None = None
     cancel: bool = False
     finalized: threading.Event = field(default_factory=threading.Event)
-    result: Any = None
+    result: StopResult | CancelResult | None = None  # set once the episode is closed
     row_extra: dict[str, Any] = field(default_factory=dict)  # added to the episode row at commit
     # per H.264 camera: the frame_no its next row must carry for the video to stay a copy of the
     # source (absent: row 0, a keyframe; -1: given up). Per episode: an episode still closing
@@ -82,7 +84,7 @@ class EpisodeRun:
         return cls(epoch, dataset_name, task, dw, writer, aligner, checker, streams, now, wall_offset)
 
     # ---- messages ---------------------------------------------------------------------------
-    def push(self, i: int, recv: float, stamp: float | None, payload: Any, t_src: float | None = None) -> None:
+    def push(self, i: int, recv: float, stamp: float | None, payload: Payload, t_src: float | None = None) -> None:
         """One message, in receive order (``t_src``: its source time when unstamped)."""
         if recv < self.start:
             # received before START but handed over after it (a callback racing START): not part
@@ -100,7 +102,7 @@ class EpisodeRun:
         self.checker.on_message(i, recv, stamp)
         value: Any = None
         if spec.is_camera:
-            raw: RawImage = payload
+            raw = cast(RawImage, payload)  # a camera stream's payload
             if raw.frame_no >= 0 and raw.packet is None:  # an H.264 message that did not decode
                 self.checker.on_shape(i, f"undecodable frame: {raw.encoding}")
             elif not raw.compressed and (raw.width, raw.height) != (spec.width, spec.height):
@@ -108,10 +110,10 @@ class EpisodeRun:
             else:
                 value = raw
         else:
-            value = self._vector(i, payload)
+            value = self._vector(i, cast(RawVector, payload))  # any other stream's
         self.emit(self.aligner.push(i, Sample(recv, stamp, value, t=t_src)))
 
-    def _vector(self, i: int, raw: RawVector) -> np.ndarray[Any, Any] | None:
+    def _vector(self, i: int, raw: RawVector) -> NDArray[np.generic] | None:
         spec = self.streams[i].spec
         vals = np.asarray(raw.values, dtype=np.float64)
         want = spec.width_values
@@ -146,8 +148,8 @@ class EpisodeRun:
 
     def emit(self, slots: list[Slot]) -> None:
         for slot in slots:
-            values: dict[str, Any] = {}
-            images: dict[str, np.ndarray[Any, Any]] = {}
+            values: dict[str, object] = {}
+            images: dict[str, NDArray[np.generic]] = {}
             packets: dict[str, bytes | None] = {}  # H.264 cameras: the source's packet for this row
             row: list[Any] = []  # what the rules see: the values written, None for placeholders
             for i, pick in enumerate(slot.picks):

@@ -90,7 +90,7 @@ class IngestProgress:
     episodes_skipped: int = 0
     bytes_done: int = 0
     bytes_total: int = 0
-    episodes: list[dict[str, Any]] = field(default_factory=list)  # index, frames, quality, codes
+    episodes: list[dict[str, object]] = field(default_factory=list)  # index, frames, quality, codes
     damage: str = ""
     message: str = ""
 
@@ -192,8 +192,9 @@ class BagIngest:
         if dw is None:
             raise EvaError(f"dataset {self.dataset_name!r} cannot be opened for writing")
         with dw.lock:
-            done = {int(e.extra[SOURCE_KEY]["episode"]): e.episode_index for e in dw.episodes
-                    if isinstance(e.extra.get(SOURCE_KEY), dict) and e.extra[SOURCE_KEY].get("bag") == self.source}
+            origins = ((e.extra.get(SOURCE_KEY), e.episode_index) for e in dw.episodes)
+            done = {int(o["episode"]): index for o, index in origins
+                    if isinstance(o, dict) and o.get("bag") == self.source}
         tol = col.capture.skew_tolerance_s or 0.5 / col.fps
         reader = BagReader(self.bag, topics, self._check_type)
         c = _Cuts(states, dw, done)

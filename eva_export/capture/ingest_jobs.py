@@ -12,7 +12,7 @@ import dataclasses
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .. import confine
 from ..config import CollectionConfig
@@ -20,6 +20,9 @@ from ..errors import EvaError, UnsafeNameError
 from ..jobs import Job, JobEngine, JobStore
 from .episode import EpisodeRun
 from .writer_cache import DatasetWriters
+
+if TYPE_CHECKING:  # imported where an ingest starts
+    from .ingest import BagIngest, IngestProgress
 
 
 class IngestJobs:
@@ -82,7 +85,7 @@ class IngestJobs:
         threading.Thread(target=self._run_ingest, args=(job_id, ing), name="capture-ingest", daemon=True).start()
         return job
 
-    def _ingest_progress(self, job_id: str, p: Any) -> None:
+    def _ingest_progress(self, job_id: str, p: IngestProgress) -> None:
         self.jobs.update(job_id, messages_done=p.messages_done, episodes_done=p.episodes_done,
                          bytes_done=p.bytes_done,
                          accepted_episodes=sum(1 for e in p.episodes if e["quality"] == "green"),
@@ -90,8 +93,8 @@ class IngestJobs:
                          reused_episodes=p.episodes_skipped)
         self.jobs.save(job_id)
 
-    def _run_ingest(self, job_id: str, ing: Any) -> None:
-        def body(_job_id: str) -> dict[str, Any]:
+    def _run_ingest(self, job_id: str, ing: BagIngest) -> None:
+        def body(_job_id: str) -> dict[str, object]:
             res = ing.run()
             self._ingest_progress(job_id, res)
             self.last_message = res.message

@@ -20,6 +20,7 @@ from typing import Any
 
 import av
 import numpy as np
+from numpy.typing import NDArray
 
 from ..config import CollectionConfig
 from ..errors import ConfigError
@@ -32,7 +33,7 @@ from .features import ACTION, EE_POSE, STATE
 class RawVector:
     """A vector message: values (float64 view) and, for JointState, the element names."""
 
-    values: np.ndarray[Any, Any]
+    values: NDArray[np.float64]
     names: Sequence[str] | None = None
 
 
@@ -40,7 +41,7 @@ class RawVector:
 class RawImage:
     """An image message without copies: ``data`` is a uint8 view of the message buffer."""
 
-    data: np.ndarray[Any, Any]
+    data: NDArray[np.uint8]
     height: int = 0
     width: int = 0
     encoding: str = ""
@@ -110,24 +111,28 @@ def streams_from_config(col: CollectionConfig) -> list[StreamSpec]:
 
 
 # ---- message -> (stamp, payload) ----------------------------------------------------------------
-Convert = Callable[[Any], tuple[float | None, Any]]
+#: What a stream's message becomes: a vector (joint state, array, pose) or a camera frame.
+Payload = RawVector | RawImage
+
+#: A message (rclpy's or mcap-ros2-support's: untyped classes) -> (header stamp or None, payload).
+Convert = Callable[[Any], tuple[float | None, Payload]]
 
 
-def stamp_seconds(msg: Any) -> float | None:
+def stamp_seconds(msg: object) -> float | None:
     header = getattr(msg, "header", None)
     if header is None:
         return None
     return float(header.stamp.sec + header.stamp.nanosec * 1e-9)
 
 
-def _f64(arr: Any) -> np.ndarray[Any, Any]:
+def _f64(arr: Any) -> NDArray[np.float64]:
     try:
         return np.frombuffer(arr, dtype=np.float64)
     except (TypeError, ValueError):
         return np.asarray(arr, dtype=np.float64)
 
 
-def _u8(arr: Any) -> np.ndarray[Any, Any]:
+def _u8(arr: Any) -> NDArray[np.uint8]:
     try:
         return np.frombuffer(arr, dtype=np.uint8)
     except (TypeError, ValueError):
@@ -140,20 +145,20 @@ def converter(spec: StreamSpec) -> Convert:
     if spec.msg_type == "JointState":
         field = spec.field
 
-        def joint_state(msg: Any) -> tuple[float | None, Any]:
+        def joint_state(msg: Any) -> tuple[float | None, Payload]:
             return stamp_seconds(msg), RawVector(_f64(getattr(msg, field)), list(msg.name))
 
         return joint_state
     if spec.msg_type == "Float64MultiArray":
         return lambda msg: (None, RawVector(_f64(msg.data)))
     if spec.msg_type == "PoseStamped":
-        def pose(msg: Any) -> tuple[float | None, Any]:
+        def pose(msg: Any) -> tuple[float | None, Payload]:
             p, q = msg.pose.position, msg.pose.orientation
             return stamp_seconds(msg), RawVector(np.array([p.x, p.y, p.z, q.x, q.y, q.z, q.w]))
 
         return pose
     if spec.msg_type == "Image":
-        def image(msg: Any) -> tuple[float | None, Any]:
+        def image(msg: Any) -> tuple[float | None, Payload]:
             return stamp_seconds(msg), RawImage(_u8(msg.data), msg.height, msg.width, msg.encoding, msg.step)
 
         return image
@@ -175,7 +180,7 @@ MAX_PIXELS = 8192 * 8192
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # JPEG start-of-frame markers (not DHT/JPG/DAC)
 
 
-def compressed_size(data: np.ndarray[Any, Any]) -> tuple[int, int]:
+def compressed_size(data: NDArray[np.uint8]) -> tuple[int, int]:
     """(width, height) from a JPEG's start-of-frame or a PNG's IHDR header, without decoding."""
     head = bytes(data[:24])
     if head.startswith(b"\x89PNG\r\n\x1a\n") and head[12:16] == b"IHDR":
@@ -207,7 +212,7 @@ class ImageDecoder:
         self._ctx: dict[str, Any] = {}
         self._rgb = RgbConverter()
 
-    def rgb(self, raw: RawImage, expect: tuple[int, int] | None = None) -> np.ndarray[Any, Any]:
+    def rgb(self, raw: RawImage, expect: tuple[int, int] | None = None) -> NDArray[np.uint8]:
         """The frame as HxWx3 RGB. ``expect`` (width, height): a compressed frame whose header
         declares another size is refused before decoding (a 12000x12000 JPEG would take 432 MB)."""
         if raw.compressed:
@@ -234,7 +239,7 @@ class ImageDecoder:
             return img[..., 2::-1]
         return np.repeat(img, 3, axis=2)
 
-    def _decode(self, data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    def _decode(self, data: NDArray[np.uint8]) -> NDArray[np.uint8]:
         head = bytes(data[:8])
         if head.startswith(b"\xff\xd8"):
             codec = "mjpeg"

@@ -30,7 +30,6 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from ..config import CollectionConfig, check_name
 from ..errors import ConfigError, EvaError
@@ -41,7 +40,7 @@ from .checks import EpisodeChecker
 from .episode import EpisodeRun
 from .features import capture_features, video_settings
 from .ingest_jobs import IngestJobs
-from .intake import ImageDecoder, RawImage, RawVector, StreamSpec, fingerprint, streams_from_config
+from .intake import ImageDecoder, Payload, RawImage, RawVector, StreamSpec, fingerprint, streams_from_config
 from .results import CancelResult, StartResult, Status, StopResult, StreamStatus
 from .room import start_refusal, stop_refusal
 from .save_worker import SaveJob, SaveWorker, save_seam
@@ -86,7 +85,7 @@ class Recorder(IngestJobs, SaveWorker):
         self._episode: EpisodeRun | None = None
         self._last_checker: EpisodeChecker | None = None
         self._last_aligner: GridAligner | None = None
-        self._intake: queue.Queue[tuple[int, int, float, float | None, Any, float | None] | None] = \
+        self._intake: queue.Queue[tuple[int, int, float, float | None, Payload, float | None] | None] = \
             queue.Queue(INTAKE_ITEMS)
         self.datasets = DatasetWriters(col, self.features, self.video)
         self._save_q: queue.Queue[SaveJob | None] = queue.Queue()
@@ -108,7 +107,7 @@ class Recorder(IngestJobs, SaveWorker):
         self._save_thread.start()
 
     # ---- intake (subscription callbacks) ------------------------------------------------------
-    def offer(self, i: int, recv: float, stamp: float | None, payload: Any) -> None:
+    def offer(self, i: int, recv: float, stamp: float | None, payload: Payload) -> None:
         """Count and enqueue one message; never blocks. Called from subscription callbacks."""
         st = self._state[i]
         with self._lock:

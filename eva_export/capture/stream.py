@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from .clock import ClockOffset
 from .intake import ImageDecoder, StreamSpec
@@ -41,7 +42,7 @@ class StreamState:
         self.held = None
         self.held_seq = -1
 
-    def placeholder(self) -> np.ndarray[Any, Any]:
+    def placeholder(self) -> NDArray[np.generic]:
         """What a row holds before the stream delivered anything."""
         s = self.spec
         if s.is_camera:

@@ -12,12 +12,17 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from ..config import check_name, inside
 from ..errors import DatasetError, UnsafeNameError
 from ..formats.common.meta import INFO, read_info, read_meta
 from ..formats.common.records import DatasetInfo, EpisodeRow, Quality
+from .report_svg import Marker
+
+if TYPE_CHECKING:  # numpy is imported where the arrays are read (the console starts without it)
+    import numpy as np
+    from numpy.typing import NDArray
 
 #: Vector features the plots show, in this order, when the dataset has them.
 PLOT_FEATURES = ("observation.state", "action", "observation.ee_pose")
@@ -101,37 +106,63 @@ def episode_rows(root: Path) -> tuple[DatasetInfo, list[EpisodeRow]]:
     return meta.info, meta.episodes
 
 
+class Series(TypedDict):
+    """One plotted feature: its element names and, per frame, its values (None: NaN or inf)."""
+
+    names: list[str]
+    values: list[list[float | None]]
+
+
+class EpisodeSeries(TypedDict):
+    series: dict[str, Series]
+    nonfinite: dict[str, list[int]]  # feature -> frames holding NaN or inf
+
+
+class CameraFile(TypedDict):
+    """One camera's file of an episode; the server swaps ``rel`` for the ``url`` it serves."""
+
+    key: str
+    rel: NotRequired[str]
+    codec: str
+    exists: bool
+    url: NotRequired[str]
+
+
 def _finite_or_none(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _frames_from(d: dict[str, Any], length: int) -> list[list[int]]:
+def _frames_from(d: dict[str, object], length: int) -> list[list[int]]:
     """Frame ranges [first, last] named by an issue or stream entry, clipped to the episode."""
     spans: list[list[int]] = []
     for key in FRAME_KEYS:
-        for f in d.get(key) or () if isinstance(d.get(key), list) else ():
+        frames = d.get(key)
+        for f in frames if isinstance(frames, list) else ():
             if isinstance(f, (int, float)) and 0 <= int(f) < max(length, 1):
                 spans.append([int(f), int(f)])
     for key in RANGE_KEYS:
-        for r in d.get(key) or () if isinstance(d.get(key), list) else ():
+        ranges = d.get(key)
+        for r in ranges if isinstance(ranges, list) else ():
             if isinstance(r, (list, tuple)) and len(r) == 2 and all(isinstance(v, (int, float)) for v in r):
                 a, b = int(r[0]), int(r[1])
                 if b >= a >= 0:
                     spans.append([a, min(b, max(length - 1, 0))])
     for a_key, b_key in (("start_frame", "end_frame"), ("first_frame", "last_frame")):
-        if isinstance(d.get(a_key), (int, float)):
-            a = int(d[a_key])
-            b = int(d[b_key]) if isinstance(d.get(b_key), (int, float)) else a
+        first, last = d.get(a_key), d.get(b_key)
+        if isinstance(first, (int, float)):
+            a = int(first)
+            b = int(last) if isinstance(last, (int, float)) else a
             spans.append([a, max(a, b)])
     return spans
 
 
-def episode_markers(row: EpisodeRow, nonfinite: dict[str, list[int]]) -> list[dict[str, Any]]:
+def episode_markers(row: EpisodeRow, nonfinite: dict[str, list[int]]) -> list[Marker]:
     """Timeline marks: every red reason or stream entry that says which frames, plus the frames
     with NaN/inf values found in the data. Reasons without a 'when' are not marked (listed only)."""
-    marks: list[dict[str, Any]] = []
+    marks: list[Marker] = []
     fields = row.fields_dict()  # typed issues as dicts, or a foreign row's value as it is
-    for issue in fields.get("quality_issues") or []:
+    issues = fields.get("quality_issues")  # a list of dicts, or None kept verbatim
+    for issue in issues if isinstance(issues, list) else []:
         if isinstance(issue, dict):
             for a, b in _frames_from(issue, row.length):
                 marks.append({"code": str(issue.get("code", "")), "from": a, "to": b,
@@ -149,15 +180,15 @@ def episode_markers(row: EpisodeRow, nonfinite: dict[str, list[int]]) -> list[di
     return _merge(marks)
 
 
-def _merge(marks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _merge(marks: list[Marker]) -> list[Marker]:
     """Adjacent or overlapping marks of the same code and detail become one span."""
-    out: list[dict[str, Any]] = []
+    out: list[Marker] = []
     for m in sorted(marks, key=lambda m: (m["code"], m["detail"], m["from"])):
         last = out[-1] if out else None
         if last and last["code"] == m["code"] and last["detail"] == m["detail"] and m["from"] <= last["to"] + 1:
             last["to"] = max(last["to"], m["to"])
         else:
-            out.append(dict(m))
+            out.append(m.copy())
     return sorted(out, key=lambda m: m["from"])
 
 
@@ -171,7 +202,7 @@ def _runs(frames: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def feature_arrays(root: Path, info: DatasetInfo, episode_index: int) -> dict[str, Any]:
+def feature_arrays(root: Path, info: DatasetInfo, episode_index: int) -> dict[str, NDArray[np.float64]]:
     """The plotted vector features of one episode as float64 arrays (frames x elements), read
     from its Parquet file (only those columns)."""
     import numpy as np
@@ -183,7 +214,7 @@ def feature_arrays(root: Path, info: DatasetInfo, episode_index: int) -> dict[st
     wanted = [k for k in PLOT_FEATURES if k in info.features]
     try:
         table = pq.read_table(path, columns=wanted)
-        out: dict[str, Any] = {}
+        out: dict[str, NDArray[np.float64]] = {}
         for key in wanted:
             col = table.column(key).combine_chunks()
             arr = np.asarray(col.flatten().to_numpy(zero_copy_only=False), dtype=np.float64)
@@ -203,7 +234,7 @@ def element_names(info: DatasetInfo, key: str, width: int) -> list[str]:
     return [str(n) for n in names]
 
 
-def episode_series(root: Path, info: DatasetInfo, episode_index: int) -> dict[str, Any]:
+def episode_series(root: Path, info: DatasetInfo, episode_index: int) -> EpisodeSeries:
     """The plotted vectors of one episode.
 
     Returns ``{"series": {feature: {"names": [...], "values": [[...] per frame]}},
@@ -211,7 +242,7 @@ def episode_series(root: Path, info: DatasetInfo, episode_index: int) -> dict[st
     """
     import numpy as np
 
-    series: dict[str, Any] = {}
+    series: dict[str, Series] = {}
     nonfinite: dict[str, list[int]] = {}
     for key, arr in feature_arrays(root, info, episode_index).items():
         bad = ~np.isfinite(arr)
@@ -222,9 +253,9 @@ def episode_series(root: Path, info: DatasetInfo, episode_index: int) -> dict[st
     return {"series": series, "nonfinite": nonfinite}
 
 
-def camera_files(root: Path, info: DatasetInfo, episode_index: int) -> list[dict[str, Any]]:
+def camera_files(root: Path, info: DatasetInfo, episode_index: int) -> list[CameraFile]:
     """Per camera: key, path relative to the dataset root, codec, and whether the file exists."""
-    out = []
+    out: list[CameraFile] = []
     for key in info.video_keys:
         rel = info.video_file(key, episode_index)
         feat_info = info.features[key].info or {}

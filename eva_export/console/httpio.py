@@ -14,7 +14,7 @@ import re
 from http import HTTPStatus
 from io import BufferedIOBase
 from pathlib import Path
-from typing import Any
+from typing import NoReturn
 
 #: Episode indices are int32 in the ROS interfaces.
 MAX_INDEX = 2**31 - 1
@@ -33,7 +33,7 @@ class Refused(Exception):
         self.status = status
 
 
-def bounded_index(value: Any, what: str = "episode") -> int:
+def bounded_index(value: object, what: str = "episode") -> int:
     """A non-negative int32 from a JSON number or a decimal string; anything else is refused."""
     reason = f"{what} must be an integer in 0..{MAX_INDEX}"
     if isinstance(value, bool):
@@ -48,7 +48,7 @@ def bounded_index(value: Any, what: str = "episode") -> int:
     return value
 
 
-def valid_text(value: Any, what: str, limit: int) -> str:
+def valid_text(value: object, what: str, limit: int) -> str:
     """A string that encodes as UTF-8 (no lone surrogates, no NUL) and is at most ``limit`` long."""
     if not isinstance(value, str):
         raise Refused(HTTPStatus.BAD_REQUEST, f"{what} must be a string")
@@ -63,11 +63,11 @@ def valid_text(value: Any, what: str, limit: int) -> str:
     return value
 
 
-def _no_constants(name: str) -> Any:
+def _no_constants(name: str) -> NoReturn:
     raise Refused(HTTPStatus.BAD_REQUEST, f"body is not JSON: {name} is not a JSON number")
 
 
-def parse_json_object(raw: bytes) -> dict[str, Any]:
+def parse_json_object(raw: bytes) -> dict[str, object]:
     try:
         body = json.loads(raw, parse_constant=_no_constants)
     except (ValueError, UnicodeDecodeError, RecursionError):

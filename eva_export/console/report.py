@@ -172,7 +172,7 @@ def _streams(rows: list[EpisodeRow]) -> list[str]:
         for key, colour in (("dropped", "#b00020"), ("late", "#d08000")):
             vals = []
             for r_stats in stream_stats:
-                st = (r_stats or {}).get(stream)
+                st = r_stats.get(stream) if isinstance(r_stats, dict) else None  # a dict or None
                 v = st.get(key) if isinstance(st, dict) else None
                 vals.append(float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else -1.0)
             if all(v < 0 for v in vals):

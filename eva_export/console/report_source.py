@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..errors import DatasetError
 from ..formats.common import sidecar
@@ -47,12 +47,12 @@ def read_report_source(root: Path) -> ReportSource:
     return ReportSource(Path(root), source.kind, info, tuple(located))
 
 
-def episode_arrays(src: ReportSource, ep: SourceEpisode) -> dict[str, Any]:
+def episode_arrays(src: ReportSource, ep: SourceEpisode) -> dict[str, NDArray[np.float64]]:
     """The plotted vector features of one episode as float64 arrays (frames x elements)."""
     wanted = [k for k in data.PLOT_FEATURES if k in src.info.features]
     table = ep.read_table(wanted)  # raises DatasetError naming the episode and its file
     try:
-        out: dict[str, Any] = {}
+        out: dict[str, NDArray[np.float64]] = {}
         for key in wanted:
             col = table.column(key).combine_chunks()
             arr = np.asarray(col.flatten().to_numpy(zero_copy_only=False), dtype=np.float64)

@@ -12,19 +12,22 @@ import base64
 import html
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TypedDict
+
+#: One timeline mark: frames ``from``..``to`` of an episode, with the reason's code and detail.
+Marker = TypedDict("Marker", {"code": str, "from": int, "to": int, "detail": str})
 
 SVG_NS = "http://www.w3.org/2000/svg"
 ISSUE_COLOUR = "#b00020"
 NONFINITE_COLOUR = "#6a1b9a"
 
 
-def esc(value: Any) -> str:
+def esc(value: object) -> str:
     """HTML-escape anything (quotes too: values also land in attributes)."""
     return html.escape(str(value), quote=True)
 
 
-def fmt_num(v: Any) -> str:
+def fmt_num(v: object) -> str:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return ""
     if isinstance(v, int):
@@ -58,7 +61,7 @@ def bars_img(values: list[float], colours: list[str], title: str, width: int = 7
     return as_img(_doc(width, height + 20, parts), title)
 
 
-def timeline_img(episodes: Sequence[tuple[int, int, list[dict[str, Any]]]], width: int = 720) -> str:
+def timeline_img(episodes: Sequence[tuple[int, int, list[Marker]]], width: int = 720) -> str:
     """One row per episode (index, length, marks): a grey bar as long as the episode, the marked
     frames on it (red: reasons, purple: NaN/inf), on one shared frame axis."""
     left, row_h = 60, 16

@@ -28,7 +28,7 @@ import urllib.parse
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..errors import DatasetError, UnsafeNameError
 from ..export.paths import ExportPaths
@@ -60,13 +60,13 @@ CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline';
 class Backend(Protocol):
     """What the console asks the other nodes (services); each returns (ok, message, payload)."""
 
-    def list_episodes(self, dataset: str) -> tuple[bool, str, list[dict[str, Any]]]: ...
+    def list_episodes(self, dataset: str) -> tuple[bool, str, list[dict[str, object]]]: ...
     def review(self, dataset: str, episode: int, verdict: str, note: str,
-               set_note: bool, take_id: str = "") -> tuple[bool, str, dict[str, Any]]: ...
+               set_note: bool, take_id: str = "") -> tuple[bool, str, dict[str, object]]: ...
     def start_job(self, kind: str, source_dir: str, fmt: str,
-                  accepted_dir: str) -> tuple[bool, str, dict[str, Any]]: ...
-    def get_job(self, kind: str, job_id: str) -> tuple[bool, str, dict[str, Any]]: ...
-    def status(self) -> dict[str, Any]:
+                  accepted_dir: str) -> tuple[bool, str, dict[str, object]]: ...
+    def get_job(self, kind: str, job_id: str) -> tuple[bool, str, dict[str, object]]: ...
+    def status(self) -> dict[str, object]:
         """capture: a line; export/upload: {"queue": line, "job": the current or last job}."""
         ...
 
@@ -121,7 +121,7 @@ class ConsoleHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "eva_console"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
         LOG.debug("%s " + format, self.address_string(), *args)
 
     # ---- dispatch ---------------------------------------------------------------------------
@@ -227,7 +227,7 @@ class ConsoleHandler(BaseHTTPRequestHandler):
         if not hmac.compare_digest(token.encode(), self.server.csrf_token.encode()):
             raise Refused(HTTPStatus.FORBIDDEN, "refused: missing or wrong CSRF token (reload the page)")
 
-    def _json_body(self) -> dict[str, Any]:
+    def _json_body(self) -> dict[str, object]:
         if self.headers.get("Content-Type", "").split(";")[0].strip() != "application/json":
             raise Refused(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "refused: body must be application/json")
         try:
@@ -290,7 +290,7 @@ class ConsoleHandler(BaseHTTPRequestHandler):
         self._send_json({"status": line, "jobs": jobs})
 
     # ---- actions ----------------------------------------------------------------------------
-    def _review(self, body: dict[str, Any]) -> None:
+    def _review(self, body: dict[str, object]) -> None:
         name = valid_text(body.get("dataset", ""), "dataset", MAX_NAME)
         verdict = body.get("verdict", "")
         if verdict not in REVIEW_VERDICTS:
@@ -303,7 +303,7 @@ class ConsoleHandler(BaseHTTPRequestHandler):
         self._send_json({"ok": ok, "message": msg, "episode": row},
                         HTTPStatus.OK if ok else HTTPStatus.CONFLICT)
 
-    def _start_job(self, kind: str, body: dict[str, Any]) -> None:
+    def _start_job(self, kind: str, body: dict[str, object]) -> None:
         name = valid_text(body.get("dataset", ""), "dataset", MAX_NAME)
         fmt = valid_text(body.get("format", ""), "format", 64)
         try:
@@ -375,7 +375,7 @@ class ConsoleHandler(BaseHTTPRequestHandler):
     def _send_text(self, text: str, status: HTTPStatus, extra: list[tuple[str, str]] | None = None) -> None:
         self._send(status, text.encode("utf-8", "replace"), "text/plain; charset=utf-8", extra)
 
-    def _send_json(self, obj: Any, status: HTTPStatus = HTTPStatus.OK) -> None:
+    def _send_json(self, obj: object, status: HTTPStatus = HTTPStatus.OK) -> None:
         self._send(status, json.dumps(obj, allow_nan=False).encode("utf-8"), "application/json")
 
 

@@ -9,7 +9,6 @@ dataset so that a reloaded page can follow them again.
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 KINDS = ("export", "upload")
 
@@ -33,7 +32,7 @@ class JobBook:
             return [dict(j) for j in self._jobs.get(dataset, [])]
 
 
-def status_for(raw: dict[str, Any], source_dir: str | None) -> tuple[dict[str, str], list[dict[str, str]]]:
+def status_for(raw: dict[str, object], source_dir: str | None) -> tuple[dict[str, str], list[dict[str, str]]]:
     """(status line parts, jobs of this dataset seen on the topics) from the backend's status.
 
     ``raw`` maps capture to a string and export/upload to ``{"queue": str, "job": {...}}``."""

@@ -64,7 +64,7 @@ class DatasetResult:
     error: str = ""
     job_id: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
 
 
@@ -206,7 +206,7 @@ def export_one(config: Config, root: Path, src: Path | BatchItem, fmt: str) -> D
 
 def run_batch(root: Path, fmt: str, *, workers: int | None = None, ray_address: str | None = None,
               on_result: Callable[[DatasetResult], None] | None = None,
-              ray_init: dict[str, Any] | None = None, merge: bool = False) -> list[DatasetResult]:
+              ray_init: dict[str, object] | None = None, merge: bool = False) -> list[DatasetResult]:
     """Export every dataset under ``root`` (``merge``: one merged set per task); results in
     dataset (group) order."""
     root = Path(os.path.realpath(root))
@@ -260,7 +260,7 @@ class RayPool:
         self._task = ray.remote(max_retries=0)(_ray_unit)  # a unit that failed is reported, not retried
 
     @classmethod
-    def connect(cls, address: str, workers: int | None, init: dict[str, Any] | None = None) -> RayPool:
+    def connect(cls, address: str, workers: int | None, init: dict[str, object] | None = None) -> RayPool:
         if address == "local":
             # A local instance stays on loopback: Ray otherwise binds its node IP (the LAN
             # address) on Linux. Read by ray at import, inherited by its processes.

@@ -23,13 +23,14 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+
+from ..formats.common.exporter import Exporter
 
 
 @dataclass(frozen=True)
 class FaultPlan:
     fail_at: str | None = None
-    exporters: Mapping[str, Callable[[], Any]] = field(default_factory=dict)
+    exporters: Mapping[str, Callable[[], Exporter]] = field(default_factory=dict)
 
 
 NONE = FaultPlan()

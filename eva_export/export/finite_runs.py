@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from numpy.typing import NDArray
 
 from ..errors import ExportError
 from ..formats.common import stats as stats_mod
@@ -31,6 +32,7 @@ from ..formats.common.images import iter_table_images
 from ..formats.common.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS, DatasetMeta, read_meta
 from ..formats.common.nonfinite import RUNS_KEY, NonFiniteEpisode, float_keys
 from ..formats.common.records import DatasetInfo, EpisodeRow, QualitySplit
+from ..formats.common.stats import StatEntry
 from ..formats.common.table import to_numpy
 from ..formats.common.video import iter_frames
 from ..formats.lerobot_v21.episode_stats import image_stats_of
@@ -58,7 +60,7 @@ class CutEpisode:
     dropped_frames: int  # frames left out: non-finite ones and those of dropped runs
     min_frames: int  # the minimum run length of this export
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"source_episode_index": self.source_episode_index, "source_file": self.source_file,
                 "features": dict(self.features), "frames": self.frames, "runs": [list(r) for r in self.runs],
                 "dropped_runs": self.dropped_runs, "dropped_frames": self.dropped_frames,
@@ -75,7 +77,7 @@ class RunsResult:
     cut: tuple[CutEpisode, ...]
 
 
-def finite_runs(mask: np.ndarray[Any, Any], min_frames: int) -> tuple[list[tuple[int, int]], int]:
+def finite_runs(mask: NDArray[np.bool_], min_frames: int) -> tuple[list[tuple[int, int]], int]:
     """The maximal runs of True in ``mask`` at least ``min_frames`` long, and how many were shorter."""
     edges = np.flatnonzero(np.diff(np.concatenate(([0], mask.astype(np.int8), [0]))))
     runs = [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2], strict=True)]
@@ -83,7 +85,7 @@ def finite_runs(mask: np.ndarray[Any, Any], min_frames: int) -> tuple[list[tuple
     return kept, len(runs) - len(kept)
 
 
-def finite_mask(table: pa.Table, keys: list[str]) -> np.ndarray[Any, Any]:
+def finite_mask(table: pa.Table, keys: list[str]) -> NDArray[np.bool_]:
     """Per row: every value of every float feature in ``keys`` is finite."""
     ok = np.ones(table.num_rows, dtype=bool)
     for k in keys:
@@ -96,7 +98,7 @@ def finite_mask(table: pa.Table, keys: list[str]) -> np.ndarray[Any, Any]:
     return ok
 
 
-def _set(table: pa.Table, name: str, values: np.ndarray[Any, Any]) -> pa.Table:
+def _set(table: pa.Table, name: str, values: NDArray[np.generic]) -> pa.Table:
     if name not in table.column_names:
         return table
     i = table.schema.get_field_index(name)
@@ -104,13 +106,13 @@ def _set(table: pa.Table, name: str, values: np.ndarray[Any, Any]) -> pa.Table:
     return table.set_column(i, table.schema.field(i), pa.array(values.astype(typ.to_pandas_dtype()), type=typ))
 
 
-def _table_stats(table: pa.Table, info: DatasetInfo, run: bool) -> dict[str, Any]:
+def _table_stats(table: pa.Table, info: DatasetInfo, run: bool) -> dict[str, StatEntry]:
     """A run's statistics of every table column (cameras carried in it from their frames); an
     episode kept whole only needs its renumbered index columns' again."""
     keys = [k for k in info.table_keys if k in table.column_names]
     if not run:
         keys = [k for k in ("episode_index", "index") if k in keys]
-    out: dict[str, Any] = {}
+    out: dict[str, StatEntry] = {}
     for k in keys:
         if not info.features[k].is_visual:
             out[k] = stats_mod.column_stats(to_numpy(table.column(k)))
@@ -131,7 +133,7 @@ class _Writer:
         self.sources: list[int] = []
         self.old: list[int] = []  # each new episode's position in the split's subset
 
-    def add(self, table: pa.Table, row: dict[str, Any], stats: dict[str, Any], raw_index: int,
+    def add(self, table: pa.Table, row: dict[str, Any], stats: dict[str, StatEntry], raw_index: int,
             videos: dict[str, Path], run: tuple[int, int] | None) -> None:
         """One episode: ``table`` its rows, ``videos`` each camera's file (linked, or cut to ``run``)."""
         info, new, n = self.meta.info, self.episodes, table.num_rows
@@ -193,7 +195,7 @@ class _Writer:
         self.ep_stats.discard()
 
 
-def _stats_of(meta: DatasetMeta, ep: EpisodeRow) -> dict[str, Any]:
+def _stats_of(meta: DatasetMeta, ep: EpisodeRow) -> dict[str, StatEntry]:
     row = meta.episodes_stats.get(ep.episode_index)
     return dict(row.stats) if row is not None else {}
 

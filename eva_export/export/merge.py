@@ -43,7 +43,7 @@ class SourceRef:
     episodes: int
     source_hash: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"source_dir": self.source_dir, "kind": self.kind,
                 "robot_type": self.robot_type, "episodes": self.episodes, "source_hash": self.source_hash}
 
@@ -63,7 +63,7 @@ class EpisodeOrigin:
     source_dataset: str
     source_episode_index: int
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {SOURCE_DATASET_FIELD: self.source_dataset, "source_episode_index": self.source_episode_index}
 
     @classmethod
@@ -75,9 +75,9 @@ def real(path: Path) -> str:
     return os.path.realpath(path)
 
 
-def provenance(check: SourceCheck) -> dict[str, Any]:
+def provenance(check: SourceCheck) -> dict[str, object]:
     """The row fields a named export adds to each episode of ``check``."""
-    out: dict[str, Any] = {SOURCE_DATASET_FIELD: real(check.root)}
+    out: dict[str, object] = {SOURCE_DATASET_FIELD: real(check.root)}
     if check.meta.info.robot_type:
         out[SOURCE_ROBOT_FIELD] = check.meta.info.robot_type
     return out
@@ -94,8 +94,8 @@ def combined_hash(checks: tuple[SourceCheck, ...]) -> str:
     return h.hexdigest()
 
 
-def _feature_facts(f: Feature) -> dict[str, Any]:
-    facts: dict[str, Any] = {"dtype": f.dtype, "shape": list(f.shape), "names": f.names}
+def _feature_facts(f: Feature) -> dict[str, object]:
+    facts: dict[str, object] = {"dtype": f.dtype, "shape": list(f.shape), "names": f.names}
     if f.dtype == "video":
         info = f.info or {}
         facts.update({k: info.get(k) for k in VIDEO_FACTS})

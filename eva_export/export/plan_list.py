@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 from ..formats.common.episode_list import LazySequence, index_at, row_at, rows_at
 from ..formats.common.records import EpisodeRow
@@ -28,7 +27,7 @@ class PlanList(LazySequence[PlannedEpisode]):
         self.checks = checks
         self.subset = subset
         self.task_maps: list[dict[int, int]] = [{} for _ in checks]  # per source: old -> new task index
-        self.provenance: list[dict[str, Any]] = [{} for _ in checks]  # per source (a named export's row fields)
+        self.provenance: list[dict[str, object]] = [{} for _ in checks]  # per source (a named export's row fields)
         self._no = array("l")
         self._pos = array("q")
         self._offset = array("q")

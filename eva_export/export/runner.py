@@ -27,7 +27,6 @@ import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from .. import confine
 from ..config import Config
@@ -51,8 +50,8 @@ from .paths import SUBSETS, ExportPaths
 from .publish import export_lock, lock_held, publish_pair, recover_pair
 from .records import ACCEPTED, REJECTED
 from .request import ExportRequest
-from .split import NativeSplit, prepare_staging
-from .units import native_dir
+from .split import NativeSplit, SubsetResult, prepare_staging
+from .units import PlannedEpisode, native_dir
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +184,7 @@ class ExportService:
         self.jobs.close(timeout)
 
     # ---- one job ---------------------------------------------------------------------------
-    def _unit_pool(self) -> contextlib.AbstractContextManager[Any]:
+    def _unit_pool(self) -> contextlib.AbstractContextManager[object]:
         """Episode units of this job run in worker processes (eva_export.pool), unless the caller
         already chose an executor (``eva-export batch`` on Ray)."""
         from .. import pool
@@ -194,7 +193,7 @@ class ExportService:
             return contextlib.nullcontext()
         return pool.local_pool(self.config.export.workers)
 
-    def _export(self, job_id: str, *, request: ExportRequest) -> dict[str, Any]:
+    def _export(self, job_id: str, *, request: ExportRequest) -> dict[str, object]:
         # What validation proves about each file is kept in the facts index beside the job
         # records: the staged subsets' verification and a rerun on the unchanged source reuse
         # it; a dataset's export tree is not touched by a refused source.
@@ -220,7 +219,7 @@ class ExportService:
             raise
         return checks
 
-    def _export_job(self, job_id: str, request: ExportRequest) -> dict[str, Any]:
+    def _export_job(self, job_id: str, request: ExportRequest) -> dict[str, object]:
         job = self.jobs.job(job_id)
         checkpoints = Faults(self.faults.fail_at)
         spec = request.spec
@@ -239,7 +238,7 @@ class ExportService:
         if injected is None and (direct := self._direct(job_id, request, paths, exporter, checks)) is not None:
             return direct  # lerobot_v3 straight from the source (v3_direct.py)
 
-        def on_unit(_p: Any, files: int, nbytes: int, reused: bool) -> None:
+        def on_unit(_p: PlannedEpisode, files: int, nbytes: int, reused: bool) -> None:
             self.jobs.count(job_id, episodes_done=int(spec.native), files_done=files, bytes_done=nbytes,
                             reused_episodes=int(reused))
             self.jobs.save(job_id)
@@ -284,11 +283,12 @@ class ExportService:
         self.jobs.save(job_id, force=True)
 
     def _direct(self, job_id: str, request: ExportRequest, paths: ExportPaths, exporter: Exporter,
-                checks: tuple[SourceCheck, ...]) -> dict[str, Any] | None:
+                checks: tuple[SourceCheck, ...]) -> dict[str, object] | None:
         from .v3_direct import run_direct  # imports the v3 writer: only when a job runs
         return run_direct(self, job_id, request, paths, exporter, checks, verify_staged)
 
-    def _nonfinite(self, job_id: str, staging: Path, fmt: str, acc: Any, rej: Any) -> tuple[dict[str, Path], tuple[int, int]]:
+    def _nonfinite(self, job_id: str, staging: Path, fmt: str, acc: SubsetResult, rej: SubsetResult,
+                   ) -> tuple[dict[str, Path], tuple[int, int]]:
         """export.nonfinite applied to the staged accepted subset: the native subset directories
         to write the format from, and the accepted (episodes, frames) they hold."""
         policy = self.config.export.nonfinite
@@ -309,7 +309,7 @@ class ExportService:
         self.jobs.update(job_id, nonfinite_cut_episodes=len(runs.cut), nonfinite_dropped_frames=dropped)
         return {**dirs, str(ACCEPTED): runs.dir}, (runs.episodes, runs.frames)
 
-    def _staging_left(self, job: Job) -> dict[str, Any]:
+    def _staging_left(self, job: Job) -> dict[str, object]:
         """A failed job names the staging it leaves (kept for resume) and its size; not a staging
         another export is writing now (a job refused for that export's lock leaves nothing)."""
         paths = self.paths(job)

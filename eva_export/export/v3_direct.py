@@ -108,7 +108,7 @@ class Service(Protocol):
 
 
 def run_direct(service: Service, job_id: str, request: ExportRequest, paths: ExportPaths, exporter: Exporter,
-               checks: tuple[SourceCheck, ...], verify: Verify) -> dict[str, Any] | None:
+               checks: tuple[SourceCheck, ...], verify: Verify) -> dict[str, object] | None:
     """The job's result, or None when it is the native split's to do (the caller runs it).
     ``verify``: the runner's verification of a staged pair (raises on findings)."""
     jobs, config, fail_at = service.jobs, service.config, service.faults.fail_at
@@ -131,7 +131,7 @@ class _Job:
         self.jobs, self.config, self.job_id, self.request, self.paths = jobs, config, job_id, request, paths
         self.exporter, self.holds = exporter, holds
 
-    def run(self, checks: tuple[SourceCheck, ...], verify: Verify) -> dict[str, Any]:
+    def run(self, checks: tuple[SourceCheck, ...], verify: Verify) -> dict[str, object]:
         paths, ex = self.paths, self.exporter
         recover_pair(paths)
         home = paths.source_dir if self.request.named else None

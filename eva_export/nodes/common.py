@@ -13,17 +13,19 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import rclpy
 # The generated interface package ships no type information (no py.typed): its types are Any.
 from eva_export_interfaces.msg import Job as JobMsg  # type: ignore[import-untyped]
 from eva_export_interfaces.msg import JobQueueStatus
 from eva_export_interfaces.srv import GetJob  # type: ignore[import-untyped]
-from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
+from rclpy.callback_groups import CallbackGroup, MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
+from rclpy.context import Context
 from rclpy.executors import Executor, ExternalShutdownException, MultiThreadedExecutor
 from rclpy.node import Node
 from rclpy.publisher import Publisher
+from rclpy.service import Service
 from rclpy.timer import Timer
 
 from eva_export import confine
@@ -31,6 +33,11 @@ from eva_export.config import Config, load_config
 from eva_export.errors import EvaError
 from eva_export.jobs import Job, ServiceStatus, state_text
 
+
+#: A service's request and response, a published message (generated, untyped classes).
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Msg = TypeVar("Msg")
 
 #: Default period of the ``~/status`` topics, seconds (parameter ``status_period``).
 DEFAULT_STATUS_PERIOD = 1.0
@@ -68,7 +75,7 @@ def short_reason(text: str, limit: int = REPLY_MESSAGE_MAX) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def guarded(node: Node, name: str, handler: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+def guarded(node: Node, name: str, handler: Callable[[Req, Resp], Resp]) -> Callable[[Req, Resp], Resp]:
     """Wrap a service handler so that no exception ever leaves it.
 
     A service callback that raises takes the whole node down with it (rclpy re-raises in the
@@ -77,7 +84,7 @@ def guarded(node: Node, name: str, handler: Callable[[Any, Any], Any]) -> Callab
     reason, the traceback going to the node log only (it may hold paths and hosts).
     """
 
-    def call(request: Any, response: Any) -> Any:
+    def call(request: Req, response: Resp) -> Resp:
         try:
             out = handler(request, response)
             if hasattr(out, "message"):
@@ -99,16 +106,16 @@ def guarded(node: Node, name: str, handler: Callable[[Any, Any], Any]) -> Callab
     return call
 
 
-def create_guarded_service(node: Node, srv_type: Any, name: str, handler: Callable[[Any, Any], Any],
-                           group: Any) -> Any:
+def create_guarded_service(node: Node, srv_type: type, name: str, handler: Callable[[Req, Resp], Resp],
+                           group: CallbackGroup) -> Service[Req, Resp]:
     """``node.create_service`` with the handler wrapped by ``guarded``."""
     return node.create_service(srv_type, name, guarded(node, name, handler), callback_group=group)
 
 
 def create_status_timer(
     node: Node,
-    publisher: Publisher[Any],
-    build: Callable[[], Any],
+    publisher: Publisher[Msg],
+    build: Callable[[], Msg],
     period: float,
 ) -> Timer:
     """Publish ``build()`` on ``publisher`` every ``period`` seconds and once right away.
@@ -134,7 +141,7 @@ def create_status_timer(
 SIGNAL_SHUTDOWN_WAIT_S = 5.0
 
 
-def await_signal_shutdown(context: Any = None, timeout: float = SIGNAL_SHUTDOWN_WAIT_S) -> bool:
+def await_signal_shutdown(context: Context | None = None, timeout: float = SIGNAL_SHUTDOWN_WAIT_S) -> bool:
     """Wait until ``context`` (default: rclpy's) is shut down, at most ``timeout`` seconds.
 
     rclpy (9.x) handles SIGINT in two places: its C handler calls Python's, so KeyboardInterrupt
@@ -234,7 +241,7 @@ class JobServiceNode(Node):
     KIND = ""
     NO_JOB = "job"
 
-    def __init__(self, node_name: str, start_type: Any) -> None:
+    def __init__(self, node_name: str, start_type: type) -> None:
         super().__init__(node_name)
         self.config_file, status_period = declare_common_parameters(self)
         self.make_service(load_config(self.config_file))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from eva_export_interfaces.msg import CaptureStatus, JobQueueStatus  # type: ignore[import-untyped]  # no py.typed
 from eva_export_interfaces.srv import GetJob, ListEpisodes, ReviewEpisode, StartExport, StartUpload  # type: ignore[import-untyped]  # no py.typed
@@ -33,13 +33,19 @@ WAIT_SERVICE = 2.0
 PEER_WAIT = 60.0
 
 
-def msg_to_dict(msg: Any) -> dict[str, Any]:
+def msg_to_dict(msg: _Fields) -> dict[str, object]:
     """A flat ROS message as a JSON-able dict (lists of strings kept as lists)."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for name in msg.get_fields_and_field_types():
         v = getattr(msg, name)
         out[name] = list(v) if isinstance(v, (list, tuple)) or hasattr(v, "tolist") else v
     return out
+
+
+class _Fields(Protocol):
+    """A generated message class's field list (the classes are untyped)."""
+
+    def get_fields_and_field_types(self) -> dict[str, str]: ...
 
 
 class RosBackend:
@@ -51,11 +57,11 @@ class RosBackend:
         c = node.create_client
         self.list_cli: Any = c(ListEpisodes, f"{capture}/list_episodes", callback_group=group)
         self.review_cli: Any = c(ReviewEpisode, f"{capture}/review", callback_group=group)
-        self.start_cli: dict[str, Any] = {"export": c(StartExport, f"{export}/start", callback_group=group),
+        self.start_cli: dict[str, object] = {"export": c(StartExport, f"{export}/start", callback_group=group),
                           "upload": c(StartUpload, f"{upload}/start", callback_group=group)}
-        self.job_cli: dict[str, Any] = {"export": c(GetJob, f"{export}/get_job", callback_group=group),
+        self.job_cli: dict[str, object] = {"export": c(GetJob, f"{export}/get_job", callback_group=group),
                         "upload": c(GetJob, f"{upload}/get_job", callback_group=group)}
-        self._status: dict[str, Any] = {}
+        self._status: dict[str, object] = {}
         self._lock = threading.Lock()
         node.create_subscription(CaptureStatus, f"{capture}/status", self._on_capture, STATUS_QOS_DEPTH,
                                  callback_group=group)
@@ -77,7 +83,7 @@ class RosBackend:
         with self._lock:
             self._status[kind] = entry
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         with self._lock:
             st = dict(self._status)
         return {"capture": st.get("capture", "no status yet"),
@@ -109,14 +115,14 @@ class RosBackend:
             return None, f"{client.srv_name} failed: {exc!r}"
         return future.result(), ""
 
-    def list_episodes(self, dataset: str) -> tuple[bool, str, list[dict[str, Any]]]:
+    def list_episodes(self, dataset: str) -> tuple[bool, str, list[dict[str, object]]]:
         reply, err = self._call(self.list_cli, ListEpisodes.Request(dataset_name=dataset))
         if reply is None:
             return False, err, []
         return reply.success, reply.message, [msg_to_dict(e) for e in reply.episodes]
 
     def review(self, dataset: str, episode: int, verdict: str, note: str,
-               set_note: bool, take_id: str = "") -> tuple[bool, str, dict[str, Any]]:
+               set_note: bool, take_id: str = "") -> tuple[bool, str, dict[str, object]]:
         req = ReviewEpisode.Request(dataset_name=dataset, episode_index=episode, verdict=verdict,
                                     note=note, set_note=set_note, take_id=take_id)
         reply, err = self._call(self.review_cli, req)
@@ -125,7 +131,7 @@ class RosBackend:
         return reply.success, reply.message, msg_to_dict(reply.episode)
 
     def start_job(self, kind: str, source_dir: str, fmt: str,
-                  accepted_dir: str) -> tuple[bool, str, dict[str, Any]]:
+                  accepted_dir: str) -> tuple[bool, str, dict[str, object]]:
         if kind == "export":
             req: Any = StartExport.Request(source_dir=source_dir, format=fmt)
         else:
@@ -135,7 +141,7 @@ class RosBackend:
             return False, err, {}
         return reply.success, reply.message, {"job_id": reply.job_id}
 
-    def get_job(self, kind: str, job_id: str) -> tuple[bool, str, dict[str, Any]]:
+    def get_job(self, kind: str, job_id: str) -> tuple[bool, str, dict[str, object]]:
         reply, err = self._call(self.job_cli[kind], GetJob.Request(job_id=job_id))
         if reply is None:
             return False, err, {}

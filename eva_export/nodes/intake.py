@@ -34,7 +34,7 @@ from rclpy.node import Node
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 from eva_export import faults
-from eva_export.capture.intake import StreamSpec
+from eva_export.capture.intake import Convert, StreamSpec
 from eva_export.capture.recorder import Recorder
 from eva_export.nodes import ros_convert
 
@@ -126,7 +126,7 @@ class Intake:
             if self.parent.context.ok():
                 self.parent.get_logger().error(f"intake executor stopped: {exc!r}")
 
-    def _callback(self, i: int, convert: Callable[[Any], Any]) -> Callable[[Any], None]:
+    def _callback(self, i: int, convert: Convert) -> Callable[[Any], None]:
         perf, mono = time.perf_counter, time.monotonic
         rec = self.rec
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 import numpy as np
+from numpy.typing import NDArray
 from geometry_msgs.msg import PoseStamped  # type: ignore[import-untyped]  # no py.typed
 from sensor_msgs.msg import CompressedImage, Image, JointState  # type: ignore[import-untyped]  # no py.typed
 from std_msgs.msg import Float64MultiArray  # type: ignore[import-untyped]  # no py.typed
@@ -21,7 +22,7 @@ from std_msgs.msg import Float64MultiArray  # type: ignore[import-untyped]  # no
 from eva_export.capture import intake
 from eva_export.capture.intake import StreamSpec, stamp_seconds  # noqa: F401 - re-exported
 
-MSG_TYPES: dict[str, Any] = {
+MSG_TYPES: dict[str, type] = {
     "JointState": JointState,
     "Float64MultiArray": Float64MultiArray,
     "PoseStamped": PoseStamped,
@@ -31,12 +32,27 @@ MSG_TYPES: dict[str, Any] = {
 
 Intake = intake.Convert
 
+
+class _Time(Protocol):
+    sec: int
+    nanosec: int
+
+
+class _Header(Protocol):
+    stamp: _Time
+
+
+class Stamped(Protocol):
+    """A message with a std_msgs/Header (the generated classes are untyped)."""
+
+    header: _Header
+
 DDS_PROFILE_ENV = "FASTDDS_DEFAULT_PROFILES_FILE"
 DDS_PROFILE_NAME = "fastdds_shm.xml"
 
 
 # ---- intake -----------------------------------------------------------------------------------
-def intake_converter(spec: StreamSpec) -> tuple[Any, Intake]:
+def intake_converter(spec: StreamSpec) -> tuple[type, Intake]:
     """(message class, msg -> (header stamp or None, payload)) for one configured stream.
 
     The conversion itself is ROS-free (eva_export.capture.intake) and shared with bag ingest.
@@ -47,18 +63,18 @@ def intake_converter(spec: StreamSpec) -> tuple[Any, Intake]:
 
 
 # ---- builders (teleop_sim, tests) ---------------------------------------------------------------
-def set_stamp(msg: Any, seconds_nanos: tuple[int, int]) -> None:
+def set_stamp(msg: Stamped, seconds_nanos: tuple[int, int]) -> None:
     msg.header.stamp.sec, msg.header.stamp.nanosec = seconds_nanos
 
 
-def joint_state_msg(names: Sequence[str], values: np.ndarray[Any, Any], field: str = "position") -> JointState:
+def joint_state_msg(names: Sequence[str], values: NDArray[np.generic], field: str = "position") -> JointState:
     msg = JointState()
     msg.name = list(names)
     setattr(msg, field, np.asarray(values, dtype=np.float64).tolist())
     return msg
 
 
-def float_array_msg(values: np.ndarray[Any, Any]) -> Float64MultiArray:
+def float_array_msg(values: NDArray[np.generic]) -> Float64MultiArray:
     msg = Float64MultiArray()
     msg.data = np.asarray(values, dtype=np.float64).tolist()
     return msg
@@ -71,7 +87,7 @@ def pose_msg(values: Sequence[float]) -> PoseStamped:
     return msg
 
 
-def image_msg(rgb: np.ndarray[Any, Any], frame_id: str = "") -> Image:
+def image_msg(rgb: NDArray[np.uint8], frame_id: str = "") -> Image:
     """An rgb8 Image from an (H, W, 3) uint8 array (one copy into the message)."""
     msg = Image()
     msg.header.frame_id = frame_id

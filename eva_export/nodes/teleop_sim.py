@@ -39,11 +39,12 @@ import time
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 
-from eva_export.capture.intake import streams_from_config
+from eva_export.capture.intake import StreamSpec, streams_from_config
 from eva_export.config import load_config
 from eva_export.nodes import ros_convert
 from eva_export.nodes.common import run_node
@@ -74,7 +75,7 @@ class FrameMaker:
         base[..., 2] = ((x[None, :] // 2 + y[:, None] // 2 + 64 * cam_index) % 256).astype(np.uint8)
         self.base = base
 
-    def frame(self, m: int) -> np.ndarray[Any, Any]:
+    def frame(self, m: int) -> NDArray[np.uint8]:
         x0, y0 = (4 * m) % 256, (2 * m) % 256
         img = np.ascontiguousarray(self.base[y0:y0 + self.height, x0:x0 + self.width])
         b = counter_blocks(self.width)
@@ -83,12 +84,12 @@ class FrameMaker:
         return img
 
 
-def render_frame(m: int, width: int, height: int, cam_index: int = 0) -> np.ndarray[Any, Any]:
+def render_frame(m: int, width: int, height: int, cam_index: int = 0) -> NDArray[np.uint8]:
     """Frame m of a camera: moving gradient plus the counter blocks on top."""
     return FrameMaker(width, height, cam_index).frame(m)
 
 
-def decode_counter(img: np.ndarray[Any, Any]) -> int:
+def decode_counter(img: NDArray[np.uint8]) -> int:
     """Read back the frame counter written by ``render_frame`` (robust to lossy coding)."""
     width = img.shape[1]
     b = counter_blocks(width)
@@ -100,7 +101,7 @@ def decode_counter(img: np.ndarray[Any, Any]) -> int:
     return m
 
 
-def jpeg_bytes(img: np.ndarray[Any, Any]) -> bytes:
+def jpeg_bytes(img: NDArray[np.uint8]) -> bytes:
     import av
 
     ctx = av.CodecContext.create("mjpeg", "w")
@@ -139,7 +140,7 @@ class Schedule:
         return k / self.rate
 
     def due(self, now: float) -> list[int]:
-        out: list[Any] = []
+        out: list[int] = []
         while True:
             if self._release is None:
                 delay = float(self.rng.uniform(0.0, self.jitter_s)) if self.jitter_s > 0 else 0.0
@@ -242,7 +243,7 @@ class TeleopSim(Node):
             values = -(n + 0.25 * np.arange(len(spec.names)))
             self.pubs["action"].publish(self._vector_msg(spec, values, self._stamp_of(sched, n)))
 
-    def _vector_msg(self, spec: Any, values: np.ndarray[Any, Any], stamp: tuple[int, int]) -> Any:
+    def _vector_msg(self, spec: StreamSpec, values: NDArray[np.generic], stamp: tuple[int, int]) -> Any:
         """A JointState (stamped, by joint name) or a Float64MultiArray, as the config says."""
         if spec.msg_type == "JointState":
             msg = ros_convert.joint_state_msg(spec.names, values, spec.field)

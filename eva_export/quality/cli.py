@@ -39,7 +39,7 @@ def episode_lines(ep: EpisodeCheck, stored: str = "") -> list[str]:
     return lines
 
 
-def to_json(check: DatasetCheck) -> dict[str, Any]:
+def to_json(check: DatasetCheck) -> dict[str, object]:
     return {"root": str(check.root), "source_kind": str(check.kind), "rule_version": RULE_VERSION,
             "red": sum(e.quality == "red" for e in check.episodes),
             "green": sum(e.quality == "green" for e in check.episodes),
@@ -73,7 +73,7 @@ def _check(args: argparse.Namespace) -> int:
     return 1 if any(e.quality == "red" for e in check.episodes) else 0
 
 
-def add_check_command(sub: Any) -> None:
+def add_check_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("check", help="run the quality rules on a dataset's files (live capture's rules)")
     p.add_argument("dir", help="a LeRobot v2.1, v3.0 or v2.0 dataset directory")
     p.add_argument("--json", action="store_true", help="print the verdicts as JSON")

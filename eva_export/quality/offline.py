@@ -14,7 +14,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
 
 import av
 import numpy as np
@@ -58,7 +57,7 @@ class EpisodeInput:
 class EpisodeCheck:
     episode_index: int
     findings: tuple[Finding, ...]
-    stream_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stream_stats: dict[str, dict[str, object]] = field(default_factory=dict)
 
     @property
     def quality(self) -> str:
@@ -107,7 +106,7 @@ def _names(feature: Feature) -> tuple[str, ...]:
     return tuple(str(n) for n in names) if isinstance(names, list) else ()
 
 
-def _luma(frame: Any) -> NDArray[np.uint8]:
+def _luma(frame: av.VideoFrame) -> NDArray[np.uint8]:
     """A decoded frame's luma plane, without a colour conversion (most of the cost)."""
     if frame.format.name not in ("yuv420p", "yuvj420p", "yuv422p", "yuv444p", "gray"):
         return np.asarray(frame.to_ndarray(format="gray"), np.uint8)
@@ -193,9 +192,9 @@ def source_inputs(root: Path) -> tuple[Source, DatasetInfo, Iterator[EpisodeInpu
 
 
 # ---- checking -------------------------------------------------------------------------------
-def stream_stats(ev: EpisodeEvidence) -> dict[str, dict[str, Any]]:
+def stream_stats(ev: EpisodeEvidence) -> dict[str, dict[str, object]]:
     """What the offline check measured per stream (beside capture's transport statistics)."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, dict[str, object]] = {}
     for v in ev.vectors:
         finite = np.all(np.isfinite(v.values), axis=1) if v.values.size else np.ones(0, bool)
         out[v.name] = {"rows": int(v.values.shape[0]), "non_finite_rows": int((~finite).sum())}

@@ -38,11 +38,11 @@ class Provenance:
     sources: tuple[str, ...]  # "live", "offline"
     live_quality: str = ""  # the verdict capture wrote, kept so a rerun can recompute the merge
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"version": self.version, "sources": list(self.sources), "live_quality": self.live_quality}
 
     @classmethod
-    def from_dict(cls, d: Any) -> Provenance | None:
+    def from_dict(cls, d: object) -> Provenance | None:
         if not isinstance(d, dict) or "version" not in d:
             return None
         return cls(str(d["version"]), tuple(str(s) for s in d.get("sources") or ()), str(d.get("live_quality", "")))
@@ -57,11 +57,11 @@ class QualityRecord:
     episode_index: int
     quality: str
     quality_issues: tuple[QualityIssue, ...]
-    stream_stats: dict[str, dict[str, Any]]
+    stream_stats: dict[str, dict[str, object]]
     rule_version: str
     checked_at: str
 
-    def values(self) -> dict[str, Any]:
+    def values(self) -> dict[str, object]:
         """The sidecar fields this record sets."""
         return {"quality": self.quality, "quality_issues": [i.to_dict() for i in self.quality_issues],
                 "stream_stats": copy.deepcopy(self.stream_stats), "rule_version": self.rule_version,
@@ -86,7 +86,7 @@ def write_sidecar(check: DatasetCheck) -> Path:
     return check.root / SIDECAR
 
 
-def read_sidecar(root: Path) -> dict[int, dict[str, Any]]:
+def read_sidecar(root: Path) -> dict[int, dict[str, object]]:
     """The sidecar's merged fields by episode index ({} when there is none)."""
     return sidecar.merged(root)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
 from ..config import load_config
 from ..errors import ConfigError, UploadRefused
@@ -20,7 +19,7 @@ from ..formats.registry import help_text as format_help
 from ..jobs import COMPLETED, Job
 
 
-def add_upload_commands(subparsers: Any) -> argparse.ArgumentParser:
+def add_upload_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Add the ``upload`` command to an argparse subparsers object."""
     p: argparse.ArgumentParser = subparsers.add_parser(
         "upload",

@@ -18,7 +18,6 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from ..config import Config
 from ..errors import UploadRefused
@@ -130,13 +129,13 @@ class UploadService:
 
     # -- the job thread ---------------------------------------------------------------
 
-    def _run_locked(self, job_id: str, name: str, lock_fd: int) -> dict[str, Any]:
+    def _run_locked(self, job_id: str, name: str, lock_fd: int) -> dict[str, object]:
         try:
             return self._run(job_id, name)
         finally:
             os.close(lock_fd)  # the next upload of this export may start
 
-    def _run(self, job_id: str, name: str) -> dict[str, Any]:
+    def _run(self, job_id: str, name: str) -> dict[str, object]:
         assert self.backend is not None
         engine = self.engine
 

@@ -76,11 +76,11 @@ class SplitDecisions:
     def side(self, subset: str) -> dict[str, int]:
         return self.accepted if subset == ACCEPTED else self.rejected
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {ACCEPTED.value: dict(self.accepted), REJECTED.value: dict(self.rejected)}
 
     @classmethod
-    def from_dict(cls, d: Any) -> SplitDecisions:
+    def from_dict(cls, d: object) -> SplitDecisions:
         if not isinstance(d, dict):
             raise ValueError(f"{DECISIONS_KEY} is not an object")
         return cls(*({str(k): int(v) for k, v in dict(d.get(s) or {}).items()} for s in (ACCEPTED, REJECTED)))
@@ -147,12 +147,12 @@ def front_matter(rec: CardRecords) -> list[str]:
     return [*lines, "---", ""]
 
 
-def _cell(value: Any) -> str:
+def _cell(value: object) -> str:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _table(header: list[str], rows: Iterable[list[Any]]) -> list[str]:
+def _table(header: list[str], rows: Iterable[list[object]]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
     return [*out, ""]

@@ -3,14 +3,15 @@ totals, and the record of one real read (state, action, frame)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from ...fsutil import iter_jsonl, read_json
-from ...jsonbound import as_int
+from ...jsonbound import as_int, int_like
 from .card import check_card
 from .exporter import VerifyReport
 from .meta import EPISODES, INFO, TASKS
@@ -18,19 +19,80 @@ from .records import FORMAT_V21, QUALITY_SPLIT_FILE, EpisodeRow, QualitySplit, T
 from .video import image_row_problem
 
 
+@dataclass(frozen=True)
+class ExportInfo:
+    """What the verifiers read of an export's meta/info.json, typed once by ``start_report``.
+
+    start_report has checked that the file is a JSON object, that ``features`` is an object and
+    that the totals are integers (None: not in the file). ``raw`` keeps the decoded object for
+    DatasetInfo.from_dict and the keys one verifier alone reads. A key a check needs and the
+    file lacks raises KeyError where the check reads it, a feature that is not an object
+    TypeError: the verifiers read these records as they read the raw object.
+    """
+
+    raw: Mapping[str, object]
+    features: Mapping[str, object]
+    total_episodes: int | None
+    total_frames: int | None
+
+    @classmethod
+    def of(cls, raw: dict[str, object]) -> ExportInfo:
+        """The record of a decoded info.json (ValueError naming a total that is not an integer)."""
+        features = raw.get("features", {})
+        if not isinstance(features, dict):
+            raise ValueError("not a JSON object with a features object")
+        totals = [None if key not in raw else as_int(raw[key], key) for key in ("total_episodes", "total_frames")]
+        return cls(raw, features, totals[0], totals[1])
+
+    @property
+    def dataset_format(self) -> str:
+        return str(self.raw.get("dataset_format", FORMAT_V21))
+
+    @property
+    def fps(self) -> int:
+        return int_like(self.raw["fps"])
+
+    @property
+    def data_path(self) -> str:
+        return str(self.raw["data_path"])
+
+    @property
+    def video_path(self) -> str:
+        return str(self.raw["video_path"])
+
+    def keys_of(self, dtype: str) -> list[str]:
+        """The features of ``dtype`` ("video", "image"), in info.json's order."""
+        return [k for k, f in self.features.items() if _feature_field(f, "dtype") == dtype]
+
+    def shapes_of(self, dtype: str) -> dict[str, tuple[int, ...]]:
+        """Each ``dtype`` feature's shape as info.json gives it."""
+        out: dict[str, tuple[int, ...]] = {}
+        for k in self.keys_of(dtype):
+            shape = _feature_field(self.features[k], "shape")
+            if not isinstance(shape, Iterable):
+                raise TypeError(f"feature {k!r}: shape is {type(shape).__name__}, not a list")
+            out[k] = tuple(shape)
+        return out
+
+
+def _feature_field(feature: object, key: str) -> object:
+    if not isinstance(feature, dict):
+        raise TypeError(f"a feature is {type(feature).__name__}, not an object")
+    return feature[key]
+
+
 def start_report(out_dir: Path, dataset_format: str, *, embedded_images: bool = False,
-                 ) -> tuple[VerifyReport, dict[str, Any] | None]:
+                 ) -> tuple[VerifyReport, ExportInfo | None]:
     """Open a report; check info.json and quality_split.json exist and name ``dataset_format``
     (a format with ``embedded_images`` must say so in info.json and list no videos)."""
     out_dir = Path(out_dir)
     report = VerifyReport(path=str(out_dir), dataset_format=dataset_format)
-    info: dict[str, Any] | None = None
+    info: ExportInfo | None = None
     try:
-        info = read_json(out_dir / INFO)
-        if not isinstance(info, dict) or not isinstance(info.get("features", {}), dict):
+        raw = read_json(out_dir / INFO)
+        if not isinstance(raw, dict):
             raise ValueError("not a JSON object with a features object")
-        as_int(info.get("total_episodes", 0), "total_episodes")
-        as_int(info.get("total_frames", 0), "total_frames")
+        info = ExportInfo.of(raw)
     except (OSError, ValueError) as exc:
         report.errors.append(f"{INFO}: unreadable ({exc})")
         info = None
@@ -42,20 +104,21 @@ def start_report(out_dir: Path, dataset_format: str, *, embedded_images: bool = 
         else:
             report.checks.append(f"quality_split.json: subset {qs.subset}, dataset_format {qs.dataset_format}, "
                                  f"{len(qs.source_episode_indices)} source episodes")
-        if info is not None and qs.episode_count and qs.episode_count != info.get("total_episodes"):
+        if info is not None and qs.episode_count and qs.episode_count != info.total_episodes:
             report.errors.append(f"{QUALITY_SPLIT_FILE}: episode_count {qs.episode_count} but info.json "
-                                 f"total_episodes {info.get('total_episodes')}")
+                                 f"total_episodes {info.total_episodes}")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         report.errors.append(f"{QUALITY_SPLIT_FILE}: missing or unreadable ({exc})")
     check_card(report, out_dir)  # README.md: present and exactly what the records render to
     if info is not None:
-        fmt = str(info.get("dataset_format", FORMAT_V21))
+        fmt = info.dataset_format
         if fmt != dataset_format:
             report.errors.append(f"{INFO}: dataset_format {fmt!r}, expected {dataset_format!r}")
-        report.episodes = int(info.get("total_episodes", 0))
-        report.frames = int(info.get("total_frames", 0))
+        report.episodes = info.total_episodes or 0
+        report.frames = info.total_frames or 0
+        raw = info.raw
         if embedded_images and (
-                not info.get("embedded_images") or info.get("total_videos") != 0 or "video_path" in info):
+                not raw.get("embedded_images") or raw.get("total_videos") != 0 or "video_path" in raw):
             report.errors.append("info.json must have embedded_images true, total_videos 0 and no video_path")
     return report, info
 
@@ -90,14 +153,14 @@ def check_tasks(report: VerifyReport, out_dir: Path, rows: list[EpisodeRow]) -> 
     else:
         report.checks.append(f"{TASKS}: {len(tasks)} task(s), indices and strings one to one")
 
-def check_totals(report: VerifyReport, info: dict[str, Any], episodes: int, frames: int, what: str) -> None:
-    if info.get("total_episodes") != episodes or info.get("total_frames") != frames:
-        report.errors.append(f"info.json claims {info.get('total_episodes')} episodes / {info.get('total_frames')} "
+def check_totals(report: VerifyReport, info: ExportInfo, episodes: int, frames: int, what: str) -> None:
+    if info.total_episodes != episodes or info.total_frames != frames:
+        report.errors.append(f"info.json claims {info.total_episodes} episodes / {info.total_frames} "
                              f"frames, {what} holds {episodes} / {frames}")
     else:
         report.checks.append(f"info.json totals match {what}: {episodes} episodes, {frames} frames")
 
-def check_sample(report: VerifyReport, state: Any, action: Any, frame: Any, where: str,
+def check_sample(report: VerifyReport, state: object, action: object, frame: object, where: str,
                  empty: bool = False) -> None:
     """Record the real read of one state value, one action value and one image frame.
 

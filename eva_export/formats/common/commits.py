@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .records import EpisodeRow, EpisodeStats
+from .stats import StatEntry
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,7 @@ class StagingJournal:
     task: str
     moves: tuple[tuple[str, str], ...]  # (staged file name, final path relative to the dataset)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"episode": self.episode.to_dict(), "stats": self.stats.to_dict(), "task": self.task,
                 "moves": [list(m) for m in self.moves]}
 
@@ -42,7 +43,7 @@ class TableNonFinite:
     keys: tuple[str, ...]
     counts: tuple[tuple[str, int], ...]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"file": list(self.file), "keys": list(self.keys), "counts": [list(c) for c in self.counts]}
 
     @classmethod
@@ -72,12 +73,12 @@ class UnitRecord:
     episode_index: int
     rows: int
     offset: int  # global index of the unit's first frame in its subset
-    row: dict[str, Any]  # the subset's episodes.jsonl line (renumbered, with source_episode_index)
-    stats: dict[str, Any]
+    row: dict[str, object]  # the subset's episodes.jsonl line (renumbered, with source_episode_index)
+    stats: dict[str, StatEntry]
     video_sizes: dict[str, int]
     nonfinite: TableNonFinite | None = None  # absent in a record written before it existed
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         # Shallow: dataclasses.asdict deep-copies the statistics, a third of a short unit's time.
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "nonfinite"}
         if self.nonfinite is not None:

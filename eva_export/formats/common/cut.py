@@ -14,9 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
 
 import av
+from av.container import InputContainer, OutputContainer
+from av.video.stream import VideoStream
 
 from ...errors import ExportError, VideoError
 from .video import RgbConverter, VideoEncoder, VideoSettings, count_frames
@@ -50,15 +51,22 @@ def cut_episode(src: Path, first: int, count: int, fps: int, dst: Path, what: st
     return CutResult(n, not exact)
 
 
-def _frame_ratio(stream: Any, fps: int) -> float:
+def _time_base(stream: VideoStream) -> Fraction:
+    """The stream's time base; none (the stubs allow it) fails as Fraction(None) does."""
+    if stream.time_base is None:
+        raise TypeError("argument should be a string or a Rational instance")
+    return Fraction(stream.time_base)
+
+
+def _frame_ratio(stream: VideoStream, fps: int) -> float:
     """pts -> frame number factor (time base x fps), computed once per file."""
-    return float(Fraction(stream.time_base) * fps)
+    return float(_time_base(stream) * fps)
 
 
-def seek_to_frame(container: Any, stream: Any, first: int, fps: int) -> None:
+def seek_to_frame(container: InputContainer, stream: VideoStream, first: int, fps: int) -> None:
     """To the last keyframe at or before frame ``first`` (nothing to do for frame 0)."""
     if first > 0:
-        container.seek(int(Fraction(first, fps) / Fraction(stream.time_base)), stream=stream,
+        container.seek(int(Fraction(first, fps) / _time_base(stream)), stream=stream,
                        backward=True, any_frame=False)
 
 
@@ -93,7 +101,7 @@ def _exact_cut(src: Path, first: int, count: int, fps: int) -> bool:
     return first_ok and all(seen)
 
 
-def _open_out(dst: Path, template: Any) -> tuple[Any, Any]:
+def _open_out(dst: Path, template: VideoStream) -> tuple[OutputContainer, VideoStream]:
     dst.parent.mkdir(parents=True, exist_ok=True)
     out = av.open(str(dst), mode="w", format="mp4", options={"movflags": "faststart"})
     # opaque: copy codec id and parameters, never look an encoder up by the decoder's name (AV1)

@@ -22,7 +22,7 @@ def parquet_image_keys(info: DatasetInfo) -> list[str]:
     """Features stored as images inside the Parquet table (LeRobot's ``use_videos=False``)."""
     return [k for k, f in info.features.items() if f.dtype == "image"]
 
-def decode_png(data: bytes, where: str) -> NDArray[Any]:
+def decode_png(data: bytes, where: str) -> NDArray[np.uint8]:
     """One encoded image (PNG, as LeRobot embeds it; any still format FFmpeg knows) as RGB uint8."""
     import av  # PyAV decodes the image; no Pillow needed
 
@@ -40,7 +40,7 @@ def decode_png(data: bytes, where: str) -> NDArray[Any]:
             raise ExportError(f"{where}: undecodable image ({exc})") from exc
     raise ExportError(f"{where}: not a PNG or JPEG image ({len(data)} bytes)")
 
-def iter_table_images(table: pa.Table, key: str, where: str) -> Iterator[NDArray[Any]]:
+def iter_table_images(table: pa.Table, key: str, where: str) -> Iterator[NDArray[np.uint8]]:
     """The frames of an image column (``struct<bytes, path>`` per row), decoded one at a time."""
     col = table.column(key)
     for i in range(table.num_rows):
@@ -50,7 +50,7 @@ def iter_table_images(table: pa.Table, key: str, where: str) -> Iterator[NDArray
             raise ExportError(f"{where}: {key} row {i} holds no embedded image bytes")
         yield decode_png(bytes(data), f"{where}: {key} row {i}")
 
-def camera_frames(meta: DatasetMeta, episode_index: int, table: pa.Table, key: str) -> Iterator[NDArray[Any]]:
+def camera_frames(meta: DatasetMeta, episode_index: int, table: pa.Table, key: str) -> Iterator[NDArray[np.uint8]]:
     """One camera's frames of one episode, from its MP4 or from its Parquet image column."""
     if meta.info.features[key].dtype == "image":
         return iter_table_images(table, key, f"episode {episode_index}")
@@ -66,7 +66,7 @@ class Prefetch:
 
     _END = object()
 
-    def __init__(self, it: Iterator[NDArray[Any]], depth: int = 4, name: str = "prefetch") -> None:
+    def __init__(self, it: Iterator[NDArray[np.uint8]], depth: int = 4, name: str = "prefetch") -> None:
         self._it = it
         self._q: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
@@ -101,7 +101,7 @@ class Prefetch:
     def __iter__(self) -> Prefetch:
         return self
 
-    def __next__(self) -> NDArray[Any]:
+    def __next__(self) -> NDArray[np.uint8]:
         item = self._q.get()
         if item is self._END:
             self._q.put(self._END)  # stay exhausted

@@ -18,7 +18,7 @@ DATA_PATH_V21 = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parq
 VIDEO_PATH_V21 = "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4"
 
 # The five columns every LeRobot dataset has, in LeRobot's order.
-DEFAULT_FEATURES: dict[str, dict[str, Any]] = {
+DEFAULT_FEATURES: dict[str, dict[str, object]] = {
     "timestamp": {"dtype": "float32", "shape": [1], "names": None},
     "frame_index": {"dtype": "int64", "shape": [1], "names": None},
     "episode_index": {"dtype": "int64", "shape": [1], "names": None},
@@ -33,20 +33,20 @@ class Feature:
     dtype: str
     shape: tuple[int, ...]
     names: Any = None
-    info: dict[str, Any] | None = None
+    info: dict[str, object] | None = None
 
     @property
     def is_visual(self) -> bool:
         return self.dtype in IMAGE_DTYPES
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"dtype": self.dtype, "shape": list(self.shape), "names": self.names}
+    def to_dict(self) -> dict[str, object]:
+        d: dict[str, object] = {"dtype": self.dtype, "shape": list(self.shape), "names": self.names}
         if self.info is not None:
             d["info"] = copy.deepcopy(self.info)
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Feature:
+    def from_dict(cls, d: object) -> Feature:
         d = as_dict(d, "a feature")
         check_bounds(d, "a feature")
         info = d.get("info")
@@ -62,14 +62,14 @@ class Feature:
                          "video.fps": fps, "video.channels": 3, "has_audio": False})
 
 
-def _feature(key: str, d: Any) -> Feature:
+def _feature(key: str, d: object) -> Feature:
     try:
         return Feature.from_dict(d)
     except (KeyError, ValueError, TypeError) as exc:
         raise ValueError(f"feature {key!r}: {exc}") from None
 
 
-def _features(value: Any) -> dict[str, Any]:
+def _features(value: object) -> dict[str, object]:
     features = as_dict(value, "features")
     if len(features) > KEYS_MAX:
         raise ValueError(f"features has {len(features)} entries; at most {KEYS_MAX} are accepted")
@@ -92,7 +92,7 @@ class DatasetInfo:
     chunks_size: int = DEFAULT_CHUNKS_SIZE
     data_path: str = DATA_PATH_V21
     video_path: str | None = VIDEO_PATH_V21
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
 
     @property
     def video_keys(self) -> list[str]:
@@ -133,8 +133,8 @@ class DatasetInfo:
         self.total_videos = episodes * len(self.video_keys)
         self.total_chunks = (end + self.chunks_size - 1) // self.chunks_size
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
+    def to_dict(self) -> dict[str, object]:
+        d: dict[str, object] = {
             "codebase_version": self.codebase_version,
             "robot_type": self.robot_type,
             "total_episodes": self.total_episodes,
@@ -153,7 +153,7 @@ class DatasetInfo:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> DatasetInfo:
+    def from_dict(cls, d: object) -> DatasetInfo:
         d = as_dict(d, "info.json")
         known = {"codebase_version", "robot_type", "fps", "features", "total_episodes", "total_frames",
                  "total_tasks", "total_videos", "total_chunks", "chunks_size", "data_path", "video_path",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Container, Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
@@ -67,7 +67,7 @@ def read_info(root: Path) -> DatasetInfo:
         raise DatasetError(f"{path}: unreadable ({exc.strerror or exc})") from None
 
 
-def _rows(path: Path, required: bool, parse: Callable[[dict[str, Any]], T]) -> list[tuple[int, T]]:
+def _rows(path: Path, required: bool, parse: Callable[[dict[str, object]], T]) -> list[tuple[int, T]]:
     """The typed rows of a JSON Lines meta file with their line numbers; every fault (decode,
     bounds, a malformed row) is a DatasetError naming ``path:line``."""
     out: list[tuple[int, T]] = []
@@ -75,8 +75,8 @@ def _rows(path: Path, required: bool, parse: Callable[[dict[str, Any]], T]) -> l
     return out
 
 
-def _scan(path: Path, required: bool, parse: Callable[[dict[str, Any]], T], keep: Callable[[T, int], None],
-          lines: Callable[[], Iterator[tuple[int, dict[str, Any]]]] | None = None) -> None:
+def _scan(path: Path, required: bool, parse: Callable[[dict[str, object]], T], keep: Callable[[T, int], None],
+          lines: Callable[[], Iterator[tuple[int, dict[str, object]]]] | None = None) -> None:
     """Parse every row of a JSON Lines meta file (``lines``: how to read them, by default
     iter_jsonl_lines), handing each to ``keep(row, line)``; nothing when absent and not required."""
     if not path.is_file():
@@ -174,7 +174,7 @@ def stats_digest(info: DatasetInfo) -> Callable[[EpisodeStats], int] | None:
     return digest
 
 
-def _size(value: Any) -> int:
+def _size(value: object) -> int:
     try:
         return int(np.asarray(value, dtype=np.float64).size)
     except (ValueError, TypeError):

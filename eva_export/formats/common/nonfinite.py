@@ -26,7 +26,6 @@ from array import array
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -78,13 +77,13 @@ class NonFiniteEpisode:
         feats = ", ".join(f"{k} ({n} NaN/inf)" for k, n in self.features)
         return f"{self.source_file}: source episode {self.source_episode_index}: {feats}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"episode_index": self.episode_index, "source_episode_index": self.source_episode_index,
                 "source_file": self.source_file, "features": {k: n for k, n in self.features},
                 "qc_verdict": self.qc_verdict}
 
     @classmethod
-    def from_dict(cls, d: Any) -> NonFiniteEpisode:
+    def from_dict(cls, d: object) -> NonFiniteEpisode:
         if not isinstance(d, dict) or not isinstance(d.get("features"), dict):
             raise ValueError(f"{NONFINITE_KEY}: an entry is not an object with a features object")
         return cls(int(d["episode_index"]), int(d["source_episode_index"]), str(d["source_file"]),

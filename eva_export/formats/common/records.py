@@ -27,6 +27,7 @@ from .info_record import (
     DatasetInfo,
     Feature,
 )
+from .stats import StatEntry
 
 __all__ = ["ACCEPTED", "CODEBASE_V21", "DATA_PATH_V21", "DEFAULT_CHUNKS_SIZE", "DEFAULT_FEATURES", "FORMAT_V21",
            "IMAGE_DTYPES", "QUALITY_SPLIT_FILE", "REJECTED", "REVIEW_VERDICTS", "SPLIT_RULE", "VIDEO_PATH_V21",
@@ -70,15 +71,15 @@ class QualityIssue:
     code: str
     severity: str  # Severity: "error" makes the episode red; "warning" is informative
     detail: str
-    extra: dict[str, Any] = field(default_factory=dict)  # e.g. frames / ranges (console)
+    extra: dict[str, object] = field(default_factory=dict)  # e.g. frames / ranges (console)
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"code": self.code, "severity": self.severity, "detail": self.detail}
+    def to_dict(self) -> dict[str, object]:
+        d: dict[str, object] = {"code": self.code, "severity": self.severity, "detail": self.detail}
         d.update(copy.deepcopy(self.extra))
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> QualityIssue:
+    def from_dict(cls, d: object) -> QualityIssue:
         d = as_dict(d, "a quality issue")
         check_bounds(d, "a quality issue")
         return cls(as_str(d["code"], "a quality issue's code"),
@@ -101,7 +102,7 @@ _TEXT_FIELDS = ("quality", "qc_verdict", "note", "reviewed_at", "take_id")
 _EPISODE_FIELDS = ("quality", "quality_issues", "stream_stats", "qc_verdict", "note", "reviewed_at", "take_id")
 
 
-def _issues(value: Any) -> list[QualityIssue]:
+def _issues(value: object) -> list[QualityIssue]:
     """quality_issues as typed records; any other shape is refused."""
     items = as_list(value, "quality_issues")
     if len(items) > ITEMS_MAX:
@@ -109,7 +110,7 @@ def _issues(value: Any) -> list[QualityIssue]:
     return [QualityIssue.from_dict(i) for i in items]
 
 
-def _tasks(value: Any) -> list[str]:
+def _tasks(value: object) -> list[str]:
     """A row's tasks: a list of task texts (a single text is one task), each bounded."""
     items = as_list([value] if isinstance(value, str) else value, "tasks")
     if len(items) > ITEMS_MAX:
@@ -135,12 +136,12 @@ class EpisodeRow:
     _: KW_ONLY
     quality: str = ""  # Quality for rows capture wrote; foreign datasets may say anything
     quality_issues: list[QualityIssue] = field(default_factory=list)
-    stream_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stream_stats: dict[str, dict[str, object]] = field(default_factory=dict)
     qc_verdict: str = ""  # Verdict
     note: str = ""
     reviewed_at: str = ""
     take_id: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
     # shared (interned) sets of at most seven names: a set per row was 216 bytes
     present: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
@@ -164,9 +165,9 @@ class EpisodeRow:
     def _is_written(self, name: str) -> bool:
         return name in self.present or bool(getattr(self, name))
 
-    def fields_dict(self) -> dict[str, Any]:
+    def fields_dict(self) -> dict[str, object]:
         """Every key of the row but the three LeRobot ones (exporters carry these as columns)."""
-        d: dict[str, Any] = {}
+        d: dict[str, object] = {}
         for name in _EPISODE_FIELDS:
             if name in self.extra or not self._is_written(name):
                 continue
@@ -179,14 +180,14 @@ class EpisodeRow:
         d.update(copy.deepcopy(self.extra))
         return d
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"episode_index": self.episode_index, "tasks": list(self.tasks),
+    def to_dict(self) -> dict[str, object]:
+        d: dict[str, object] = {"episode_index": self.episode_index, "tasks": list(self.tasks),
                              "length": self.length}
         d.update(self.fields_dict())
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> EpisodeRow:
+    def from_dict(cls, d: object) -> EpisodeRow:
         """The row, every field of its exact type and bounded (ValueError naming the field): an
         index or a length that is a boolean, a float or a string is refused, not converted; a
         text over TEXT_MAX_BYTES (a review note's bound) is refused, not carried into exports.
@@ -225,11 +226,11 @@ class TaskRow:
     task_index: int
     task: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"task_index": self.task_index, "task": self.task}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TaskRow:
+    def from_dict(cls, d: object) -> TaskRow:
         d = as_dict(d, "a task row")
         return cls(as_int(d["task_index"], "task_index", 0), as_str(d["task"], "task"))
 
@@ -239,13 +240,13 @@ class EpisodeStats:
     """One line of meta/episodes_stats.jsonl: per-feature min/max/mean/std/count."""
 
     episode_index: int
-    stats: dict[str, dict[str, Any]]
+    stats: dict[str, StatEntry]  # as read: lists, not checked here (stats.usable_entry)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"episode_index": self.episode_index, "stats": self.stats}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> EpisodeStats:
+    def from_dict(cls, d: object) -> EpisodeStats:
         d = as_dict(d, "an episode stats row")
         return cls(as_int(d["episode_index"], "episode_index", 0), as_dict(d["stats"], "stats"))
 
@@ -282,16 +283,16 @@ class QualitySplit:
     created_at: str = ""
     job_id: str = ""
     unrated_count: int = 0  # source episodes with no quality field and no verdict (all rejected)
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         d = dataclasses.asdict(self)
         extra = d.pop("extra")
         d.update(extra)
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> QualitySplit:
+    def from_dict(cls, d: object) -> QualitySplit:
         """The marker with every field of its exact type (ValueError naming the field)."""
         d = as_dict(d, "quality_split.json")
         names = {f.name: f.type for f in dataclasses.fields(cls)}

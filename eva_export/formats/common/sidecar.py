@@ -15,7 +15,6 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ... import confine
 from ...errors import DatasetError
@@ -34,14 +33,14 @@ class QualityEntry:
     """One sidecar line: the fields it sets for one source episode."""
 
     episode_index: int
-    values: dict[str, Any] = field(default_factory=dict)  # a subset of FIELDS
+    values: dict[str, object] = field(default_factory=dict)  # a subset of FIELDS
     written_by: str = ""  # "check" or "review": who appended it
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"episode_index": self.episode_index, **self.values, "written_by": self.written_by}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> QualityEntry:
+    def from_dict(cls, d: object) -> QualityEntry:
         """The line, typed and bounded as an episode row's same fields are (ValueError naming the field)."""
         d = as_dict(d, "a sidecar line")
         if "episode_index" not in d:
@@ -74,15 +73,15 @@ def read_entries(root: Path) -> list[QualityEntry]:
     return out
 
 
-def merged(root: Path) -> dict[int, dict[str, Any]]:
+def merged(root: Path) -> dict[int, dict[str, object]]:
     """episode_index -> the fields its lines set, later lines winning field by field."""
-    out: dict[int, dict[str, Any]] = {}
+    out: dict[int, dict[str, object]] = {}
     for e in read_entries(root):
         out.setdefault(e.episode_index, {}).update(e.values)
     return out
 
 
-def apply(rows: Iterable[EpisodeRow], verdicts: dict[int, dict[str, Any]]) -> list[EpisodeRow]:
+def apply(rows: Iterable[EpisodeRow], verdicts: dict[int, dict[str, object]]) -> list[EpisodeRow]:
     """The rows with their sidecar fields (a new row each; the source rows are not changed)."""
     out = []
     for row in rows:
@@ -104,7 +103,7 @@ def append_review(root: Path, indices: list[int], verdict: str, note: str | None
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     lines = []
     for i in indices:
-        values: dict[str, Any] = {"reviewed_at": stamp}
+        values: dict[str, object] = {"reviewed_at": stamp}
         if verdict:
             values["qc_verdict"] = "" if verdict == "clear" else verdict
         if note is not None:

@@ -8,7 +8,6 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -100,7 +99,7 @@ def cut(values: list[int], n: int = 10) -> str:
     return str(values) if len(values) <= n else f"{values[:n]}..."
 
 
-def raw_info(root: Path) -> dict[str, Any]:
+def raw_info(root: Path) -> dict[str, object]:
     """info.json as stored: typed parsing would turn fps 29.97 into 29 silently."""
     try:
         raw = read_json(confine.confined(root, INFO, "meta file"))
@@ -111,13 +110,13 @@ def raw_info(root: Path) -> dict[str, Any]:
     return raw
 
 
-def _positive_int(raw: dict[str, Any], key: str, where: Path, why: str) -> None:
+def _positive_int(raw: dict[str, object], key: str, where: Path, why: str) -> None:
     value = raw.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise DatasetError(f"{where}: {key} is {value!r}; it must be a positive integer ({why})")
 
 
-def check_info(root: Path, raw: dict[str, Any], info: DatasetInfo) -> None:
+def check_info(root: Path, raw: dict[str, object], info: DatasetInfo) -> None:
     """info.json fields the export relies on: fps, chunks_size, templates, feature declarations."""
     where = root / INFO
     _positive_int(raw, "fps", where, "timestamps are frame_index / fps; a rate like 29.97 or 0 "

@@ -14,7 +14,7 @@ q01 -1, max and q99 1), so a reader sees finite numbers and the count says none 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -23,21 +23,27 @@ from numpy.typing import NDArray
 STAT_KEYS = ("min", "max", "mean", "std", "count")
 QUANTILES = {"q01": 0.01, "q10": 0.10, "q50": 0.50, "q90": 0.90, "q99": 0.99}
 
+#: One feature's statistics (STAT_KEYS and QUANTILES), each a list as numpy's ``tolist`` gives it:
+#: numbers, nested for camera statistics (3, 1, 1); numpy types its items as Any.
+StatEntry = dict[str, list[Any]]
 
-def complete_stats(entry: Any) -> bool:
+
+def complete_stats(entry: object) -> bool:
     """A feature's entry of an episodes_stats row holds every one of STAT_KEYS."""
     return isinstance(entry, dict) and all(k in entry for k in STAT_KEYS)
 
 
-def entry_count(entry: Any) -> float:
+def entry_count(entry: object) -> float:
     """The rows a feature's entry says went in (0 when it says nothing readable)."""
+    if not isinstance(entry, dict):
+        return 0.0  # indexing it would raise TypeError
     try:
         return float(np.asarray(entry["count"], dtype=np.float64).reshape(-1)[0])
     except (KeyError, TypeError, ValueError, IndexError):
         return 0.0
 
 
-def finite_entry(entry: Any) -> bool:
+def finite_entry(entry: object) -> bool:
     """Every number of a feature's entry is finite (a list that is not numeric counts as not)."""
     if not isinstance(entry, dict):
         return False
@@ -47,23 +53,26 @@ def finite_entry(entry: Any) -> bool:
         return False
 
 
-def usable_entry(entry: Any) -> bool:
+def usable_entry(entry: object) -> bool:
     """An entry that may be pooled: every stat present, finite, and at least one row in."""
     return complete_stats(entry) and finite_entry(entry) and entry_count(entry) > 0
 
 
-def empty_stats(shape: tuple[int, ...]) -> dict[str, Any]:
+def empty_stats(shape: tuple[int, ...]) -> StatEntry:
     """A feature without a finite row: count 0 and the identity normalisation (finite numbers)."""
-    def full(x: float) -> Any:
-        return np.full(shape, x, dtype=np.float64).tolist()
-    out: dict[str, Any] = {"min": full(-1.0), "max": full(1.0), "mean": full(0.0), "std": full(1.0), "count": [0]}
+    def full(x: float) -> list[Any]:
+        numbers: list[Any] = np.full(shape, x, dtype=np.float64).tolist()
+        return numbers
+    out: StatEntry = {"min": full(-1.0), "max": full(1.0), "mean": full(0.0), "std": full(1.0), "count": [0]}
     for name, q in QUANTILES.items():
         out[name] = full(-1.0 if q < 0.25 else 1.0 if q > 0.75 else 0.0)
     return out
 
 
-def entry_shape(entry: Any) -> tuple[int, ...]:
+def entry_shape(entry: object) -> tuple[int, ...]:
     """The element shape of a feature's entry (from its mean)."""
+    if not isinstance(entry, dict):
+        return (1,)  # indexing it would raise TypeError
     try:
         return tuple(np.asarray(entry["mean"], dtype=np.float64).shape)
     except (KeyError, TypeError, ValueError):
@@ -79,12 +88,12 @@ class RunningStats:
 
     def __init__(self) -> None:
         self.count = 0
-        self._sum: NDArray[Any] | None = None
-        self._sumsq: NDArray[Any] | None = None
-        self._min: NDArray[Any] | None = None
-        self._max: NDArray[Any] | None = None
+        self._sum: NDArray[np.float64] | None = None
+        self._sumsq: NDArray[np.float64] | None = None
+        self._min: NDArray[np.float64] | None = None
+        self._max: NDArray[np.float64] | None = None
 
-    def add_batch(self, values: NDArray[Any]) -> None:
+    def add_batch(self, values: NDArray[np.generic]) -> None:
         """Add a batch with the sample axis first."""
         v = np.asarray(values, dtype=np.float64)
         if v.shape[0] == 0:
@@ -101,7 +110,7 @@ class RunningStats:
             self._max = np.maximum(self._max, mx)
         self.count += v.shape[0]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> StatEntry:
         if self._sum is None or self.count == 0:
             raise ValueError("no samples")
         assert self._sumsq is not None and self._min is not None and self._max is not None
@@ -122,7 +131,7 @@ class ImageStats:
         self._rs = RunningStats()
         self._hist = np.zeros((3, 256), dtype=np.int64)
 
-    def add(self, rgb: NDArray[Any]) -> None:
+    def add(self, rgb: NDArray[np.uint8]) -> None:
         if self._seen % self._every == 0:
             pixels = rgb[:: self._stride, :: self._stride].reshape(-1, 3)
             self._rs.add_batch(pixels.astype(np.float64) / 255.0)
@@ -131,9 +140,9 @@ class ImageStats:
             self._sampled += 1
         self._seen += 1
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> StatEntry:
         d = self._rs.to_dict()
-        out: dict[str, Any] = {k: [[[x]] for x in d[k]] for k in ("min", "max", "mean", "std")}
+        out: StatEntry = {k: [[[x]] for x in d[k]] for k in ("min", "max", "mean", "std")}
         out["count"] = [self._sampled]
         cdf = np.cumsum(self._hist, axis=1) / max(1, int(self._hist[0].sum()))
         for name, q in QUANTILES.items():
@@ -142,7 +151,7 @@ class ImageStats:
         return out
 
 
-def column_stats(values: NDArray[Any]) -> dict[str, Any]:
+def column_stats(values: NDArray[np.generic]) -> StatEntry:
     """Statistics of one Parquet column (rows first); scalars get shape [1] lists. Only the rows
     whose values are all finite go in (``count``); none: ``empty_stats``."""
     v = np.asarray(values)
@@ -166,19 +175,19 @@ def column_stats(values: NDArray[Any]) -> dict[str, Any]:
     return d
 
 
-def aggregate(per_episode: Iterable[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+def aggregate(per_episode: Iterable[Mapping[str, Mapping[str, object]]]) -> dict[str, StatEntry]:
     """Combine episode statistics into dataset statistics (weighted mean, pooled variance).
 
     Only usable entries are pooled (``usable_entry``: an episode whose feature had no finite row
     adds nothing); a feature with none gets ``empty_stats``, so every number is finite."""
-    groups: dict[str, list[dict[str, Any]]] = {}
+    groups: dict[str, list[Mapping[str, object]]] = {}
     shapes: dict[str, tuple[int, ...]] = {}
     for stats in per_episode:
         for key, st in stats.items():
             shapes.setdefault(key, entry_shape(st))
             if usable_entry(st):
                 groups.setdefault(key, []).append(st)
-    out: dict[str, dict[str, Any]] = {key: empty_stats(shape) for key, shape in shapes.items()}
+    out: dict[str, StatEntry] = {key: empty_stats(shape) for key, shape in shapes.items()}
     for key, items in groups.items():
         counts = np.array([entry_count(s) for s in items])
         total = counts.sum()

@@ -42,7 +42,7 @@ class StatsIndex(MutableMapping[int, EpisodeStats]):
         self._spans = array("q")  # offset, length, line of slot n at 3n, 3n+1, 3n+2
         self._held: dict[int, EpisodeStats] | None = {}  # rows in memory (no file, or after a change)
 
-    def scan(self, path: Path, limit: int | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    def scan(self, path: Path, limit: int | None = None) -> Iterator[tuple[int, dict[str, object]]]:
         """Open ``path`` and yield (line, object) of every row; the caller parses each and
         hands it to ``note``. Read errors surface as OSError, content errors as ValueError
         (a line over ``limit`` bytes too)."""
@@ -117,7 +117,7 @@ class StatsIndex(MutableMapping[int, EpisodeStats]):
     def __del__(self) -> None:
         self.close()
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         held = dict(self._held) if self._held is not None else {e: self._read(e) for e in self._where}
         return {"path": self.path, "held": held}  # rows, not the file handle
 

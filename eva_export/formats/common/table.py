@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -28,9 +27,9 @@ def arrow_type(feature: Feature) -> pa.DataType:
     raise ValueError(f"unsupported table shape {feature.shape}")
 
 
-def hf_features(features: dict[str, Feature]) -> dict[str, Any]:
+def hf_features(features: dict[str, Feature]) -> dict[str, object]:
     """The 'huggingface' schema metadata LeRobot's writer adds (datasets.Features JSON)."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for key, f in features.items():
         value = {"dtype": f.dtype, "_type": "Value"}
         out[key] = value if f.shape == (1,) else {"feature": value, "length": f.shape[0], "_type": "Sequence"}
@@ -44,7 +43,7 @@ def schema(features: dict[str, Feature]) -> pa.Schema:
     return pa.schema(fields, metadata=meta)
 
 
-def column(values: NDArray[Any], typ: pa.DataType) -> pa.Array:
+def column(values: NDArray[np.generic], typ: pa.DataType) -> pa.Array:
     if pa.types.is_fixed_size_list(typ):
         v = np.ascontiguousarray(values, dtype=typ.value_type.to_pandas_dtype())
         return pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1), type=typ.value_type), typ.list_size)
@@ -54,7 +53,7 @@ def column(values: NDArray[Any], typ: pa.DataType) -> pa.Array:
     return pa.array(v.astype(typ.to_pandas_dtype(), copy=False), type=typ)
 
 
-def build_table(columns: dict[str, NDArray[Any]], sch: pa.Schema) -> pa.Table:
+def build_table(columns: dict[str, NDArray[np.generic]], sch: pa.Schema) -> pa.Table:
     missing = [f.name for f in sch if f.name not in columns]
     if missing:
         raise ValueError(f"missing columns {missing}")
@@ -94,7 +93,7 @@ def read_parquet(path: Path, columns: list[str] | None = None) -> pa.Table:
             return pf.read(columns=columns, use_threads=threads)
 
 
-def to_numpy(col: pa.ChunkedArray | pa.Array) -> NDArray[Any]:
+def to_numpy(col: pa.ChunkedArray | pa.Array) -> NDArray[np.generic]:
     """A column as numpy; fixed-size lists become 2-D arrays (rows, size)."""
     if isinstance(col, pa.ChunkedArray):  # not combine_chunks(): it imports pyarrow.compute (0.2 s)
         arr = (col.chunk(0) if col.num_chunks == 1 else pa.concat_arrays(col.chunks) if col.num_chunks

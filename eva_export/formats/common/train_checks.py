@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from ...fsutil import read_json
+from ...jsonbound import float_like
+from .checks import ExportInfo
 from .exporter import VerifyReport
 from .meta import STATS
 from .nonfinite import NONFINITE_KEY, kept_of
@@ -35,13 +37,13 @@ _NUMERIC = ("bool", "float16", "float32", "float64", "int8", "int16", "int32", "
 _FLOATS = ("float16", "float32", "float64")
 
 
-def stat_keys(info: Mapping[str, Any]) -> list[str]:
+def stat_keys(info: ExportInfo) -> list[str]:
     """The features stats.json must describe: numeric ones and cameras."""
-    feats = info.get("features", {})
+    feats = info.features
     return [k for k, f in feats.items() if isinstance(f, dict) and f.get("dtype") in _NUMERIC]
 
 
-def stats_problems(stats: Any, keys: list[str]) -> list[str]:
+def stats_problems(stats: object, keys: list[str]) -> list[str]:
     """Every way ``stats`` (stats.json's object) fails a trainer, one line per feature."""
     if not isinstance(stats, dict):
         return ["is not a JSON object"]
@@ -64,7 +66,7 @@ def stats_problems(stats: Any, keys: list[str]) -> list[str]:
     return out
 
 
-def check_stats(report: VerifyReport, root: Path, info: Mapping[str, Any], empty: bool) -> None:
+def check_stats(report: VerifyReport, root: Path, info: ExportInfo, empty: bool) -> None:
     """stats.json finite and complete (an empty subset's may be ``{}``)."""
     try:
         stats = read_json(Path(root) / STATS)
@@ -87,10 +89,10 @@ class ValueCheck:
     """Non-finite values and off-grid timestamps, counted episode by episode from any format's
     columns; the errors name the file and the episode."""
 
-    def __init__(self, root: Path, info: Mapping[str, Any]) -> None:
-        feats = info.get("features", {})
+    def __init__(self, root: Path, info: ExportInfo) -> None:
+        feats = info.features
         self.floats = [k for k, f in feats.items() if isinstance(f, dict) and f.get("dtype") in _FLOATS]
-        self.fps = float(info.get("fps") or 0)
+        self.fps = float_like(info.raw.get("fps") or 0)
         self.allowed: dict[int, set[str]] = {}
         self.review = False  # a rejected subset: for review, not training
         try:

@@ -10,11 +10,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import av
 import numpy as np
-from av.container import OutputContainer
+from av.container import InputContainer, OutputContainer
 from av.video.reformatter import VideoReformatter
 from av.video.stream import VideoStream
 from numpy.typing import NDArray
@@ -58,7 +58,7 @@ class VideoEncoder:
         except (av.FFmpegError, OSError, ValueError) as exc:
             raise VideoError(f"cannot open video encoder for {self.path}: {exc}") from exc
 
-    def add(self, rgb: NDArray[Any]) -> None:
+    def add(self, rgb: NDArray[np.uint8]) -> None:
         if rgb.shape != (self.height, self.width, 3) or rgb.dtype != np.uint8:
             raise VideoError(
                 f"{self.path.name}: frame {self.frames} has shape {rgb.shape} {rgb.dtype}, "
@@ -115,12 +115,12 @@ class RgbConverter:
     def __init__(self) -> None:
         self._reformatter = VideoReformatter()
 
-    def __call__(self, frame: Any) -> NDArray[Any]:
-        rgb: NDArray[Any] = self._reformatter.reformat(frame, format="rgb24", threads=1).to_ndarray()
-        return rgb
+    def __call__(self, frame: av.VideoFrame) -> NDArray[np.uint8]:
+        rgb = self._reformatter.reformat(frame, format="rgb24", threads=1).to_ndarray()
+        return cast("NDArray[np.uint8]", rgb)  # rgb24 is 8 bits per channel; the stubs give every format's type
 
 
-def iter_frames(path: Path) -> Iterator[NDArray[Any]]:
+def iter_frames(path: Path) -> Iterator[NDArray[np.uint8]]:
     """Decode every frame of the first video stream as an (H, W, 3) uint8 RGB array."""
     rgb = RgbConverter()
     try:
@@ -204,7 +204,7 @@ def count_frames(path: Path) -> int:
         raise VideoError(f"cannot read {path}: {exc}") from exc
 
 
-def stream_frames(container: Any, stream: Any) -> int:
+def stream_frames(container: InputContainer, stream: VideoStream) -> int:
     """Frames of an open video stream: the container index (the MP4 sample table, exact) when
     it has one, else the packets, demuxed (no decode)."""
     indexed = int(stream.frames or 0)
@@ -270,7 +270,7 @@ def stream_timing(path: Path) -> StreamTiming:
         raise VideoError(f"cannot read {path}: {exc}") from exc
 
 
-def container_timing(container: Any, path: Path) -> StreamTiming:
+def container_timing(container: InputContainer, path: Path) -> StreamTiming:
     """``stream_timing`` of a container already open (its packets not demuxed yet); PyAV's own
     errors are not wrapped here."""
     s = container.streams.video[0]
@@ -331,7 +331,7 @@ def tick_problems(pts: Sequence[int], dts: Sequence[int], tb: Fraction, duration
     return out
 
 
-def image_row_problem(value: Any, shape: tuple[int, ...]) -> str:
+def image_row_problem(value: object, shape: tuple[int, ...]) -> str:
     """Why one embedded-image cell (``{"bytes", "path"}`` holding a PNG or JPEG) would not give a
     reader an image of ``shape`` ("" when it would)."""
     data = value.get("bytes") if isinstance(value, dict) else value

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import numpy as np
+from numpy.typing import NDArray
 
 _SYNC_FILE_RANGE_WRITE = 2
 _writeback: Callable[[int, int, int, int], int] | bool | None = False  # False: not looked up yet
@@ -194,14 +195,14 @@ class DirectAppender:
         self._started = 0  # bytes whose writeback was started (unstaged path)
         self._fill = 0  # bytes in the filling stage
         self._turn = 0  # index of the filling stage
-        self._stages: list[Any] = []
-        self._writes: StepThread[tuple[Any, int]] | None = None
+        self._stages: list[NDArray[np.uint8]] = []
+        self._writes: StepThread[tuple[NDArray[np.uint8], int]] | None = None
         if self._out.direct is not None:
             # anonymous maps are page-aligned; numpy copies into them without the GIL
             self._stages = [np.frombuffer(mmap.mmap(-1, self.BLOCK), np.uint8) for _ in range(self.STAGES)]
             self._writes = StepThread(self._write_block, "direct-writes", 1)
 
-    def _write_block(self, item: tuple[Any, int]) -> None:
+    def _write_block(self, item: tuple[NDArray[np.uint8], int]) -> None:
         """On the writes thread: one full stage at its offset."""
         stage, pos = item
         self._out.write([stage], pos, stage.nbytes)

@@ -27,7 +27,7 @@ def _png_context(mode: Literal["r", "w"], width: int = 0, height: int = 0) -> An
     return cc
 
 
-def encode_image(frame: NDArray[Any], codec: str, quality: int = 90) -> bytes:
+def encode_image(frame: NDArray[np.uint8], codec: str, quality: int = 90) -> bytes:
     """One HxWx3 uint8 frame as the bytes of ``codec``."""
     frame = np.ascontiguousarray(frame)
     if codec == "jpeg":
@@ -45,7 +45,7 @@ def encode_image(frame: NDArray[Any], codec: str, quality: int = 90) -> bytes:
     raise ValueError(f"image codec {codec!r}: choose one of {CODECS}")
 
 
-def decode_image(data: bytes, codec: str, shape: tuple[int, ...]) -> NDArray[Any]:
+def decode_image(data: bytes, codec: str, shape: tuple[int, ...]) -> NDArray[np.uint8]:
     """Bytes of one record back to an HxWx3 uint8 frame; ValueError when they do not decode."""
     if codec == "jpeg":
         import simplejpeg
@@ -67,7 +67,7 @@ def decode_image(data: bytes, codec: str, shape: tuple[int, ...]) -> NDArray[Any
         raise ValueError(f"unknown image codec {codec!r}")
     if tuple(out.shape) != tuple(shape):
         raise ValueError(f"record decoded to shape {tuple(out.shape)}, its header says {tuple(shape)}")
-    return cast("NDArray[Any]", out)  # simplejpeg and PyAV are untyped
+    return cast("NDArray[np.uint8]", out)  # simplejpeg and PyAV are untyped
 
 
 def sniff_codec(data: bytes) -> str:

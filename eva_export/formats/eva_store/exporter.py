@@ -329,7 +329,7 @@ class EvaStoreExporter:
                             spec.shard_id, r) for r in range(n)]
 
     def _info(self, meta: DatasetMeta, frames: int) -> dict[str, Any]:
-        d = meta.info.to_dict()
+        d: dict[str, Any] = meta.info.to_dict()  # features as dicts, edited in place
         for feat in d["features"].values():
             if feat["dtype"] == "video":
                 feat["dtype"] = "image"
@@ -343,7 +343,7 @@ class EvaStoreExporter:
     def _manifest(self, src: Path, meta: DatasetMeta, specs: list[ShardSpec], splits: dict[int, str],
                   info: dict[str, Any]) -> Manifest:
         qs = QualitySplit.read(src)
-        source: dict[str, Any] = {"source_dir": qs.source_dir, "subset": qs.subset,
+        source: dict[str, object] = {"source_dir": qs.source_dir, "subset": qs.subset,
                                   "source_episode_indices": qs.source_episode_indices,
                                   "codebase_version": meta.info.codebase_version,
                                   "subset_info_sha256": _sha256(src / INFO)}
@@ -364,7 +364,7 @@ class EvaStoreExporter:
 
         from ... import __version__
 
-        provenance = {"writer": f"eva_export {__version__} ({__name__})", "python": platform.python_version(),
+        provenance: dict[str, object] = {"writer": f"eva_export {__version__} ({__name__})", "python": platform.python_version(),
                       "zarr": zarr.__version__, "msgpack": ".".join(map(str, msgpack.version)),
                       "options": {**self.options.to_dict(), "val_ratio": self.val_ratio,
                                   "split_seed": self.split_seed, "chunk_rows": CHUNK_ROWS}}

@@ -29,6 +29,7 @@ from typing import Any, cast
 
 import msgpack
 import numpy as np
+import pyarrow as pa
 from numpy.typing import NDArray
 
 from ...errors import EvaError
@@ -42,12 +43,12 @@ class StoreError(EvaError):
     """An eva_store is unreadable or inconsistent; the message names the file."""
 
 
-def _read_numeric(shard_dir: Path, spec: ShardSpec) -> dict[str, NDArray[Any]]:
+def _read_numeric(shard_dir: Path, spec: ShardSpec) -> dict[str, NDArray[np.generic]]:
     """Every Zarr column of a shard, whole. About 30 ms of CPU per shard (zarr's per-array
     overhead), paid once per process: the result is small and never evicted."""
     import zarr
 
-    out: dict[str, NDArray[Any]] = {}
+    out: dict[str, NDArray[np.generic]] = {}
     group = None
     for name, block in spec.blocks.items():
         if block.kind == KIND_ZARR:
@@ -61,11 +62,11 @@ def _read_numeric(shard_dir: Path, spec: ShardSpec) -> dict[str, NDArray[Any]]:
 class _Shard:
     """One shard opened in this process: numeric columns in memory, record files by descriptor."""
 
-    def __init__(self, root: Path, spec: ShardSpec, numeric: dict[str, NDArray[Any]] | None = None) -> None:
+    def __init__(self, root: Path, spec: ShardSpec, numeric: dict[str, NDArray[np.generic]] | None = None) -> None:
         self.spec = spec
         self.dir = root / spec.relative_dir
-        self.numeric: dict[str, NDArray[Any]] = {}
-        self.records: dict[str, tuple[int, NDArray[Any], int]] = {}  # name -> (fd, offsets, blob size)
+        self.numeric: dict[str, NDArray[np.generic]] = {}
+        self.records: dict[str, tuple[int, NDArray[np.int64], int]] = {}  # name -> (fd, offsets, blob size)
         try:
             self.numeric = numeric if numeric is not None else _read_numeric(self.dir, spec)
             for name, block in spec.blocks.items():
@@ -89,7 +90,7 @@ class _Shard:
             raise StoreError(f"{self.dir / self.spec.blocks[name].paths[0]}: short read of record {row}")
         return data
 
-    def frame(self, name: str, row: int) -> NDArray[Any]:
+    def frame(self, name: str, row: int) -> NDArray[np.uint8]:
         block = self.spec.blocks[name]
         path = self.dir / block.paths[0]
         if block.codec == "raw" and block.shape:
@@ -100,7 +101,7 @@ class _Shard:
         except ValueError as exc:
             raise StoreError(f"{path}: record {row} does not decode ({exc})") from exc
 
-    def _raw_frame(self, name: str, row: int, shape: tuple[int, ...], path: Path) -> NDArray[Any]:
+    def _raw_frame(self, name: str, row: int, shape: tuple[int, ...], path: Path) -> NDArray[np.uint8]:
         """A raw frame read straight into its array: one copy, no MessagePack unpack of the pixels.
 
         The record is ``{"codec", "shape", "data"}`` with the pixels last, so they are its final
@@ -172,16 +173,16 @@ class Store:
         self.numeric_keys: tuple[str, ...] = tuple(mb.numeric)
         self.decode_images = decode_images
         self.fps = self.manifest.fps
-        self.delta_frames: dict[str, NDArray[Any]] = {}
+        self.delta_frames: dict[str, NDArray[np.int64]] = {}
         for key, deltas in (delta_timestamps or {}).items():
             if key not in self.frame_keys and key not in self.numeric_keys:
                 raise StoreError(f"delta_timestamps key {key!r} is not a block of this store")
             self.delta_frames[key] = np.rint(np.asarray(deltas, np.float64) * self.fps).astype(np.int64)
         self._pid = -1
         self._open: collections.OrderedDict[int, _Shard] = collections.OrderedDict()
-        self._numeric_cache: dict[int, dict[str, NDArray[Any]]] = {}  # per process, like the descriptors
+        self._numeric_cache: dict[int, dict[str, NDArray[np.generic]]] = {}  # per process, like the descriptors
 
-    def _read_index(self, table: Any) -> None:
+    def _read_index(self, table: pa.Table) -> None:
         """The sample index columns; every (shard, row) must lie inside its shard."""
         pos = {s.shard_id: i for i, s in enumerate(self.manifest.shards)}
         shard_ids = table.column("shard_id").to_pylist()
@@ -191,7 +192,7 @@ class Store:
         self._shard = np.fromiter((pos[s] for s in shard_ids), np.int32, len(shard_ids))
         self._row = np.asarray(table.column("row").to_numpy(), np.int64)
         rows = np.asarray([s.num_rows for s in self.manifest.shards], np.int64)
-        bad: NDArray[Any] = np.flatnonzero((self._row < 0) | (self._row >= rows[self._shard]))
+        bad: NDArray[np.int64] = np.flatnonzero((self._row < 0) | (self._row >= rows[self._shard]))
         if len(bad):
             raise StoreError(f"{self.root / SAMPLE_INDEX_FILE}: sample {int(bad[0])} names row {int(self._row[bad[0]])} "
                              f"outside its shard")
@@ -224,7 +225,7 @@ class Store:
             h.close()
         self._open.clear()
 
-    def __getstate__(self) -> dict[str, Any]:  # picklable for spawn-based workers: no descriptors
+    def __getstate__(self) -> dict[str, object]:  # picklable for spawn-based workers: no descriptors
         state = dict(self.__dict__)
         state["_open"] = collections.OrderedDict()
         state["_numeric_cache"] = {}
@@ -266,7 +267,7 @@ class Store:
         out["sample_key"] = self._key[i]
         return out
 
-    def _rows(self, h: _Shard, key: str, row: int) -> tuple[NDArray[Any] | None, NDArray[Any] | None]:
+    def _rows(self, h: _Shard, key: str, row: int) -> tuple[NDArray[np.generic] | None, NDArray[np.generic] | None]:
         deltas = self.delta_frames.get(key)
         if deltas is None:
             return None, None
@@ -295,7 +296,7 @@ class Store:
     def episodes(self) -> list[int]:
         return [s.episode_index for s in self.manifest.shards]
 
-    def indices(self, split: str | None = None, episode: int | None = None) -> NDArray[Any]:
+    def indices(self, split: str | None = None, episode: int | None = None) -> NDArray[np.int64]:
         mask = np.ones(len(self), bool)
         if split is not None and split != "all":
             mask &= self._split == split
@@ -319,7 +320,7 @@ class Store:
 class StoreView:
     """A subset of a store's samples (a split or an episode), indexed from 0."""
 
-    def __init__(self, store: Store, indices: NDArray[Any]) -> None:
+    def __init__(self, store: Store, indices: NDArray[np.int64]) -> None:
         self.store = store
         self.sample_indices = indices
 

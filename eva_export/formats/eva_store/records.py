@@ -92,13 +92,13 @@ class BlockSpec:
     def num_rows(self) -> int:
         return int(self.shape[0]) if self.shape else 0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"name": self.name, "kind": self.kind, "paths": list(self.paths), "dtype": self.dtype,
                 "shape": None if self.shape is None else list(self.shape), "optional": self.optional,
                 "codec": self.codec}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> BlockSpec:
+    def from_dict(cls, d: object) -> BlockSpec:
         d = as_dict(d, "a block")
         kind = str(d["kind"])
         if kind not in BLOCK_KINDS:
@@ -129,13 +129,13 @@ class ShardSpec:
     num_rows: int
     blocks: dict[str, BlockSpec] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"shard_id": self.shard_id, "relative_dir": self.relative_dir, "episode_index": self.episode_index,
                 "row_start": self.row_start, "num_rows": self.num_rows,
                 "blocks": {k: b.to_dict() for k, b in self.blocks.items()}}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ShardSpec:
+    def from_dict(cls, d: object) -> ShardSpec:
         d = as_dict(d, "a shard")
         spec = cls(shard_id=str(d["shard_id"]), relative_dir=str(d["relative_dir"]),
                    episode_index=as_int(d["episode_index"], "episode_index"),
@@ -166,12 +166,12 @@ class MaterializedBlocks:
     image_codec: str = "jpeg"
     jpeg_quality: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"numeric": list(self.numeric), "cameras": list(self.cameras), "images": list(self.images),
                 "image_codec": self.image_codec, "jpeg_quality": self.jpeg_quality}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> MaterializedBlocks:
+    def from_dict(cls, d: object) -> MaterializedBlocks:
         d = as_dict(d, "materialized_blocks")
         q = d.get("jpeg_quality")
 
@@ -189,12 +189,12 @@ class Manifest:
     version: int
     created_at: str
     fps: int
-    source: dict[str, Any]  # source_dir, info_sha256, subset, source_episode_indices ...
+    source: dict[str, object]  # source_dir, info_sha256, subset, source_episode_indices ...
     materialized_blocks: MaterializedBlocks
-    features: dict[str, Any] = field(default_factory=dict)  # info.json-style feature declarations
-    split: dict[str, Any] = field(default_factory=dict)  # seed, val_ratio, episodes per split
-    stats: dict[str, Any] = field(default_factory=dict)  # totals and per-feature aggregate stats
-    provenance: dict[str, Any] = field(default_factory=dict)  # writer, versions, options
+    features: dict[str, object] = field(default_factory=dict)  # info.json-style feature declarations
+    split: dict[str, object] = field(default_factory=dict)  # seed, val_ratio, episodes per split
+    stats: dict[str, object] = field(default_factory=dict)  # totals and per-feature aggregate stats
+    provenance: dict[str, object] = field(default_factory=dict)  # writer, versions, options
     shards: tuple[ShardSpec, ...] = ()
     format: str = STORE_FORMAT
 
@@ -202,14 +202,14 @@ class Manifest:
     def total_rows(self) -> int:
         return sum(s.num_rows for s in self.shards)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"format": self.format, "version": self.version, "created_at": self.created_at, "fps": self.fps,
                 "source": self.source, "materialized_blocks": self.materialized_blocks.to_dict(),
                 "features": self.features, "split": self.split, "stats": self.stats,
                 "provenance": self.provenance, "shards": [s.to_dict() for s in self.shards]}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Manifest:
+    def from_dict(cls, d: object) -> Manifest:
         d = as_dict(d, "manifest.json")
         if d.get("format") != STORE_FORMAT:
             raise ValueError(f"format {str(d.get('format'))[:40]!r}, expected {STORE_FORMAT!r}")
@@ -263,7 +263,7 @@ class IndexRecord:
     shard_id: str
     row: int
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
 
     @classmethod

@@ -33,6 +33,7 @@ from typing import Any
 import h5py
 import msgpack
 import numpy as np
+import pyarrow as pa
 from numpy.typing import NDArray
 
 from ...errors import ExportError, VideoError
@@ -41,7 +42,7 @@ from ..common.checks import check_sample, check_totals, read_episode_rows, start
 from ..common.exporter import Progress, VerifyReport
 from ..common.images import Prefetch, camera_frames
 from ..common.meta import INFO, DatasetMeta
-from ..common.records import DatasetInfo
+from ..common.records import DatasetInfo, EpisodeRow
 from ..common.train_checks import ValueCheck, check_stats
 from ..common.written import RegionHasher
 from ..lerobot_v21.episode_files import episode_file, export_episode_files, to_plain
@@ -106,7 +107,7 @@ def read_value(item: h5py.Group) -> Any:
     return ds[()]
 
 
-def read_group(group: h5py.Group) -> dict[str, Any]:
+def read_group(group: h5py.Group) -> dict[str, object]:
     return {str(item.attrs["key"]): read_value(item) for _, item in sorted(group.items())}
 
 
@@ -137,11 +138,11 @@ class Hdf5Exporter:
             write_episode=self._write_unit,  # a bound method: picklable for worker processes
             is_complete=lambda path, meta, ep: _complete(path, ep.length, len(meta.info.visual_keys)))
 
-    def _write_unit(self, tmp: Path, meta: DatasetMeta, ep: Any, table: Any) -> str | None:
+    def _write_unit(self, tmp: Path, meta: DatasetMeta, ep: EpisodeRow, table: pa.Table) -> str | None:
         return self._write_episode(tmp, meta, ep.episode_index, ep.to_dict(), table)
 
-    def _write_episode(self, tmp: Path, meta: DatasetMeta, episode_index: int, row: dict[str, Any],
-                       table: Any) -> str | None:
+    def _write_episode(self, tmp: Path, meta: DatasetMeta, episode_index: int, row: dict[str, object],
+                       table: pa.Table) -> str | None:
         """Write one episode file; return the SHA-256 of its bytes when they were hashed as written."""
         require_free(tmp.parent, projected_bytes(meta, table), f"hdf5 episode {episode_index}")
         with open(tmp, "w+b", buffering=0) as fh:  # unbuffered: our pwritev and h5py's writes share the fd
@@ -151,8 +152,8 @@ class Hdf5Exporter:
             raise storage_error(tmp, sink.error, f"hdf5 episode {episode_index}: writing")
         return digest
 
-    def _write_file(self, sink: _Sink, meta: DatasetMeta, episode_index: int, row: dict[str, Any],
-                    table: Any) -> str | None:
+    def _write_file(self, sink: _Sink, meta: DatasetMeta, episode_index: int, row: dict[str, object],
+                    table: pa.Table) -> str | None:
         # libver earliest (superblock v0, no status flags): closing rewrites the superblock with
         # the bytes it already had, so the digest taken while writing survives the close.
         with h5py.File(sink, "w", libver="earliest", **(ALIGNMENT if not self.compression else {})) as f:
@@ -171,7 +172,7 @@ class Hdf5Exporter:
         return hasher.finish(sink.writes or [])
 
     def _write_direct(self, f: h5py.File, imgs: h5py.Group, sink: _Sink, meta: DatasetMeta, episode_index: int,
-                      table: Any) -> RegionHasher:
+                      table: pa.Table) -> RegionHasher:
         """Uncompressed images: preallocated chunks written by pwritev (hdf5_frames), hashed."""
         visual, rows = meta.info.visual_keys, int(table.num_rows)
         iters = [Prefetch(camera_frames(meta, episode_index, table, key), self.prefetch) for key in visual]
@@ -193,7 +194,7 @@ class Hdf5Exporter:
             for it in iters:
                 it.close()
 
-    def _write_compressed(self, imgs: h5py.Group, meta: DatasetMeta, episode_index: int, table: Any) -> None:
+    def _write_compressed(self, imgs: h5py.Group, meta: DatasetMeta, episode_index: int, table: pa.Table) -> None:
         for i, key in enumerate(meta.info.visual_keys):
             g = imgs.create_group(item_name(i))
             g.attrs["key"] = key
@@ -201,7 +202,7 @@ class Hdf5Exporter:
             with Prefetch(camera_frames(meta, episode_index, table, key), self.prefetch) as frames:
                 self._append_frames(g, episode_index, key, frames, table.num_rows)
 
-    def _append_frames(self, g: h5py.Group, episode_index: int, key: str, frames: Iterable[NDArray[Any]],
+    def _append_frames(self, g: h5py.Group, episode_index: int, key: str, frames: Iterable[NDArray[np.uint8]],
                        rows: int) -> None:
         ds: h5py.Dataset | None = None
         n = 0
@@ -231,7 +232,7 @@ class Hdf5Exporter:
         return verify_hdf5(Path(out_dir))
 
 
-def projected_bytes(meta: DatasetMeta, table: Any) -> int:
+def projected_bytes(meta: DatasetMeta, table: pa.Table) -> int:
     """Upper bound of one episode file: the table, every frame uncompressed, and HDF5's object
     and per-frame chunk-index overhead (generous: refusing early is cheap, a full disk is not)."""
     visual = meta.info.visual_keys
@@ -316,16 +317,16 @@ def verify_hdf5(root: Path) -> VerifyReport:
     report, info = start_report(root, FORMAT, embedded_images=True)
     if info is None:
         return report
-    image_keys = [k for k, f in info["features"].items() if f["dtype"] == "image"]
+    image_keys = info.keys_of("image")
     rows_total = 0
     episodes = read_episode_rows(root, report)
     n_err = len(report.errors)
-    sample: tuple[Any, Any, Any] = (None, None, None)
-    feats = DatasetInfo.from_dict(info)
+    sample: tuple[object, object, object] = (None, None, None)  # state, action, frame
+    feats = DatasetInfo.from_dict(info.raw)
     state_key, action_key = state_action_keys(feats)
     values = ValueCheck(root, info)
     for ep in episodes:
-        path = root / episode_file(info, ep.episode_index)
+        path = root / episode_file(info.raw, ep.episode_index)
         try:
             with h5py.File(path, "r") as f:
                 missing = [g for g in GROUPS if g not in f]
@@ -351,7 +352,7 @@ def verify_hdf5(root: Path) -> VerifyReport:
                 values.episode(path.name, ep.episode_index, {
                     k: it["value"][()] for k in (*values.floats, "timestamp") if (it := find_item(f["columns"], k))})
                 md = read_group(f["metadata"])
-                if md.get("episode_index") != ep.episode_index or md.get("fps") != info["fps"]:
+                if md.get("episode_index") != ep.episode_index or md.get("fps") != info.raw["fps"]:
                     report.errors.append(f"{path.name}: metadata episode_index/fps do not match")
                 if sample[0] is None and state_key and action_key and image_keys:
                     s_item, a_item = find_item(f["columns"], state_key), find_item(f["columns"], action_key)
@@ -371,5 +372,5 @@ def verify_hdf5(root: Path) -> VerifyReport:
     return report
 
 
-def read_info(root: Path) -> dict[str, Any]:
+def read_info(root: Path) -> dict[str, object]:
     return dict(read_json(Path(root) / INFO))

@@ -37,7 +37,7 @@ FRAMES_PER_WRITE = 8  # ~7 MB per pwritev at 640x480: large for the disk, small 
 ALIGNMENT = {"alignment_threshold": 256 << 10, "alignment_interval": DIRECT_ALIGN}
 
 
-def compression_opts(compression: str, gzip_level: int) -> dict[str, Any]:
+def compression_opts(compression: str, gzip_level: int) -> dict[str, object]:
     if compression == "gzip":
         return {"compression": "gzip", "compression_opts": gzip_level}
     if compression == "lzf":
@@ -71,7 +71,7 @@ def chunk_offsets(ds: h5py.Dataset, rows: int, frame_bytes: int) -> list[int]:
     return offsets
 
 
-def first_frame(frames: Iterator[NDArray[Any]], episode_index: int, key: str, rows: int) -> NDArray[Any]:
+def first_frame(frames: Iterator[NDArray[np.uint8]], episode_index: int, key: str, rows: int) -> NDArray[np.uint8]:
     """A camera's first frame: it fixes H x W x C before its dataset is made."""
     try:
         frame = next(frames, None)
@@ -84,7 +84,7 @@ def first_frame(frames: Iterator[NDArray[Any]], episode_index: int, key: str, ro
     return as_frame(frame)
 
 
-def as_frame(frame: NDArray[Any]) -> NDArray[Any]:
+def as_frame(frame: NDArray[np.uint8]) -> NDArray[np.uint8]:
     return np.ascontiguousarray(frame, dtype=np.uint8)
 
 
@@ -143,11 +143,11 @@ class CameraOut:
     """One camera of an episode on its way into its preallocated chunks."""
 
     key: str
-    frames: Iterator[NDArray[Any]]  # after ``first``
+    frames: Iterator[NDArray[np.uint8]]  # after ``first``
     offsets: list[int]  # file offset of frame i's chunk
-    first: NDArray[Any]
+    first: NDArray[np.uint8]
     n: int = 0  # frames taken
-    batch: list[NDArray[Any]] = field(default_factory=list)  # frames for adjacent chunks, not written yet
+    batch: list[NDArray[np.uint8]] = field(default_factory=list)  # frames for adjacent chunks, not written yet
     at: int = 0  # file offset of the batch
 
 

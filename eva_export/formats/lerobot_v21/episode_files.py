@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import pyarrow as pa
 from ... import pool
 from ...errors import ExportError
 from ...fsutil import atomic_write_json, fsync_dir, storage_guard
+from ...jsonbound import int_like
 from ...manifest import record_written
 from ..common.exporter import Progress
 from ..common.meta import EPISODES, INFO, DatasetMeta
@@ -27,7 +28,7 @@ EPISODE_CHUNK_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}
 
 def embedded_info(info: DatasetInfo, dataset_format: str, extension: str) -> dict[str, Any]:
     """info.json of a format that carries images inside its episode files (HDF5, MCAP)."""
-    d = info.to_dict()
+    d: dict[str, Any] = info.to_dict()  # features as dicts, edited in place
     for feat in d["features"].values():
         if feat["dtype"] == "video":
             feat["dtype"] = "image"
@@ -39,8 +40,8 @@ def embedded_info(info: DatasetInfo, dataset_format: str, extension: str) -> dic
     d["dataset_format"] = dataset_format
     return d
 
-def episode_file(info: dict[str, Any], episode_index: int) -> str:
-    chunks = int(info.get("chunks_size") or 1000)
+def episode_file(info: Mapping[str, object], episode_index: int) -> str:
+    chunks = int_like(info.get("chunks_size") or 1000)
     return str(info["data_path"]).format(episode_chunk=episode_index // chunks, episode_index=episode_index)
 
 def to_plain(value: Any) -> Any:
@@ -107,7 +108,7 @@ class _EpisodeUnits(Sequence["pool.Unit"]):
     """The episode units still to write, each made when the pool takes it: a Unit with its
     Path, name and arguments per episode was held for the whole export."""
 
-    def __init__(self, src: Path, out: Path, info: dict[str, Any], write_episode: WriteEpisode,
+    def __init__(self, src: Path, out: Path, info: dict[str, object], write_episode: WriteEpisode,
                  meta: DatasetMeta | None) -> None:
         # ``meta`` when serial: the metadata handed over instead of reread by a worker
         self.src, self.out, self.info, self.write_episode, self.meta = src, out, info, write_episode, meta

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
@@ -13,10 +14,11 @@ from ...fsutil import read_json
 from ..common import stats as stats_mod
 from ..common.meta import STATS, DatasetMeta
 from ..common.records import EpisodeRow, EpisodeStats
+from ..common.stats import StatEntry
 from .subset import column_numpy
 
 
-def dataset_stats(meta: DatasetMeta, extra: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+def dataset_stats(meta: DatasetMeta, extra: dict[int, dict[str, StatEntry]] | None = None) -> dict[str, StatEntry]:
     """Dataset statistics for every feature, aggregated from the per-episode statistics.
 
     ``extra`` holds statistics computed during export for episodes whose source lacked them.
@@ -41,13 +43,13 @@ def source_stats(meta: DatasetMeta, ep: EpisodeRow) -> EpisodeStats | None:
 
 
 def episode_stats(meta: DatasetMeta, ep: EpisodeRow, table: pa.Table,
-                  row: EpisodeStats | None = _UNREAD) -> dict[str, Any]:
+                  row: EpisodeStats | None = _UNREAD) -> dict[str, StatEntry]:
     """The episode's statistics: from episodes_stats.jsonl (``row``, when the caller read it
     already), table columns filled in when missing."""
     # a copy per feature (only keys are added here); the values are read, never changed
     row = source_stats(meta, ep) if row is _UNREAD else row
     src = row.stats if row is not None else {}
-    st: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in src.items()}
+    st: dict[str, StatEntry] = {k: dict(v) if isinstance(v, dict) else v for k, v in src.items()}
     for name in table.column_names:
         if name not in st and name in meta.info.features and not meta.info.features[name].is_visual:
             st[name] = stats_mod.column_stats(column_numpy(table, name))
@@ -58,7 +60,7 @@ def missing_image_stats(meta: DatasetMeta, ep: EpisodeRow, row: EpisodeStats | N
     have = source_stats(meta, ep) if row is _UNREAD else row
     return [k for k in meta.info.visual_keys if have is None or k not in have.stats]
 
-def image_stats_of(frames: Iterator[NDArray[Any]]) -> dict[str, Any]:
+def image_stats_of(frames: Iterator[NDArray[np.uint8]]) -> StatEntry:
     st = stats_mod.ImageStats()
     for f in frames:
         st.add(f)

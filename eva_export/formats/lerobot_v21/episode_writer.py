@@ -11,7 +11,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 from ...errors import DatasetError, VideoError
 from ..common import stats as stats_mod
 from ..common.records import DEFAULT_FEATURES, DatasetInfo, Feature
+from ..common.stats import StatEntry
 from ..common.video import VideoEncoder, VideoSettings
 from .video_copy import PacketCopy
 
@@ -36,7 +37,7 @@ class _CameraThread:
         self.stats = stats_mod.ImageStats()
         #: seconds spent inside the encoder (the capture's encoding-speed diagnostic reads it)
         self.encode_s = 0.0
-        self.q: queue.Queue[tuple[NDArray[Any], bytes | None] | None] = queue.Queue(maxsize=depth)
+        self.q: queue.Queue[tuple[NDArray[np.uint8], bytes | None] | None] = queue.Queue(maxsize=depth)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name=f"encode-{path.stem}", daemon=True)
         self.thread.start()
@@ -57,7 +58,7 @@ class _CameraThread:
             except BaseException as exc:  # noqa: BLE001 - reported by finish()
                 self.error = exc
 
-    def _write(self, frame: NDArray[Any], packet: bytes | None) -> None:
+    def _write(self, frame: NDArray[np.uint8], packet: bytes | None) -> None:
         if packet is not None and self.copy is None and self.encoder.frames == 0:
             self.copy = PacketCopy(self.encoder.path, self.fps)  # the first row is a source packet
         if self.copy is not None:
@@ -74,7 +75,7 @@ class _CameraThread:
                 copy.discard()
         self.encoder.add(frame)
 
-    def put(self, frame: NDArray[Any], packet: bytes | None = None) -> None:
+    def put(self, frame: NDArray[np.uint8], packet: bytes | None = None) -> None:
         self.q.put((frame, packet))
 
     def finish(self) -> int:
@@ -104,7 +105,7 @@ class _CameraThread:
 class FinishedEpisode:
     rows: int
     video_frames: dict[str, int]
-    image_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    image_stats: dict[str, StatEntry] = field(default_factory=dict)
 
 
 class EpisodeWriter:
@@ -116,14 +117,14 @@ class EpisodeWriter:
         self.info = info
         self.task = task
         staging.mkdir(parents=True, exist_ok=False)
-        self._columns: dict[str, list[NDArray[Any]]] = {
+        self._columns: dict[str, list[NDArray[np.generic]]] = {
             k: [] for k in info.table_keys if k not in _DEFAULT_KEYS}
         self._cams = {k: _CameraThread(staging / f"{k}.mp4", info.features[k], info.fps, settings, queue_depth)
                       for k in info.video_keys}
         self.rows = 0
         self.finished: FinishedEpisode | None = None
 
-    def add_frame(self, values: dict[str, Any], images: dict[str, NDArray[Any]],
+    def add_frame(self, values: dict[str, object], images: dict[str, NDArray[np.generic]],
                   packets: dict[str, bytes | None] | None = None) -> None:
         """Append one grid frame: every non-default table feature and every camera image
         (``packets``: per H.264 camera, the source packet the image was decoded from, when the
@@ -137,14 +138,14 @@ class EpisodeWriter:
             raise DatasetError(f"frame {self.rows} has images for {sorted(images)}, the dataset's "
                                f"cameras are {sorted(self._cams)}")
         for key, cam in self._cams.items():
-            cam.put(images[key], packets.get(key) if packets else None)
+            cam.put(cast("NDArray[np.uint8]", images[key]), packets.get(key) if packets else None)  # RGB frames
         self.rows += 1
 
     def finish(self) -> FinishedEpisode:
         """Close every encoder; returns row and video frame counts (checked by the caller)."""
         if self.finished is None:
             counts: dict[str, int] = {}
-            stats: dict[str, dict[str, Any]] = {}
+            stats: dict[str, StatEntry] = {}
             errors = []
             for key, cam in self._cams.items():
                 try:
@@ -166,7 +167,7 @@ class EpisodeWriter:
         """Seconds each camera's encoder has been busy so far (feature key -> seconds)."""
         return {k: cam.encode_s for k, cam in self._cams.items()}
 
-    def columns(self) -> dict[str, NDArray[Any]]:
+    def columns(self) -> dict[str, NDArray[np.generic]]:
         return {k: np.stack(v) if v else np.zeros((0,) + self.info.features[k].shape)
                 for k, v in self._columns.items()}
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -34,7 +33,7 @@ from ..common.source import SourceCheck
 from .validate import validate_source
 from .options import V21Options
 from ..common.exporter import Progress, VerifyReport
-from ..common.checks import check_sample, check_totals, start_report
+from ..common.checks import ExportInfo, check_sample, check_totals, start_report
 from ..common.images import iter_table_images, parquet_image_keys
 from ..common.train_checks import ValueCheck, check_stats
 from .subset import column_numpy, link_or_copy, load_source, state_action_keys, write_quality_split
@@ -112,7 +111,7 @@ class _Verifier:
         self._sample(meta, report)
         return report
 
-    def _values(self, meta: DatasetMeta, report: VerifyReport, info: dict[str, Any]) -> None:
+    def _values(self, meta: DatasetMeta, report: VerifyReport, info: ExportInfo) -> None:
         """Every episode's float features and timestamps, as a trainer reads them."""
         values = ValueCheck(meta.root, info)
         for ep in meta.episodes:

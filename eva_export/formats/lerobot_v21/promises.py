@@ -27,7 +27,6 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ...confine import check_name
 from ...fsutil import atomic_write_jsonl, iter_jsonl, read_json
@@ -47,12 +46,12 @@ class LostTake:
     lost_at: str
     take_id: str = ""  # "" in a record written before takes had ids
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"episode_index": self.episode_index, "take_id": self.take_id, "reason": self.reason,
                 "lost_at": self.lost_at}
 
     @classmethod
-    def from_dict(cls, d: Any) -> LostTake:
+    def from_dict(cls, d: object) -> LostTake:
         if not isinstance(d, dict) or type(d.get("episode_index")) is not int or d["episode_index"] < 0:
             raise ValueError(f"not a lost take record: {d!r}")
         return cls(d["episode_index"], str(d.get("reason", "")), str(d.get("lost_at", "")), str(d.get("take_id", "")))

@@ -7,7 +7,6 @@ import dataclasses
 import os
 import shutil
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -70,7 +69,7 @@ def read_episode_table(meta: DatasetMeta, ep: EpisodeRow, first_index: int | Non
                               f"{first_index} (the subset must be renumbered)")
     return table
 
-def column_numpy(table: pa.Table, name: str) -> NDArray[Any]:
+def column_numpy(table: pa.Table, name: str) -> NDArray[np.generic]:
     from ..common.table import to_numpy
     return to_numpy(table.column(name))
 
@@ -88,7 +87,7 @@ def copy_common_meta(src: Path, out: Path) -> None:
             (out / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src / rel, out / rel)
 
-def write_quality_split(src: Path, out: Path, dataset_format: str, extra: dict[str, Any] | None = None) -> QualitySplit:
+def write_quality_split(src: Path, out: Path, dataset_format: str, extra: dict[str, object] | None = None) -> QualitySplit:
     """Copy meta/quality_split.json with dataset_format set to this exporter's name (and
     ``extra`` keys added), then the dataset card rendered from the records now in ``out``.
 
@@ -109,7 +108,7 @@ def write_quality_split(src: Path, out: Path, dataset_format: str, extra: dict[s
         raise ExportError(f"{out}: cannot write the dataset card from its records ({exc})") from exc
     return qs
 
-def write_info(out: Path, info: dict[str, Any]) -> None:
+def write_info(out: Path, info: dict[str, object]) -> None:
     atomic_write_json(out / INFO, info)
 
 def link_or_copy(src: Path, dst: Path) -> None:

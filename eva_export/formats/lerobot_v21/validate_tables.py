@@ -14,7 +14,6 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ..common import video_facts
 from ..common.facts_index import FileKey
@@ -50,7 +49,7 @@ class TableFacts:
         return TableFacts(rows, columns, tasks)
 
 
-def table_kind(raw_info: dict[str, Any], meta: DatasetMeta, camera_stats_computed: bool) -> str:
+def table_kind(raw_info: dict[str, object], meta: DatasetMeta, camera_stats_computed: bool) -> str:
     """The source-wide part of the context, or "" when no index is in use (nothing looked up)."""
     if not video_facts.index_active():
         return ""

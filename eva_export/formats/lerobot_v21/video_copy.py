@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
 
 import av
+import numpy as np
 from numpy.typing import NDArray
 
 from ...errors import VideoError
@@ -35,7 +35,7 @@ class PacketCopy:
         self._fh.write(packet)
         self.frames += 1
 
-    def decoded(self) -> Iterator[NDArray[Any]]:
+    def decoded(self) -> Iterator[NDArray[np.uint8]]:
         """The frames written so far, decoded (RGB), in order."""
         self._fh.flush()
         n = 0

@@ -31,7 +31,6 @@ import uuid
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -263,7 +262,7 @@ class DatasetWriter:
         staging.parent.mkdir(parents=True, exist_ok=True)
         return EpisodeWriter(staging, self.info, task, self.settings)
 
-    def commit(self, ep: EpisodeWriter, row_extra: dict[str, Any] | None = None) -> EpisodeRow | None:
+    def commit(self, ep: EpisodeWriter, row_extra: dict[str, object] | None = None) -> EpisodeRow | None:
         """Make a finished episode durable and visible. A zero-row episode writes nothing."""
         done = ep.finish()
         if done.rows == 0:

@@ -105,7 +105,7 @@ def tasks_table(tasks: list[tuple[int, str]]) -> pa.Table:
                     schema=sch)
 
 
-def _plain_kind(v: Any) -> str:
+def _plain_kind(v: object) -> str:
     if isinstance(v, bool):
         return "bool"
     if isinstance(v, int):
@@ -272,9 +272,9 @@ class LeRobotV3Exporter:
         ep_stats.add(st)
         return written
 
-    def _info(self, info: DatasetInfo, episodes: int, total_frames: int, tasks: int) -> dict[str, Any]:
+    def _info(self, info: DatasetInfo, episodes: int, total_frames: int, tasks: int) -> dict[str, object]:
         src = info.to_dict()
-        d: dict[str, Any] = {
+        d: dict[str, object] = {
             "codebase_version": CODEBASE_V30,
             "robot_type": info.robot_type,
             "total_episodes": episodes,

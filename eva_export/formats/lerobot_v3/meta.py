@@ -112,21 +112,21 @@ def _pandas_index(table: pa.Table) -> str | None:
     return cols[0] if cols and pa.types.is_string(table.schema.field(cols[0]).type) else None
 
 
-def _int(row: dict[str, Any], col: str, where: Path, ep: object) -> int:
+def _int(row: dict[str, object], col: str, where: Path, ep: object) -> int:
     v = row.get(col)
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise DatasetError(f"{where}: episode {ep}: {col} is {v!r}, expected a non-negative integer")
     return v
 
 
-def _seconds(row: dict[str, Any], col: str, where: Path, ep: int) -> float:
+def _seconds(row: dict[str, object], col: str, where: Path, ep: int) -> float:
     v = row.get(col)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
         raise DatasetError(f"{where}: episode {ep}: {col} is {v!r}, expected a finite time >= 0 s")
     return float(v)
 
 
-def _locator(row: dict[str, Any], where: Path, video_keys: list[str]) -> EpisodeLocator:
+def _locator(row: dict[str, object], where: Path, video_keys: list[str]) -> EpisodeLocator:
     ep = _int(row, "episode_index", where, row.get("episode_index"))
     tasks = row.get("tasks")
     if isinstance(tasks, str):

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from fractions import Fraction
 from itertools import islice
 from pathlib import Path
-from typing import Any
 
 import av
+from av.container import InputContainer
+from av.video.stream import VideoStream
 
 from ..common import mp4_index
 from ..common.mp4_sps import avcc_pix_fmt
@@ -67,7 +68,7 @@ class Probe:
     packets: tuple[Pkt, ...] | None  # every packet with data, or None (not kept: read again)
 
 
-def codec_params(stream: Any) -> CodecParams:
+def codec_params(stream: VideoStream) -> CodecParams:
     """The stream's codec parameters, named by codec id (AV1, H.264...), never by the decoder.
 
     PyAV opens AV1 with the decoder ``libdav1d``; its name is not a codec anything can mux.
@@ -101,7 +102,7 @@ def lead_of(pts: list[int], tb: Fraction, fps: int) -> int:
     return max(0, max(k - frame_slot(t - base, tb, fps)[0] for k, t in enumerate(pts)))
 
 
-def open_input(path: Path) -> Any:
+def open_input(path: Path) -> InputContainer:
     """``av.open`` for reading; a ``.mp4`` is opened with the MP4 demuxer named, which skips
     FFmpeg's format probe (a fifth of opening a small file). A file that is not what its name
     says is opened again with the probe, as before."""
@@ -113,7 +114,7 @@ def open_input(path: Path) -> Any:
     return av.open(str(path))
 
 
-def packets_of(container: Any, stream: Any) -> list[Pkt]:
+def packets_of(container: InputContainer, stream: VideoStream) -> list[Pkt]:
     return [Pkt(bytes(p), p.pts, p.dts, bool(p.is_keyframe)) for p in container.demux(stream) if p.size > 0]
 
 

@@ -25,8 +25,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from numpy.typing import NDArray
 
 from ..common import stats as stats_mod
+from ..common.stats import StatEntry
 from .layout import DATA_PATH_V30
 from .video import Locator, Numbering
 
@@ -38,7 +40,7 @@ _HF_DTYPES = {"float": "float32", "double": "float64", "int64": "int64", "int32"
               "string": "string", "large_string": "large_string", "halffloat": "float16"}
 
 
-def _hf_value(typ: pa.DataType) -> dict[str, Any]:
+def _hf_value(typ: pa.DataType) -> dict[str, object]:
     return {"dtype": _HF_DTYPES.get(str(typ), str(typ)), "_type": "Value"}
 
 
@@ -48,7 +50,7 @@ def _is_image_struct(typ: pa.DataType) -> bool:
 
 def v3_data_schema(src: pa.Schema) -> pa.Schema:
     """The source schema with the 'huggingface' metadata LeRobot 0.4 writes (``_type: List``)."""
-    feats: dict[str, Any] = {}
+    feats: dict[str, object] = {}
     for f in src:
         if _is_image_struct(f.type):  # LeRobot's image feature: PNG bytes + path, HF type "Image"
             feats[f.name] = {"_type": "Image"}
@@ -190,7 +192,7 @@ class StatColumn:
             self.floats.extend(a.astype(np.float64).ravel().tolist())
         return True
 
-    def matrix(self) -> np.ndarray[Any, Any] | None:
+    def matrix(self) -> NDArray[np.generic] | None:
         """(episodes, *shape) of the numbers, or None on the generic path."""
         if self.raw is not None or self.shape is None:
             return None
@@ -230,7 +232,7 @@ class EpisodeStatsColumns:
         self.cols: dict[str, dict[str, StatColumn]] = {}
         self.episodes = 0
 
-    def add(self, st: dict[str, Any]) -> None:
+    def add(self, st: dict[str, StatEntry]) -> None:
         row = self.episodes
         for feat, entry in st.items():
             if not isinstance(entry, dict):
@@ -248,9 +250,9 @@ class EpisodeStatsColumns:
         return {f"stats/{feat}/{name}": col.arrow(self.episodes)
                 for feat in features for name, col in self.cols.get(feat, {}).items()}
 
-    def aggregate(self) -> dict[str, dict[str, Any]]:
+    def aggregate(self) -> dict[str, StatEntry]:
         """Dataset statistics, as ``dataset.stats.aggregate`` of the per-episode dicts gives them."""
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, StatEntry] = {}
         for feat, by_stat in self.cols.items():
             mats = {name: col.matrix() for name, col in by_stat.items()}
             need = ("count", "mean", "std", "min", "max")
@@ -267,7 +269,7 @@ class EpisodeStatsColumns:
         return out
 
 
-def _aggregate_matrices(m: dict[str, np.ndarray[Any, Any]]) -> dict[str, Any] | None:
+def _aggregate_matrices(m: dict[str, NDArray[np.generic]]) -> StatEntry | None:
     """stats_mod.aggregate's arithmetic on (episodes, *shape) arrays of one feature: only the
     episodes with a finite row (count > 0) and finite numbers are pooled."""
     counts = m["count"].reshape(len(m["count"]), -1)[:, 0].astype(np.float64)
@@ -285,7 +287,7 @@ def _aggregate_matrices(m: dict[str, np.ndarray[Any, Any]]) -> dict[str, Any] | 
     w = (counts / total).reshape((-1,) + (1,) * (means.ndim - 1))
     mean = (w * means).sum(0)
     var = (w * (stds ** 2 + (means - mean) ** 2)).sum(0)
-    out: dict[str, Any] = {"min": m["min"].astype(np.float64).min(0).tolist(),
+    out: StatEntry = {"min": m["min"].astype(np.float64).min(0).tolist(),
                            "max": m["max"].astype(np.float64).max(0).tolist(), "mean": mean.tolist(),
                            "std": np.sqrt(np.maximum(var, 0)).tolist(), "count": [int(total)]}
     for name in stats_mod.QUANTILES:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import av
 import numpy as np
@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from ...errors import ExportError, VideoError
-from ..common.checks import check_image_rows, check_sample, check_totals, start_report
+from ..common.checks import ExportInfo, check_image_rows, check_sample, check_totals, start_report
 from ..common.exporter import VerifyReport
 from ..common.images import decode_png
 from ..common.records import DatasetInfo
@@ -55,7 +55,7 @@ def read_episodes_meta(root: Path, columns: list[str] | None = None) -> pa.Table
     return pa.concat_tables([read_columns(f, columns) for f in files], promote_options="permissive")
 
 
-def decode_frame_at(path: Path, frame_number: int, fps: int) -> NDArray[Any]:
+def decode_frame_at(path: Path, frame_number: int, fps: int) -> NDArray[np.uint8]:
     """Decode the frame shown at ``frame_number / fps`` seconds of an MP4 (seek, then decode)."""
     target = Fraction(frame_number, fps)
     with av.open(str(path)) as c:
@@ -67,7 +67,7 @@ def decode_frame_at(path: Path, frame_number: int, fps: int) -> NDArray[Any]:
                 continue
             t = Fraction(frame.pts) * tb
             if abs(t - target) < Fraction(1, 10000):
-                return frame.to_ndarray(format="rgb24")
+                return cast("NDArray[np.uint8]", frame.to_ndarray(format="rgb24"))  # rgb24: 8 bits per channel
             if t > target:
                 break
     raise VideoError(f"{path}: no frame at {float(target):.4f} s (frame {frame_number})")
@@ -77,13 +77,13 @@ def verify_v3(root: Path) -> VerifyReport:
     report, info = start_report(root, FORMAT)
     if info is None:
         return report
-    if info.get("codebase_version") != CODEBASE_V30:
-        report.errors.append(f"info.json codebase_version {info.get('codebase_version')!r}, expected v3.0")
+    if info.raw.get("codebase_version") != CODEBASE_V30:
+        report.errors.append(f"info.json codebase_version {info.raw.get('codebase_version')!r}, expected v3.0")
     for key in ("total_videos", "total_chunks"):
-        if key in info:
+        if key in info.raw:
             report.errors.append(f"info.json has {key}, which LeRobot v3.0 dropped")
-    fps = int(info["fps"])
-    video_keys = [k for k, f in info["features"].items() if f["dtype"] == "video"]
+    fps = info.fps
+    video_keys = info.keys_of("video")
     cols = [*LOCATOR_COLUMNS, *(f"videos/{k}/{c}" for k in video_keys
                                 for c in ("chunk_index", "file_index", "from_timestamp", "to_timestamp"))]
     try:  # the locators only: the stats and source fields are not what a reader locates by
@@ -109,7 +109,7 @@ def verify_v3(root: Path) -> VerifyReport:
     check_totals(report, info, len(eps), expect_from, "the episode metadata")
     _check_data_shards(report, root, info, data_files)
     for (key, chunk, file), members in sorted(video_files.items()):
-        path = root / str(info["video_path"]).format(video_key=key, chunk_index=chunk, file_index=file)
+        path = root / info.video_path.format(video_key=key, chunk_index=chunk, file_index=file)
         _check_video_shard(report, root, path, key, members, fps)
     _check_image_rows(report, root, info, data_files)
     if len(report.errors) == n_err:
@@ -143,15 +143,15 @@ def _check_video_shard(report: VerifyReport, root: Path, path: Path, key: str, m
                              f"{members[-1][f'videos/{key}/to_timestamp']:.4f} s): {p}")
 
 
-def _check_image_rows(report: VerifyReport, root: Path, info: dict[str, Any],
+def _check_image_rows(report: VerifyReport, root: Path, info: ExportInfo,
                       data_files: dict[tuple[int, int], list[dict[str, Any]]]) -> None:
     """Every embedded image decodes to its declared shape (LeRobot decodes each one it serves)."""
-    shapes = {k: tuple(f["shape"]) for k, f in info["features"].items() if f["dtype"] == "image"}
+    shapes = info.shapes_of("image")
     if not shapes:
         return
     before = len(report.errors)
     for (chunk, file) in sorted(data_files):
-        path = root / str(info["data_path"]).format(chunk_index=chunk, file_index=file)
+        path = root / info.data_path.format(chunk_index=chunk, file_index=file)
         try:
             t = read_columns(path, [*shapes, "episode_index"])
         except (OSError, pa.ArrowException) as exc:
@@ -162,16 +162,16 @@ def _check_image_rows(report: VerifyReport, root: Path, info: dict[str, Any],
         report.checks.append(f"every embedded image of {len(shapes)} camera(s) decodes to its declared shape")
 
 
-def _check_tasks(report: VerifyReport, root: Path, info: dict[str, Any], eps: list[dict[str, Any]]) -> None:
+def _check_tasks(report: VerifyReport, root: Path, info: ExportInfo, eps: list[dict[str, Any]]) -> None:
     """tasks.parquet maps indices and strings one to one and holds every episode's task."""
     try:
         tt = read_columns(root / TASKS_PARQUET)
     except (OSError, pa.ArrowException) as exc:
         report.errors.append(f"{TASKS_PARQUET}: unreadable ({exc})")
         return
-    if tt.num_rows != info.get("total_tasks") or "task_index" not in tt.column_names:
+    if tt.num_rows != info.raw.get("total_tasks") or "task_index" not in tt.column_names:
         report.errors.append(f"{TASKS_PARQUET}: {tt.num_rows} rows / columns {tt.column_names}, "
-                             f"total_tasks {info.get('total_tasks')}")
+                             f"total_tasks {info.raw.get('total_tasks')}")
         return
     names = [c for c in tt.column_names if c != "task_index"]
     texts = [str(v) for v in tt.column(names[0]).to_pylist()] if names else []
@@ -186,14 +186,14 @@ def _check_tasks(report: VerifyReport, root: Path, info: dict[str, Any], eps: li
     report.checks.append(f"{TASKS_PARQUET}: {tt.num_rows} task(s), indices and strings one to one")
 
 
-def _check_data_shards(report: VerifyReport, root: Path, info: dict[str, Any],
+def _check_data_shards(report: VerifyReport, root: Path, info: ExportInfo,
                        data_files: dict[tuple[int, int], list[dict[str, Any]]]) -> None:
     """Row counts, the global index and episode_index of every data shard; every episode's
     float features and timestamps (train_checks)."""
     data_rows = 0
     values = ValueCheck(root, info)
     for (chunk, file), members in sorted(data_files.items()):
-        path = root / str(info["data_path"]).format(chunk_index=chunk, file_index=file)
+        path = root / info.data_path.format(chunk_index=chunk, file_index=file)
         try:
             t = read_columns(path, ["index", "episode_index"], (*values.floats, "timestamp"))
         except (OSError, pa.ArrowException) as exc:
@@ -214,20 +214,20 @@ def _check_data_shards(report: VerifyReport, root: Path, info: dict[str, Any],
             values.episode(str(path), e["episode_index"], {k: column_numpy(rows, k) for k in rows.column_names
                                                            if k not in ("index", "episode_index")})
     values.finish(report)
-    if data_rows != info.get("total_frames"):
-        report.errors.append(f"data shards hold {data_rows} rows, info.json total_frames {info.get('total_frames')}")
+    if data_rows != info.total_frames:
+        report.errors.append(f"data shards hold {data_rows} rows, info.json total_frames {info.total_frames}")
 
 
-def _real_read(report: VerifyReport, root: Path, info: dict[str, Any], eps: list[dict[str, Any]],
+def _real_read(report: VerifyReport, root: Path, info: ExportInfo, eps: list[dict[str, Any]],
                data_files: dict[tuple[int, int], list[dict[str, Any]]]) -> None:
     """One state, action and frame of episode 0, found through its locator as LeRobot finds it."""
-    fps = int(info["fps"])
-    video_keys = [k for k, f in info["features"].items() if f["dtype"] == "video"]
+    fps = info.fps
+    video_keys = info.keys_of("video")
     if eps:
         e = eps[0]
-        feats = DatasetInfo.from_dict(info)
+        feats = DatasetInfo.from_dict(info.raw)
         state_key, action_key = state_action_keys(feats)
-        path = root / str(info["data_path"]).format(chunk_index=e["data/chunk_index"], file_index=e["data/file_index"])
+        path = root / info.data_path.format(chunk_index=e["data/chunk_index"], file_index=e["data/file_index"])
         state = action = frame = None
         try:
             t = read_columns(path, [k for k in (state_key, action_key) if k])
@@ -235,13 +235,13 @@ def _real_read(report: VerifyReport, root: Path, info: dict[str, Any], eps: list
             r = e["dataset_from_index"] - first
             state = column_numpy(t, state_key)[r] if state_key else None
             action = column_numpy(t, action_key)[r] if action_key else None
-            image_keys = [k for k, f in info["features"].items() if f["dtype"] == "image"]
+            image_keys = info.keys_of("image")
             if not video_keys and image_keys:
                 col = read_columns(path, [image_keys[0]]).column(image_keys[0])[r].as_py()
                 frame = decode_png(col["bytes"], f"{path.name} row {r}")
             elif video_keys:
                 k = video_keys[0]
-                vpath = root / str(info["video_path"]).format(video_key=k, chunk_index=e[f"videos/{k}/chunk_index"],
+                vpath = root / info.video_path.format(video_key=k, chunk_index=e[f"videos/{k}/chunk_index"],
                                                               file_index=e[f"videos/{k}/file_index"])
                 frame = decode_frame_at(vpath, round(e[f"videos/{k}/from_timestamp"] * fps), fps)
         except (OSError, pa.ArrowException, VideoError, KeyError, TypeError, ExportError) as exc:

@@ -25,9 +25,10 @@ import logging
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
 
 import av
+from av.container import OutputContainer
+from av.video.stream import VideoStream
 
 from ...errors import ExportError, VideoError
 from ..common.provenance import RawNames
@@ -119,8 +120,8 @@ class VideoShards:
         # (Probes.next); None: every shard keeps ``delay``
         self.ahead: int | None = None
         self.names = names
-        self.container: Any = None
-        self.stream: Any = None
+        self.container: OutputContainer | None = None
+        self.stream: VideoStream | None = None
         self.params: CodecParams | None = None
         self.only_reencoded = False
         self.loc = Locator(0, 0)
@@ -243,6 +244,8 @@ class VideoShards:
     def _mux(self, placed: list[Placed]) -> tuple[Locator, int]:
         before = self.frames
         tb = Fraction(1, self.timescale)
+        container, stream = self.container, self.stream
+        assert container is not None and stream is not None  # add() opened the shard (narrowing)
         for k, p in enumerate(placed):
             pkt = av.Packet(p.data)
             pkt.time_base = tb
@@ -250,8 +253,8 @@ class VideoShards:
             pkt.dts = (before + k) * self.tick - self.delay
             pkt.duration = self.tick
             pkt.is_keyframe = p.keyframe
-            pkt.stream = self.stream
-            self.container.mux(pkt)
+            pkt.stream = stream
+            container.mux(pkt)
             self.size += len(p.data)
         self.frames += len(placed)
         return Locator(self.loc.chunk_index, self.loc.file_index), before

@@ -45,10 +45,10 @@ import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import msgpack
 import numpy as np
+import pyarrow as pa
 from mcap.exceptions import McapError
 from mcap.reader import make_reader
 from numpy.typing import NDArray
@@ -124,7 +124,7 @@ def _bin_header(n: int) -> bytes:
     return struct.pack(">BI", 0xC6, n)
 
 
-def image_head(frame_index: int, fps: int, frame: NDArray[Any]) -> bytes:
+def image_head(frame_index: int, fps: int, frame: NDArray[np.uint8]) -> bytes:
     """The MessagePack image payload up to the pixels: head + the frame's bytes is the payload."""
     h, w = frame.shape[:2]
     packer = msgpack.Packer(use_bin_type=True)
@@ -135,7 +135,7 @@ def image_head(frame_index: int, fps: int, frame: NDArray[Any]) -> bytes:
     return b"".join((head, packer.pack("data"), _bin_header(frame.nbytes)))
 
 
-def pack_image(frame_index: int, fps: int, frame: NDArray[Any]) -> bytearray:
+def pack_image(frame_index: int, fps: int, frame: NDArray[np.uint8]) -> bytearray:
     """The MessagePack image payload, built with a single copy of the pixels."""
     head = image_head(frame_index, fps, frame)
     out = bytearray(len(head) + frame.nbytes)
@@ -144,7 +144,7 @@ def pack_image(frame_index: int, fps: int, frame: NDArray[Any]) -> bytearray:
     return out
 
 
-def decode_image(payload: bytes) -> tuple[dict[str, Any], NDArray[Any]]:
+def decode_image(payload: bytes) -> tuple[dict[str, object], NDArray[np.uint8]]:
     msg = msgpack.unpackb(payload, raw=False)
     img = np.frombuffer(msg["data"], np.uint8).reshape(msg["height"], msg["width"], 3)
     return msg, img
@@ -170,7 +170,7 @@ class McapExporter:
             write_episode=self._write_episode,
             is_complete=lambda path, meta, ep: _complete(path, ep.length, meta.info.visual_keys))
 
-    def _write_episode(self, tmp: Path, meta: DatasetMeta, ep: EpisodeRow, table: Any) -> str | None:
+    def _write_episode(self, tmp: Path, meta: DatasetMeta, ep: EpisodeRow, table: pa.Table) -> str | None:
         """Write one episode file; return the SHA-256 of its bytes (hashed as they were written)."""
         fps = meta.info.fps
         keys = meta.info.visual_keys  # MP4 cameras and images stored in Parquet alike
@@ -201,7 +201,7 @@ class McapExporter:
         return w.sha256
 
     def _write_frames(self, w: ChunkWriter, channels: dict[str, int], meta: DatasetMeta, ep: EpisodeRow,
-                      table: Any) -> None:
+                      table: pa.Table) -> None:
         """Every camera's frames in time order, interleaved frame by frame."""
         fps, rows = meta.info.fps, table.num_rows
         iters = {k: Prefetch(camera_frames(meta, ep.episode_index, table, k), self.prefetch) for k in channels}
@@ -245,7 +245,7 @@ class _FileScan:
 
     seqs: dict[str, list[int]]
     times: dict[str, list[int]]
-    sample: tuple[Any, Any, Any]  # (state, action, frame) of the first episode that has them
+    sample: tuple[object, object, object]  # (state, action, frame) of the first episode that has them
     meta_msgs: int = 0
     rows: int | None = None
     values: ValueCheck | None = None  # the subset's value checks (train_checks), fed each episode's columns
@@ -256,17 +256,17 @@ def verify_mcap(root: Path) -> VerifyReport:
     report, info = start_report(root, FORMAT, embedded_images=True)
     if info is None:
         return report
-    fps = int(info["fps"])
-    image_keys = [k for k, f in info["features"].items() if f["dtype"] == "image"]
-    feats = DatasetInfo.from_dict(info)
+    fps = info.fps
+    image_keys = info.keys_of("image")
+    feats = DatasetInfo.from_dict(info.raw)
     state_key, action_key = state_action_keys(feats)
     episodes = read_episode_rows(root, report)
     n_err = len(report.errors)
     rows_total = 0
-    sample: tuple[Any, Any, Any] = (None, None, None)
+    sample: tuple[object, object, object] = (None, None, None)  # state, action, frame
     values = ValueCheck(root, info)
     for ep in episodes:
-        path = root / episode_file(info, ep.episode_index)
+        path = root / episode_file(info.raw, ep.episode_index)
         scan = _FileScan({k: [] for k in image_keys}, {k: [] for k in image_keys}, sample)
         scan.values, scan.episode = values, ep.episode_index
         try:

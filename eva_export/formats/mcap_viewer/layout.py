@@ -124,7 +124,7 @@ class JointStateCdr:
         self._dims = len(names)
         self._tail = _U32.pack(0) * 2  # velocity and effort: empty (8-aligned after the values)
 
-    def encode(self, stamp_ns: int, values: NDArray[Any]) -> bytes:
+    def encode(self, stamp_ns: int, values: NDArray[np.generic]) -> bytes:
         flat = np.ascontiguousarray(values, dtype="<f8").reshape(-1)
         if flat.size != self._dims:
             raise ValueError(f"{flat.size} values for {self._dims} joint names")

@@ -13,7 +13,7 @@ from ..lerobot_v21.episode_files import to_plain
 from .layout import FORMAT
 
 
-def episode_record(meta: DatasetMeta, ep: EpisodeRow) -> dict[str, Any]:
+def episode_record(meta: DatasetMeta, ep: EpisodeRow) -> dict[str, object]:
     """The episode row with its subset, its raw episode index, fps and robot type."""
     qs = QualitySplit.read(meta.root)
     pos = ep.episode_index  # a renumbered subset: the row's position (a scan per episode is quadratic)
@@ -24,7 +24,7 @@ def episode_record(meta: DatasetMeta, ep: EpisodeRow) -> dict[str, Any]:
             "fps": meta.info.fps, "dataset_format": FORMAT, "robot_type": meta.info.robot_type}
 
 
-def metadata_strings(record: dict[str, Any]) -> dict[str, str]:
+def metadata_strings(record: dict[str, object]) -> dict[str, str]:
     """The MCAP metadata record's map: strings as they are, everything else as JSON."""
     return {k: v if isinstance(v, str) else json.dumps(v) for k, v in record.items()}
 
@@ -44,7 +44,7 @@ def episode_text(record: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n\n" + json.dumps(record, indent=1, sort_keys=True)
 
 
-def record_of_text(text: str) -> dict[str, Any]:
+def record_of_text(text: str) -> dict[str, object]:
     """The JSON record at the end of ``episode_text``."""
-    record: dict[str, Any] = json.loads(text.split("\n\n", 1)[1])
+    record: dict[str, object] = json.loads(text.split("\n\n", 1)[1])
     return record

@@ -17,6 +17,7 @@ from mcap.exceptions import McapError
 from mcap.reader import make_reader
 from mcap_protobuf.decoder import DecoderFactory as ProtobufDecoders
 from mcap_ros2.decoder import DecoderFactory as Ros2Decoders
+from numpy.typing import NDArray
 
 from ...errors import ExportError
 from ..common.checks import check_sample, check_totals, read_episode_rows, start_report
@@ -50,7 +51,7 @@ class _Camera:
     shape: tuple[int, int]
     messages: int = 0
     frames: int = 0
-    first: Any = None
+    first: NDArray[np.generic] | None = None  # RGB pixels of the first frame
     codec: Any = None
 
 
@@ -69,13 +70,13 @@ def verify_viewer(root: Path) -> VerifyReport:
     report, info = start_report(root, FORMAT, embedded_images=True)
     if info is None:
         return report
-    feats = DatasetInfo.from_dict(info)
+    feats = DatasetInfo.from_dict(info.raw)
     state_key, action_key = state_action_keys(feats)
     episodes = read_episode_rows(root, report)
     n_err, rows_total = len(report.errors), 0
-    sample: list[Any] = [None, None, None]
+    sample: list[object] = [None, None, None]  # state, action, frame
     for ep in episodes:
-        path = root / episode_file(info, ep.episode_index)
+        path = root / episode_file(info.raw, ep.episode_index)
         scan = _Scan({k: _Camera(k, feats.features[k].shape[:2]) for k in feats.visual_keys},  # type: ignore[arg-type]
                      {k: dimension_names(k, feats.features[k]) for k in numeric_keys(feats.features)})
         try:
@@ -175,7 +176,7 @@ def _camera_message(cam: _Camera, schema: str, msg: Any, log_time: int) -> None:
         _frame(cam, decode_png(msg.data, where), where)
 
 
-def _frame(cam: _Camera, frame: Any, where: str) -> None:
+def _frame(cam: _Camera, frame: av.VideoFrame | NDArray[np.uint8], where: str) -> None:
     """One decoded frame (a PyAV frame, or RGB pixels): its size checked; the first kept as RGB
     for the real read (converting every frame would only cost time)."""
     h, w = (frame.height, frame.width) if isinstance(frame, av.VideoFrame) else frame.shape[:2]

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 IMAGE = "sensor_msgs/msg/Image"
 COMPRESSED_IMAGE = "sensor_msgs/msg/CompressedImage"
@@ -51,14 +51,14 @@ class Image:
     encoding: str
     is_bigendian: int
     step: int
-    data: np.ndarray[Any, Any]
+    data: NDArray[np.uint8]
 
 
 @dataclass(frozen=True, slots=True)
 class CompressedImage:
     header: Header
     format: str
-    data: np.ndarray[Any, Any]
+    data: NDArray[np.uint8]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +67,7 @@ class CompressedVideo:
 
     timestamp: Stamp
     frame_id: str
-    data: np.ndarray[Any, Any]
+    data: NDArray[np.uint8]
     format: str
 
 
@@ -75,9 +75,9 @@ class CompressedVideo:
 class JointState:
     header: Header
     name: tuple[str, ...]
-    position: np.ndarray[Any, Any]
-    velocity: np.ndarray[Any, Any]
-    effort: np.ndarray[Any, Any]
+    position: NDArray[np.float64]
+    velocity: NDArray[np.float64]
+    effort: NDArray[np.float64]
 
 
 class _Doubt(Exception):
@@ -120,7 +120,7 @@ class _Cursor:
         except UnicodeDecodeError:
             raise _Doubt from None
 
-    def u8_view(self) -> np.ndarray[Any, Any]:
+    def u8_view(self) -> NDArray[np.uint8]:
         n = self.u32()
         if self.pos + n > self.end:
             raise _Doubt
@@ -128,7 +128,7 @@ class _Cursor:
         self.pos += n
         return view
 
-    def f64_view(self) -> np.ndarray[Any, Any]:
+    def f64_view(self) -> NDArray[np.float64]:
         n = self.u32()
         if n:
             self._align(8)

@@ -50,7 +50,7 @@ def _confined_file(f: Path, roots: list[Path], where: Path) -> Path:
     return f
 
 
-def _listed_files(p: Path, mfile: Path, meta: dict[str, Any]) -> list[Path]:
+def _listed_files(p: Path, mfile: Path, meta: dict[str, object]) -> list[Path]:
     """metadata.yaml's relative_file_paths: relative names inside the bag directory only."""
     rel = meta.get("relative_file_paths") or []
     if not isinstance(rel, list):
@@ -70,7 +70,7 @@ def open_bag(path: Path | str, roots: list[Path] | None = None) -> BagFiles:
     p = Path(path)
     if not p.exists():
         raise IngestError(f"bag {p} does not exist")
-    meta: dict[str, Any] | None = None
+    meta: dict[str, object] | None = None
     if p.is_dir():
         mfile = p / "metadata.yaml"
         if mfile.is_file():
