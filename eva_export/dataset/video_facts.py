@@ -173,6 +173,8 @@ def known_sha256(path: Path, compute: Callable[[Path], str]) -> str:
 
 #: Camera files whose bytes a job holds for hashing at once (each up to mp4_index.MAX_BYTES).
 DIGESTS_PENDING = 4
+#: Threads hashing them (hashlib releases the GIL: on another core than validation).
+DIGEST_THREADS = 2
 
 
 class _Digests:
@@ -184,7 +186,7 @@ class _Digests:
     def __init__(self) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="eva-digest")
+        self.pool = ThreadPoolExecutor(DIGEST_THREADS, thread_name_prefix="eva-digest")
         self.pending: list[tuple[FileKey, Any]] = []
 
     def add(self, key: FileKey, data: bytes) -> None:
