@@ -1,6 +1,6 @@
 """The native quality split (the whole lerobot_v21 export job) against `cp -r SRC DST && sync`.
 
-    python bench/bench_split.py [--quick] [--rounds N] [--keep]
+    python bench/bench_split.py [--quick] [--pairs N] [--keep]
 
 Two shapes of raw v2.1 source, a quarter of the episodes rated red (renumbered subsets):
 
@@ -8,11 +8,11 @@ Two shapes of raw v2.1 source, a quarter of the episodes rated red (renumbered s
   tiled with real copies; --quick 120);
 * long takes: 20 episodes x 300 frames, 2 cameras 640x480 (--quick 6 x 120).
 
-Each round runs, one after the other in alternating order, two whole processes: the export job
+Each pair runs, one after the other in alternating order, two whole processes: the export job
 ``python -m eva_export.cli export SRC --format lerobot_v21`` (imports, validation, split,
 verification, one sync of the staged tree, publication), from a clean state, and
-``cp -r SRC DST && sync`` of the same source. A first round warms the page cache and is not
-counted. Medians over the rounds; the ratio is the median of the rounds' pairs; the load
+``cp -r SRC DST && sync`` of the same source. A first pair warms the page cache and is not
+counted. Medians over the pairs; the ratio is the median of the pairs' ratios; the load
 average is printed with every goal line. Writes bench/out/split.json.
 """
 
@@ -170,11 +170,11 @@ def build(base: Path, quick: bool) -> dict[str, Path]:
             f"{long_eps} episodes x {long_frames} frames, 2 cams 640x480": long}
 
 
-def one_shape(src: Path, rounds: int) -> dict:
-    """Interleaved pairs (the order alternates each round, so neither side always runs first)."""
+def one_shape(src: Path, pairs: int) -> dict:
+    """Interleaved pairs (the order alternates from pair to pair: neither side always runs first)."""
     runs: dict[str, list[tuple[float, float]]] = {"job": [], "copy": []}
     load0 = os.getloadavg()[0]
-    for r in range(rounds + 1):  # round 0 warms the page cache for both sides, not counted
+    for r in range(pairs + 1):  # the first pair warms the page cache for both sides, not counted
         order = ("job", "copy") if r % 2 else ("copy", "job")
         got = {m: job(src) if m == "job" else copy_sync(src, src.parent / "copy") for m in order}
         if r:
@@ -191,7 +191,7 @@ def one_shape(src: Path, rounds: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args()
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "eva_export")], check=True,
@@ -203,11 +203,11 @@ def main() -> int:
         shapes = build(base, args.quick)
         print(f"built sources in {time.perf_counter() - t0:.1f} s under {base}", file=sys.stderr)
         for shape, src in shapes.items():
-            results[shape] = one_shape(src, args.rounds)
+            results[shape] = one_shape(src, args.pairs)
     finally:
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)
-    print(f"{args.rounds} interleaved pairs per shape, medians; whole processes (imports included)\n")
+    print(f"{args.pairs} interleaved pairs per shape, medians; whole processes (imports included)\n")
     print("| source | size MB | native split (lerobot_v21 job) s | `cp -r && sync` s | ratio | job peak RSS MiB | load |")
     print("|---|---|---|---|---|---|---|")
     for shape, r in results.items():
@@ -217,7 +217,7 @@ def main() -> int:
         print(f"goal split <= {GOAL:g}x `cp -r && sync` ({shape}): {'met' if r['ratio'] <= GOAL else 'NOT met'} "
               f"({r['ratio']:.2f}x, load {r['load'][0]:.1f}-{r['load'][1]:.1f})")
     (HERE / "out").mkdir(exist_ok=True)
-    (HERE / "out" / "split.json").write_text(json.dumps({"quick": args.quick, "rounds": args.rounds,
+    (HERE / "out" / "split.json").write_text(json.dumps({"quick": args.quick, "pairs": args.pairs,
                                                          "results": results}, indent=2) + "\n")
     return 0
 

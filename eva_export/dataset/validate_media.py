@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 
 from ..errors import DatasetError, VideoError
 from . import mp4_index, video_facts
+from .facts_index import FileKey
 from .meta import INFO, DatasetMeta
 from .video import (
     StreamTiming,
@@ -64,7 +65,7 @@ def check_video(meta: DatasetMeta, e: int, rows: int, data_path: Path, key: str,
                            f"(frame i at i / {meta.info.fps} s from 0): {'; '.join(facts.timing)}")
 
 
-def _demux_size(e: int, key: str, path: Path, fkey: video_facts.FileKey | None = None
+def _demux_size(e: int, key: str, path: Path, fkey: FileKey | None = None
                 ) -> tuple[int, int, int, StreamTiming | Exception | None]:
     """(width, height, frames, timing) of the file's first video stream; DatasetError naming it
     if unreadable. When the frames come from the index (no packet demuxed yet) the packet timing
