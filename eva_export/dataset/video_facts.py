@@ -171,8 +171,8 @@ def known_sha256(path: Path, compute: Callable[[Path], str]) -> str:
     return digest
 
 
-#: Camera files whose bytes a job holds for hashing at once (each up to mp4_index.MAX_BYTES).
-DIGESTS_PENDING = 4
+#: Bytes of camera files a job holds for hashing at once (one larger file is held alone).
+DIGESTS_PENDING_BYTES = 32 << 20
 #: Threads hashing them (hashlib releases the GIL: on another core than validation).
 DIGEST_THREADS = 2
 
@@ -187,15 +187,18 @@ class _Digests:
         from concurrent.futures import ThreadPoolExecutor
 
         self.pool = ThreadPoolExecutor(DIGEST_THREADS, thread_name_prefix="eva-digest")
-        self.pending: list[tuple[FileKey, Any]] = []
+        self.pending: list[tuple[FileKey, int, Any]] = []
+        self.held = 0
 
     def add(self, key: FileKey, data: bytes) -> None:
-        while len(self.pending) >= DIGESTS_PENDING:
+        while self.pending and self.held + len(data) > DIGESTS_PENDING_BYTES:
             self._store_first()
-        self.pending.append((key, self.pool.submit(lambda: hashlib.sha256(data).hexdigest())))
+        self.held += len(data)
+        self.pending.append((key, len(data), self.pool.submit(lambda: hashlib.sha256(data).hexdigest())))
 
     def _store_first(self) -> None:
-        key, fut = self.pending.pop(0)
+        key, size, fut = self.pending.pop(0)
+        self.held -= size
         index_put(key, SHA256_KIND, fut.result())
 
     def finish(self) -> None:
