@@ -1,6 +1,6 @@
 """The native quality split (the whole lerobot_v21 export job) against `cp -r SRC DST && sync`.
 
-    python bench/bench_split.py [--quick] [--pairs N] [--keep]
+    python bench/bench_split.py [--quick] [--pairs N] [--keep] [--baseline OTHER_CHECKOUT]
 
 Two shapes of raw v2.1 source, a quarter of the episodes rated red (renumbered subsets):
 
@@ -13,7 +13,8 @@ Each pair runs, one after the other in alternating order, two whole processes: t
 verification, one sync of the staged tree, publication), from a clean state, and
 ``cp -r SRC DST && sync`` of the same source. A first pair warms the page cache and is not
 counted. Medians over the pairs; the ratio is the median of the pairs' ratios; the load
-average is printed with every goal line. Writes bench/out/split.json.
+average is printed with every goal line. Writes bench/out/split.json. ``--baseline DIR``: the
+job of another checkout (e.g. the main branch) runs in the same pairs, under the same load.
 """
 
 from __future__ import annotations
@@ -135,12 +136,12 @@ def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, flo
     return dt, int(maxrss) / 1024
 
 
-def job(src: Path) -> tuple[float, float]:
+def job(src: Path, repo: Path = REPO) -> tuple[float, float]:
     """The whole lerobot_v21 export job, as the CLI runs it, from a clean state (no export tree,
     no job records and no facts index of an earlier run: nothing of the source is known)."""
     shutil.rmtree(src.parent / "export", ignore_errors=True)
     shutil.rmtree(src.parent / ".jobs", ignore_errors=True)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]))
     res = timed([sys.executable, "-m", "eva_export.cli", "export", str(src), "--format", "lerobot_v21"], env)
     assert (src.parent / "export" / "lerobot_v21" / "accepted" / "meta" / "info.json").is_file()
     return res
@@ -170,22 +171,28 @@ def build(base: Path, quick: bool) -> dict[str, Path]:
             f"{long_eps} episodes x {long_frames} frames, 2 cams 640x480": long}
 
 
-def one_shape(src: Path, pairs: int) -> dict:
-    """Interleaved pairs (the order alternates from pair to pair: neither side always runs first)."""
-    runs: dict[str, list[tuple[float, float]]] = {"job": [], "copy": []}
+def one_shape(src: Path, pairs: int, baseline: Path | None) -> dict:
+    """Interleaved pairs (the order alternates from pair to pair: neither side always runs first);
+    with ``baseline``, that checkout's job runs in the same pairs."""
+    runs: dict[str, list[tuple[float, float]]] = {"job": [], "copy": []} | ({"base": []} if baseline else {})
     load0 = os.getloadavg()[0]
+    run = {"job": lambda: job(src), "copy": lambda: copy_sync(src, src.parent / "copy"),
+           "base": lambda: job(src, baseline or REPO)}
     for r in range(pairs + 1):  # the first pair warms the page cache for both sides, not counted
-        order = ("job", "copy") if r % 2 else ("copy", "job")
-        got = {m: job(src) if m == "job" else copy_sync(src, src.parent / "copy") for m in order}
+        order = list(runs) if r % 2 else list(reversed(runs))
+        got = {m: run[m]() for m in order}
         if r:
             for m, v in got.items():
                 runs[m].append(v)
     ratios = [j[0] / c[0] for j, c in zip(runs["job"], runs["copy"], strict=True)]
+    base = {"base_s": statistics.median(v[0] for v in runs["base"]),
+            "base_ratio": statistics.median(b[0] / c[0] for b, c in zip(runs["base"], runs["copy"], strict=True))
+            } if baseline else {}
     return {"episodes": len(list((src / "data").rglob("*.parquet"))), "bytes": du(src),
             "job_s": statistics.median(v[0] for v in runs["job"]),
             "copy_s": statistics.median(v[0] for v in runs["copy"]),
             "ratio": statistics.median(ratios), "job_peak_rss_mb": max(v[1] for v in runs["job"]),
-            "runs": runs, "load": (load0, os.getloadavg()[0])}
+            "runs": runs, "load": (load0, os.getloadavg()[0]), **base}
 
 
 def main() -> int:
@@ -193,9 +200,11 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--baseline", type=Path, help="another checkout whose job runs in the same pairs")
     args = ap.parse_args()
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "eva_export")], check=True,
-                   stdout=subprocess.DEVNULL)  # as an install is: no process pays for compiling
+    for repo in (REPO, *([args.baseline] if args.baseline else [])):  # as an install is: no process compiles
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(repo / "eva_export")], check=True,
+                       stdout=subprocess.DEVNULL)
     base = Path(tempfile.mkdtemp(prefix="bench_split_", dir=os.environ.get("EVA_BENCH_DIR")))
     results = {}
     try:
@@ -203,7 +212,7 @@ def main() -> int:
         shapes = build(base, args.quick)
         print(f"built sources in {time.perf_counter() - t0:.1f} s under {base}", file=sys.stderr)
         for shape, src in shapes.items():
-            results[shape] = one_shape(src, args.pairs)
+            results[shape] = one_shape(src, args.pairs, args.baseline)
     finally:
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)
@@ -213,6 +222,9 @@ def main() -> int:
     for shape, r in results.items():
         print(f"| {shape} | {r['bytes'] / 1e6:.0f} | {r['job_s']:.2f} | {r['copy_s']:.2f} | {r['ratio']:.2f}x | "
               f"{r['job_peak_rss_mb']:.0f} | {r['load'][0]:.1f}-{r['load'][1]:.1f} |")
+    for shape, r in results.items():
+        if "base_s" in r:
+            print(f"baseline {args.baseline} ({shape}): {r['base_s']:.2f} s, {r['base_ratio']:.2f}x `cp -r && sync`")
     for shape, r in results.items():
         print(f"goal split <= {GOAL:g}x `cp -r && sync` ({shape}): {'met' if r['ratio'] <= GOAL else 'NOT met'} "
               f"({r['ratio']:.2f}x, load {r['load'][0]:.1f}-{r['load'][1]:.1f})")
