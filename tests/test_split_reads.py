@@ -127,3 +127,36 @@ def test_the_staged_pair_is_synced_once_before_it_is_published(source: Path,
     synced, published_then = calls[0]
     assert synced.parent == paths.staging and not published_then  # the staged pair, before the rename
     assert (paths.accepted / "meta" / "manifest.json").is_file()
+
+
+def test_value_checks_cover_tables_the_index_already_knows(source: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table proved by the facts index is not read by validation: the value checks read it
+    themselves, so every episode is still checked."""
+    from eva_export.dataset import validate
+
+    assert service(source).run(source, "lerobot_v21").state == "completed"
+    read: list[int] = []
+    real = validate._check_table
+
+    def counting(*args: Any, **kw: Any) -> Any:
+        read.append(1)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(validate, "_check_table", counting)
+    sub = ExportPaths.of(source, "lerobot_v21").accepted
+    age(sub)
+    episodes = len(list((sub / "data").rglob("*.parquet")))
+    (tmp_path / "jobs").mkdir()
+    for n_read in (episodes, 0):  # the first verification reads every table, the second knows them all
+        read.clear()
+        video_facts.forget_all()
+        index = FactsIndex(tmp_path / "jobs")
+        try:
+            with video_facts.use_index(index):
+                report = verify_v21(sub, decode_frames=False)
+        finally:
+            index.close()
+        assert report.ok, report.errors
+        assert len(read) == n_read
+        assert any(c.startswith(f"values: {episodes} episode(s)") for c in report.checks), report.checks
