@@ -120,23 +120,23 @@ if pid == 0:
     os.dup2(fd, 1)
     os.execvp(sys.argv[1], sys.argv[1:])
 _, status, ru = os.wait4(pid, 0)
-print(os.waitstatus_to_exitcode(status), ru.ru_maxrss)
+print(os.waitstatus_to_exitcode(status), ru.ru_maxrss, ru.ru_utime + ru.ru_stime)
 """
 
 
-def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MiB) of one whole process (under a small launcher: ru_maxrss of
+def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float, float]:
+    """Wall seconds, peak RSS (MiB) and CPU seconds of one whole process (under a small launcher: ru_maxrss of
     a child forked from this larger process would start at this one's high-water mark)."""
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-S", "-c", LAUNCHER, *cmd], env=env, capture_output=True)
     dt = time.perf_counter() - t0
-    code, maxrss = proc.stdout.split()[-2:]
+    code, maxrss, cpu = proc.stdout.split()[-3:]
     if proc.returncode != 0 or int(code) != 0:
         raise RuntimeError(f"{cmd[:4]} failed: {proc.stderr.decode(errors='replace')[-2000:]}")
-    return dt, int(maxrss) / 1024
+    return dt, int(maxrss) / 1024, float(cpu)
 
 
-def job(src: Path, repo: Path = REPO) -> tuple[float, float]:
+def job(src: Path, repo: Path = REPO) -> tuple[float, float, float]:
     """The whole lerobot_v21 export job, as the CLI runs it, from a clean state (no export tree,
     no job records and no facts index of an earlier run: nothing of the source is known)."""
     shutil.rmtree(src.parent / "export", ignore_errors=True)
@@ -147,7 +147,7 @@ def job(src: Path, repo: Path = REPO) -> tuple[float, float]:
     return res
 
 
-def copy_sync(src: Path, dst: Path) -> tuple[float, float]:
+def copy_sync(src: Path, dst: Path) -> tuple[float, float, float]:
     """``cp -r SRC DST && sync``: the durable copy the split is measured against."""
     shutil.rmtree(dst, ignore_errors=True)
     try:
@@ -174,7 +174,7 @@ def build(base: Path, quick: bool) -> dict[str, Path]:
 def one_shape(src: Path, pairs: int, baseline: Path | None) -> dict:
     """Interleaved pairs (the order alternates from pair to pair: neither side always runs first);
     with ``baseline``, that checkout's job runs in the same pairs."""
-    runs: dict[str, list[tuple[float, float]]] = {"job": [], "copy": []} | ({"base": []} if baseline else {})
+    runs: dict[str, list[tuple[float, float, float]]] = {"job": [], "copy": []} | ({"base": []} if baseline else {})
     load0 = os.getloadavg()[0]
     run = {"job": lambda: job(src), "copy": lambda: copy_sync(src, src.parent / "copy"),
            "base": lambda: job(src, baseline or REPO)}
@@ -186,12 +186,14 @@ def one_shape(src: Path, pairs: int, baseline: Path | None) -> dict:
                 runs[m].append(v)
     ratios = [j[0] / c[0] for j, c in zip(runs["job"], runs["copy"], strict=True)]
     base = {"base_s": statistics.median(v[0] for v in runs["base"]),
-            "base_ratio": statistics.median(b[0] / c[0] for b, c in zip(runs["base"], runs["copy"], strict=True))
+            "base_ratio": statistics.median(b[0] / c[0] for b, c in zip(runs["base"], runs["copy"], strict=True)),
+            "base_cpu_s": statistics.median(v[2] for v in runs["base"])
             } if baseline else {}
     return {"episodes": len(list((src / "data").rglob("*.parquet"))), "bytes": du(src),
             "job_s": statistics.median(v[0] for v in runs["job"]),
             "copy_s": statistics.median(v[0] for v in runs["copy"]),
             "ratio": statistics.median(ratios), "job_peak_rss_mb": max(v[1] for v in runs["job"]),
+            "job_cpu_s": statistics.median(v[2] for v in runs["job"]),
             "runs": runs, "load": (load0, os.getloadavg()[0]), **base}
 
 
@@ -217,14 +219,16 @@ def main() -> int:
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)
     print(f"{args.pairs} interleaved pairs per shape, medians; whole processes (imports included)\n")
-    print("| source | size MB | native split (lerobot_v21 job) s | `cp -r && sync` s | ratio | job peak RSS MiB | load |")
-    print("|---|---|---|---|---|---|---|")
+    print("| source | size MB | native split (lerobot_v21 job) s | `cp -r && sync` s | ratio | job CPU s "
+          "| job peak RSS MiB | load |")
+    print("|---|---|---|---|---|---|---|---|")
     for shape, r in results.items():
         print(f"| {shape} | {r['bytes'] / 1e6:.0f} | {r['job_s']:.2f} | {r['copy_s']:.2f} | {r['ratio']:.2f}x | "
-              f"{r['job_peak_rss_mb']:.0f} | {r['load'][0]:.1f}-{r['load'][1]:.1f} |")
+              f"{r['job_cpu_s']:.2f} | {r['job_peak_rss_mb']:.0f} | {r['load'][0]:.1f}-{r['load'][1]:.1f} |")
     for shape, r in results.items():
         if "base_s" in r:
-            print(f"baseline {args.baseline} ({shape}): {r['base_s']:.2f} s, {r['base_ratio']:.2f}x `cp -r && sync`")
+            print(f"baseline {args.baseline} ({shape}): {r['base_s']:.2f} s, {r['base_ratio']:.2f}x `cp -r && sync`, "
+                  f"{r['base_cpu_s']:.2f} CPU s")
     for shape, r in results.items():
         print(f"goal split <= {GOAL:g}x `cp -r && sync` ({shape}): {'met' if r['ratio'] <= GOAL else 'NOT met'} "
               f"({r['ratio']:.2f}x, load {r['load'][0]:.1f}-{r['load'][1]:.1f})")
