@@ -86,7 +86,7 @@ elif mode == "job":
     job = ExportService(cfg, background=False, recover=False).run(src, "lerobot_v21")
     assert job.state == "completed", job.error
 elif mode == "validate":  # source validation alone (read_meta and every table and MP4 checked)
-    from eva_export.dataset.validate import validate_source
+    from eva_export.formats.lerobot_v21.validate import validate_source
     t0 = time.perf_counter()
     validate_source(src)
 else:  # an exporter on a subset carrying its quality_split.json
@@ -134,8 +134,8 @@ def build(base: Path, sizes: list[int], frames: int = 30, width: int = 64, heigh
 
 def marked_copy(src: Path, dst: Path) -> Path:
     """A copy of ``src`` shaped like a staged subset (its quality_split.json), for the exporters."""
-    from eva_export.dataset.meta import read_meta
     from eva_export.export.records import QualitySplit
+    from eva_export.formats.common.meta import read_meta
 
     shutil.copytree(src, dst)
     meta = read_meta(dst)
@@ -144,7 +144,7 @@ def marked_copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-INDEX = ".facts-index.sqlite"  # eva_export/dataset/facts_index.py: kept in the jobs directory
+INDEX = ".facts-index.sqlite"  # eva_export/formats/common/facts_index.py: kept in the jobs directory
 
 
 def keep_only_index(jobs: Path) -> None:

@@ -42,11 +42,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 from dsfactory import features as make_features
 from dsfactory import state_value
 
-from eva_export.dataset.meta import read_meta
-from eva_export.dataset.video import VideoEncoder, VideoSettings, iter_frames
-from eva_export.dataset.writer import DatasetWriter
 from eva_export.export.records import QualitySplit
-from eva_export.formats.lerobot_v3 import LeRobotV3Exporter, _VideoShards
+from eva_export.formats.common.meta import read_meta
+from eva_export.formats.common.video import VideoEncoder, VideoSettings, iter_frames
+from eva_export.formats.lerobot_v3.exporter import LeRobotV3Exporter, _VideoShards
+from eva_export.formats.lerobot_v21.writer import DatasetWriter
 from eva_export.formats.registry import get_exporter
 from eva_export.formats.verify import verify_export
 

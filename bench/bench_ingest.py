@@ -174,7 +174,7 @@ def copy_only(bag: Path, cfg_path: Path) -> dict:
     from eva_export.capture.ingest import BagReader, open_bag
     from eva_export.capture.intake import converter, streams_from_config
     from eva_export.config import load_config
-    from eva_export.dataset.video_copy import PacketCopy
+    from eva_export.formats.lerobot_v21.video_copy import PacketCopy
 
     col = load_config(cfg_path).collection
     specs = {s.topic: s for s in streams_from_config(col)}

@@ -43,10 +43,10 @@ from bench_formats import build_dataset  # noqa: E402
 from dsfactory import Ep, make_dataset  # noqa: E402
 
 from eva_export.config import parse_config  # noqa: E402
-from eva_export.dataset.meta import read_meta  # noqa: E402
-from eva_export.dataset.video import VideoSettings  # noqa: E402
-from eva_export.dataset.writer import DatasetWriter  # noqa: E402
 from eva_export.export.batch import RAY_LOOPBACK_ENV, run_batch  # noqa: E402
+from eva_export.formats.common.meta import read_meta  # noqa: E402
+from eva_export.formats.common.video import VideoSettings  # noqa: E402
+from eva_export.formats.lerobot_v21.writer import DatasetWriter  # noqa: E402
 
 os.environ.setdefault(RAY_LOOPBACK_ENV, "0")  # the local Ray instance on loopback only (read at ray's import)
 from eva_export.export.paths import ExportPaths  # noqa: E402

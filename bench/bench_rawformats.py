@@ -47,8 +47,8 @@ mode, src, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 extra = {}
 if mode == "decode":
     from concurrent.futures import ThreadPoolExecutor
-    from eva_export.dataset.meta import read_meta
-    from eva_export.dataset.video import iter_frames
+    from eva_export.formats.common.meta import read_meta
+    from eva_export.formats.common.video import iter_frames
     t0 = time.perf_counter()
     meta = read_meta(src)
     paths = [meta.video_path(k, e.episode_index) for e in meta.episodes for k in meta.info.video_keys]

@@ -43,8 +43,8 @@ def tile(src: Path, dst: Path, times: int) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from eva_export.dataset.meta import read_meta
-    from eva_export.dataset.stats import aggregate
+    from eva_export.formats.common.meta import read_meta
+    from eva_export.formats.common.stats import aggregate
     from eva_export.fsutil import atomic_write_json, atomic_write_jsonl
 
     meta = read_meta(src)
@@ -88,8 +88,8 @@ def build_source(root: Path, episodes: int, frames: int, width: int = 320, heigh
     import numpy as np
     from dsfactory import features, state_value
 
-    from eva_export.dataset.video import VideoSettings
-    from eva_export.dataset.writer import DatasetWriter
+    from eva_export.formats.common.video import VideoSettings
+    from eva_export.formats.lerobot_v21.writer import DatasetWriter
 
     rng = np.random.default_rng(0)
     small = rng.integers(0, 256, (2 * height // 8, 2 * width // 8, 3), dtype=np.uint8)

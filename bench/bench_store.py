@@ -46,12 +46,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from bench_formats import CAMS, H, W, build_dataset, decode_only  # noqa: E402
 
-from eva_export.dataset.meta import read_meta  # noqa: E402
-from eva_export.formats.eva_store import EvaStoreExporter  # noqa: E402
+from eva_export.formats.common.meta import read_meta  # noqa: E402
+from eva_export.formats.eva_store import open_store  # noqa: E402
+from eva_export.formats.eva_store.codecs import decode_image, unpack_record  # noqa: E402
+from eva_export.formats.eva_store.exporter import EvaStoreExporter  # noqa: E402
 from eva_export.formats.registry import get_exporter  # noqa: E402
 from eva_export.formats.verify import verify_export  # noqa: E402
-from eva_export.store import open_store  # noqa: E402
-from eva_export.store.codecs import decode_image, unpack_record  # noqa: E402
 
 LEROBOT_VENV = Path(os.environ.get("LEROBOT_VENV_BASE", "/tmp")) / "lerobot044"
 WARMUP = 10

@@ -103,7 +103,7 @@ def ours(raw: Path, env: dict[str, str], repo: Path = REPO) -> Timing:
 
 CONVERT = """
 import sys
-from eva_export.formats.lerobot_v3 import LeRobotV3Exporter
+from eva_export.formats.lerobot_v3.exporter import LeRobotV3Exporter
 ex = LeRobotV3Exporter()
 ex.export(sys.argv[1], sys.argv[2])
 report = ex.verify(sys.argv[2])

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from .config import Config, load_config, parse_config
-from .dataset.records import REVIEW_VERDICTS, Subset
 from .errors import EvaError
+from .formats.common.records import REVIEW_VERDICTS, Subset
 from .formats.registry import FORMATS
 from .formats.registry import SPECS as FORMAT_SPECS
 from .jobs import COMPLETED, STALL_AFTER_S, JobStore, state_text
@@ -108,10 +108,10 @@ def parse_episodes(text: str) -> list[int] | None:
 def _review(args: argparse.Namespace) -> int:
     """Rate episodes of a v2.1 dataset through the capture node's single writer (no ROS); of
     a v3.0 / v2.0 source (not ours) in its sidecar, leaving its own files byte-identical."""
-    from .dataset.meta import read_info
-    from .dataset.writer import DatasetWriter
-    from .sources import sidecar
-    from .sources.registry import open_source
+    from .formats.common import sidecar
+    from .formats.common.meta import read_info
+    from .formats.lerobot_v21.writer import DatasetWriter
+    from .formats.sources import open_source
 
     root = Path(args.dir)
     try:

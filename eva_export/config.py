@@ -138,7 +138,7 @@ class StoreSettings:
     split_seed: int = 0
 
 
-#: export.nonfinite: what an accepted episode with NaN/inf values does (formats/nonfinite.py's
+#: export.nonfinite: what an accepted episode with NaN/inf values does (formats/common/nonfinite.py's
 #: NonFinitePolicy; spelled out here so the config stays free of numpy and pyarrow).
 NONFINITE_POLICIES = ("finite_runs", "keep_passed", "refuse", "keep")
 
@@ -153,7 +153,7 @@ class ExportConfig:
     mcap_compression: str = "lz4"  # "lz4", "zstd" or "none": MCAP chunk compression
     eva_store: StoreSettings = StoreSettings()
     workers: int = 0  # worker processes for episode units; 0 -> auto (os.cpu_count() when worth it); 1 -> serial
-    nonfinite: str = "finite_runs"  # NaN/inf in accepted episodes: finite_runs, keep_passed, refuse or keep (formats/nonfinite.py)
+    nonfinite: str = "finite_runs"  # NaN/inf in accepted episodes: finite_runs, keep_passed, refuse or keep (formats/common/nonfinite.py)
     nonfinite_min_run: int = 10  # finite_runs: shorter finite runs are dropped (and counted)
 
 

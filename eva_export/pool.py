@@ -9,7 +9,7 @@ nothing else. Three executors run the same units:
 * ``LocalPool``: N worker processes on this machine;
 * ``eva_export.export.batch.RayPool``: Ray tasks on a cluster (optional extra).
 
-The unit loops (export/split.py, formats/episode_files.py) call ``run_units``; which executor runs
+The unit loops (export/split.py, formats/lerobot_v21/episode_files.py) call ``run_units``; which executor runs
 them is chosen by whoever started the export, with ``using(pool)`` (a context variable, so
 the export node's worker thread and the CLI each see their own).
 
@@ -365,7 +365,7 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(0)
 
 
-PRELOAD = ("eva_export.export.split", "eva_export.formats.source", "eva_export.formats.images")  # numpy, pyarrow, PyAV
+PRELOAD = ("eva_export.export.split", "eva_export.formats.lerobot_v21.subset", "eva_export.formats.common.images")  # numpy, pyarrow, PyAV
 
 
 def worker_main(fd: int, parent_pid: int) -> None:

@@ -155,7 +155,7 @@ def decode_video(path: Path) -> list[np.ndarray]:
 def check_dataset(root: Path) -> list[str]:
     """Problems of a raw dataset: every listed episode has its Parquet and MP4s, counts agree."""
     try:
-        from eva_export.dataset.validate import validate_dataset  # type: ignore[attr-defined]
+        from eva_export.formats.lerobot_v21.validate import validate_dataset  # type: ignore[attr-defined]
     except ImportError:
         validate_dataset = None
     problems: list[str] = []

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from eva_export.dataset.records import Feature
-from eva_export.dataset.video import VideoEncoder, VideoSettings
-from eva_export.dataset.writer import DatasetWriter, make_features
+from eva_export.formats.common.records import Feature
+from eva_export.formats.common.video import VideoEncoder, VideoSettings
+from eva_export.formats.lerobot_v21.writer import DatasetWriter, make_features
 
 JOINTS = [f"joint_{i}" for i in range(6)]
 
@@ -77,8 +77,8 @@ def make_dataset(root: Path, episodes: list[Ep], cameras: int = 2, width: int = 
 
 def make_subset(root: Path, episodes: list[Ep], subset: str = "accepted", **kw: Any) -> Path:
     """A v2.1 dataset shaped like a staged quality-split subset: with its meta/quality_split.json."""
-    from eva_export.dataset.meta import read_meta
     from eva_export.export.records import QualitySplit
+    from eva_export.formats.common.meta import read_meta
 
     make_dataset(root, episodes, **kw)
     meta = read_meta(root)
@@ -105,11 +105,11 @@ def complete_stats(root: Path) -> None:
 
     import pyarrow.parquet as pq
 
-    from eva_export.dataset import stats as S
-    from eva_export.dataset.meta import read_meta
-    from eva_export.dataset.table import to_numpy
-    from eva_export.dataset.video import iter_frames
-    from eva_export.formats.images import iter_table_images
+    from eva_export.formats.common import stats as S
+    from eva_export.formats.common.images import iter_table_images
+    from eva_export.formats.common.meta import read_meta
+    from eva_export.formats.common.table import to_numpy
+    from eva_export.formats.common.video import iter_frames
 
     meta = read_meta(root)
     rows = []

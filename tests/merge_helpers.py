@@ -19,12 +19,12 @@ import pyarrow.parquet as pq
 from dsfactory import Ep, make_dataset
 
 from eva_export.config import Config, parse_config
-from eva_export.dataset.meta import read_meta
-from eva_export.dataset.records import Feature
-from eva_export.dataset.table import to_numpy
-from eva_export.dataset.writer import DatasetWriter, make_features
 from eva_export.export.records import QualitySplit
-from eva_export.store import open_store
+from eva_export.formats.common.meta import read_meta
+from eva_export.formats.common.records import Feature
+from eva_export.formats.common.table import to_numpy
+from eva_export.formats.eva_store import open_store
+from eva_export.formats.lerobot_v21.writer import DatasetWriter, make_features
 
 PICK, PLACE, WIPE = "pick the cube", "place the cube", "wipe the table"
 
@@ -208,7 +208,7 @@ def as_v20(v21: Path, dst: Path) -> Path:
 
 def as_v30(v21: Path, dst: Path) -> Path:
     """The dataset as LeRobot 0.4.x's v3.0 (shared Parquet and MP4 files), without our extras."""
-    from eva_export.formats.lerobot_v3 import LeRobotV3Exporter
+    from eva_export.formats.lerobot_v3.exporter import LeRobotV3Exporter
 
     meta = read_meta(v21)
     QualitySplit(str(v21), "accepted", "lerobot_v21", [e.episode_index for e in meta.episodes]).write(v21)

@@ -7,7 +7,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from eva_export.formats.hdf5 import Hdf5Exporter
+from eva_export.formats.hdf5.exporter import Hdf5Exporter
 
 
 class CrashingHdf5(Hdf5Exporter):

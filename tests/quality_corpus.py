@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from dsfactory import features
 
-from eva_export.dataset.video import VideoEncoder, VideoSettings
-from eva_export.dataset.writer import DatasetWriter
+from eva_export.formats.common.video import VideoEncoder, VideoSettings
+from eva_export.formats.lerobot_v21.writer import DatasetWriter
 
 FPS = 30
 N = 240  # 8 s episodes
@@ -303,9 +303,9 @@ def write_v30_corpus(work: Path, root: Path, episodes: list[CorpusEpisode]) -> P
     everything LeRobot would not write. A v3.0 exporter refuses a short video, so an episode's
     ``video_frames`` is injected afterwards: that episode must be the last one, and its camera
     file loses its final frames (the shared file ends before the episode's to_timestamp)."""
-    from eva_export.dataset.meta import read_meta
     from eva_export.export.records import QualitySplit
-    from eva_export.formats.lerobot_v3 import LeRobotV3Exporter
+    from eva_export.formats.common.meta import read_meta
+    from eva_export.formats.lerobot_v3.exporter import LeRobotV3Exporter
 
     short = [ep for ep in episodes if ep.video_frames]
     assert all(ep is episodes[-1] for ep in short), "the short-video episode goes last"

@@ -41,13 +41,33 @@ def encode_bframes(path: Path, frames: list[np.ndarray], fps: int, codec: str, g
         if codec == "libx265":
             s.options = {"preset": "medium", "crf": "23",
                          "x265-params": "log-level=error:pools=none:frame-threads=1:lookahead-threads=0"}
+        packets = []
         for i, img in enumerate(frames):
             f = av.VideoFrame.from_ndarray(img, format="rgb24")
             f.pts, f.time_base = i, Fraction(1, fps)
-            for p in s.encode(f):
-                c.mux(p)
-        for p in s.encode(None):
+            packets += s.encode(f)
+        packets += s.encode(None)
+        for p in with_decode_times(packets):
             c.mux(p)
+
+
+def with_decode_times(packets: list[av.Packet]) -> list[av.Packet]:
+    """The packets with decode times rebuilt from their presentation times: libx265 through PyAV
+    sometimes hands out a flushed packet's dts from uninitialised memory (seen as -9.4e13), which
+    the MP4 muxer then refuses. dts k is the k-th smallest pts less the reorder delay: the
+    encoder's own first dts when it is plausible (LeRobot's files decode from below zero), else
+    the least delay that keeps every dts at or before its pts."""
+    if not packets:
+        return packets
+    pts = [int(p.pts) for p in packets]
+    order = sorted(pts)
+    first = packets[0].dts
+    delay = max(0, *(o - q for o, q in zip(order, pts, strict=True)))
+    if first is not None and -16 <= first - order[0] <= -delay:
+        delay = order[0] - first
+    for p, o in zip(packets, order, strict=True):
+        p.dts = o - delay
+    return packets
 
 
 def textured(episode: int, frame: int, width: int, height: int) -> np.ndarray:

@@ -1,6 +1,6 @@
 """A take is saved under the index its STOP reply promised, whatever the save backlog.
 
-The save worker is held by the capture's save seam (``SAVE_SEAM_ENV`` set to a directory: before
+The save worker is held by the capture's save seam (the fault point ``save_hold`` set to a directory: before
 each save it creates ``held-<index>`` and waits on the FIFO ``release``), so several takes queue
 behind it for sure. Each test then checks the promise: every STOP reply's index is the index the
 take is saved under (the row's length equals the reply's frame count), reviews by those indices
@@ -33,8 +33,8 @@ from capture_helpers import (
     write_config,
 )
 
-from eva_export.capture.save_worker import SAVE_SEAM_ENV
-from eva_export.dataset.promises import LOST
+from eva_export import faults
+from eva_export.formats.lerobot_v21.promises import LOST
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -96,9 +96,9 @@ def review(ros_client: Any, cap: Any, index: int, verdict: str, note: str, take_
 def backlog(tmp_path: Path, node_factory: Any, ros_client: Any, monkeypatch: Any) -> tuple[Any, Any, Path, Path]:
     cfg = write_config(tmp_path, cameras=("front",))
     hold = hold_dir(tmp_path)
-    monkeypatch.setenv(SAVE_SEAM_ENV, str(hold))
+    monkeypatch.setenv(faults.ENV, faults.spec(save_hold=str(hold)))
     cap, sim = start_pair(node_factory, ros_client, cfg)
-    monkeypatch.delenv(SAVE_SEAM_ENV)
+    monkeypatch.delenv(faults.ENV)
     wait_receiving(ros_client, cap)
     return cap, sim, hold, tmp_path / "datasets" / "pick" / "raw"
 

@@ -21,8 +21,8 @@ from eva_export.capture.recorder import (
     fingerprint,
 )
 from eva_export.config import parse_config
-from eva_export.dataset.writer import DatasetWriter
 from eva_export.errors import DatasetError
+from eva_export.formats.lerobot_v21.writer import DatasetWriter
 
 FPS = 30
 T = 1.0 / FPS
@@ -441,7 +441,7 @@ def test_recorder_flags_missing_joint_and_nan(tmp_path):
 
 
 def test_save_queue_full_refuses_start(tmp_path, monkeypatch):
-    from eva_export.dataset import writer as writer_mod
+    from eva_export.formats.lerobot_v21 import writer as writer_mod
 
     col = make_config(tmp_path, save_queue_size=1)
     gate = threading.Event()

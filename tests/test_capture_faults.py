@@ -19,6 +19,8 @@ from capture_helpers import (
     write_config,
 )
 
+from eva_export import faults
+
 pytestmark = pytest.mark.timeout(240)
 
 
@@ -87,9 +89,9 @@ def test_kill_during_save_leaves_valid_dataset_and_next_run_appends(tmp_path, no
                                                                     save_delay, monkeypatch):
     cfg = write_config(tmp_path)
     root = tmp_path / "datasets" / "pick" / "raw"
-    monkeypatch.setenv("EVA_CAPTURE_SAVE_DELAY_S", save_delay)  # "1.5": the kill lands mid-save
+    monkeypatch.setenv(faults.ENV, faults.spec(save_delay=save_delay))  # "1.5": the kill lands mid-save
     cap, sim = start_pair(node_factory, ros_client, cfg)
-    monkeypatch.delenv("EVA_CAPTURE_SAVE_DELAY_S")
+    monkeypatch.delenv(faults.ENV)
     wait_receiving(ros_client, cap)
     record(ros_client, cap, 1.0)
     wait_episodes(ros_client, cap, 1)

@@ -1,7 +1,7 @@
 """A deaf start-up heals itself: the capture node restarts itself on a further DDS participant id.
 
 The deaf restart after a kill -9 (Fast DDS's stale shared-memory port, about 1 restart in 100
-here) cannot be produced on demand, so the test hook EVA_TEST_DEAF_INTAKE makes the first
+here) cannot be produced on demand, so the fault point deaf_intake (eva_export/faults.py) makes the first
 generation of subscriptions listen on topics nobody publishes and serve under names nobody
 calls: the same state the node sees (publishers on the graph, nothing received, no request). Real nodes in separate processes, real service
 calls; the heal is triggered by the node's own check, not by time in the test."""
@@ -15,13 +15,13 @@ import time
 import rosharness
 from capture_helpers import DDS_ENV, episode_rows, record, wait_episodes, wait_receiving, write_config
 
-from eva_export.nodes.intake import DEAF_HOOK_ENV
+from eva_export import faults
 
 
 def test_deaf_first_participant_is_replaced_and_records(tmp_path, node_factory, ros_client):
     cfg = write_config(tmp_path, cameras=("front",))
     ns = rosharness.unique_namespace()
-    cap = node_factory("capture_node", namespace=ns, env={**DDS_ENV, DEAF_HOOK_ENV: "1"},
+    cap = node_factory("capture_node", namespace=ns, env={**DDS_ENV, **faults.env(deaf_intake="1")},
                        params={"config_file": str(cfg)})
     sim = node_factory("teleop_sim", namespace=ns, env=DDS_ENV, params={"config_file": str(cfg)})
     # services and subscriptions are deaf until the node's check (5 s after start) restarts it

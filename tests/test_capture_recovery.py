@@ -23,7 +23,7 @@ import os, sys, threading, time
 import numpy as np
 from eva_export.config import load_config
 from eva_export.capture import recorder as R
-from eva_export.dataset import writer as W
+from eva_export.formats.lerobot_v21 import writer as W
 
 cfg, point = sys.argv[1], sys.argv[2]
 armed = [False]

@@ -20,10 +20,10 @@ import pytest
 from eva_export_interfaces.srv import CheckDataset, GetJob
 from quality_corpus import corpus, write_corpus
 
-from eva_export.dataset.table import to_numpy
-from eva_export.export import faults
+from eva_export import faults
+from eva_export.formats.common import sidecar
+from eva_export.formats.common.table import to_numpy
 from eva_export.quality.rules import RULE_VERSION
-from eva_export.sources import sidecar
 
 pytestmark = pytest.mark.timeout(300)
 V30 = Path(__file__).resolve().parent / "fixtures" / "lerobot-written" / "v30"

@@ -288,7 +288,7 @@ IMPORT_SOURCES = {
     "numpy": "python3-numpy", "h5py": "python3-h5py", "yaml": "python3-yaml", "msgpack": "python3-msgpack",
     "paramiko": "python3-paramiko",
     "pyarrow": "pip", "av": "pip", "mcap": "pip", "mcap_ros2": "pip", "zarr": "pip", "simplejpeg": "pip",
-    # mcap's own compressors, called directly by formats/mcap_chunks.py (so pinned, not left to mcap)
+    # mcap's own compressors, called directly by formats/mcap_eva/chunks.py (so pinned, not left to mcap)
     "lz4": "pip", "zstandard": "pip",
     # the mcap_foxglove format: the Foxglove camera schemas and the protobuf decoder of its verifier
     "foxglove_schemas_protobuf": "pip", "mcap_protobuf": "pip",

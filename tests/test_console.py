@@ -25,9 +25,9 @@ import rosharness
 from dsfactory import Ep, make_dataset
 from eva_export_interfaces.srv import GetJob, ListEpisodes, StartUpload
 
-from eva_export.dataset.meta import read_meta
-from eva_export.dataset.video import VideoSettings
 from eva_export.export.records import QualitySplit
+from eva_export.formats.common.meta import read_meta
+from eva_export.formats.common.video import VideoSettings
 
 pytestmark = pytest.mark.timeout(300)
 

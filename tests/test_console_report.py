@@ -16,8 +16,8 @@ from dsfactory import Ep, make_dataset
 from eva_export.config import parse_config
 from eva_export.console import data
 from eva_export.console.report import build_report
-from eva_export.dataset.meta import read_meta
 from eva_export.errors import ConfigError
+from eva_export.formats.common.meta import read_meta
 
 HOSTILE = "<script>alert(1)</script>"
 

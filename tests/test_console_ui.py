@@ -30,10 +30,10 @@ from test_console import (
     _wait_url,
 )
 
-from eva_export.dataset.meta import read_meta
-from eva_export.dataset.records import Feature
-from eva_export.dataset.video import VideoSettings
-from eva_export.dataset.writer import DatasetWriter, make_features
+from eva_export.formats.common.meta import read_meta
+from eva_export.formats.common.records import Feature
+from eva_export.formats.common.video import VideoSettings
+from eva_export.formats.lerobot_v21.writer import DatasetWriter, make_features
 
 pytestmark = pytest.mark.timeout(300)
 

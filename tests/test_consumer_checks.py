@@ -31,7 +31,7 @@ from eva_export.config import parse_config
 from eva_export.errors import EvaError, ExportError
 from eva_export.export.paths import ExportPaths
 from eva_export.export.runner import ExportService
-from eva_export.formats.lerobot_v3 import LeRobotV3Exporter
+from eva_export.formats.lerobot_v3.exporter import LeRobotV3Exporter
 from eva_export.formats.registry import get_exporter
 from eva_export.formats.verify import verify_export
 from eva_export.jobs import COMPLETED, FAILED

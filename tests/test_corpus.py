@@ -27,12 +27,12 @@ from export_faults import faulty_service
 from mcap.reader import make_reader
 
 from eva_export.config import parse_config
-from eva_export.dataset.records import EpisodeRow
 from eva_export.export.paths import ExportPaths
 from eva_export.export.records import QualitySplit
 from eva_export.export.runner import ExportService
 from eva_export.export.split import classify
-from eva_export.formats.lerobot_v3 import LeRobotV3Exporter
+from eva_export.formats.common.records import EpisodeRow
+from eva_export.formats.lerobot_v3.exporter import LeRobotV3Exporter
 from eva_export.formats.verify import verify_export
 from eva_export.fsutil import iter_jsonl, read_json
 from eva_export.jobs import COMPLETED, FAILED, INTERRUPTED, RUNNING, Job, JobStore
@@ -133,7 +133,7 @@ def read_back(fmt: str, subset: Path, info_src: dict[str, Any], rows: list[Episo
                 cols = {it.attrs["key"] for it in h["columns"].values()}
                 assert not cols & set(visual) and "observation.state" in cols
     elif fmt == "eva_store":
-        from eva_export.store.reader import open_store
+        from eva_export.formats.eva_store.reader import open_store
         store = open_store(subset)
         try:
             assert len(store) == sum(lengths) and sorted(store.episodes) == list(range(len(rows)))
@@ -216,7 +216,7 @@ class BreakingHdf5:
     name = "hdf5"
 
     def __init__(self) -> None:
-        from eva_export.formats.hdf5 import Hdf5Exporter
+        from eva_export.formats.hdf5.exporter import Hdf5Exporter
         self.real = Hdf5Exporter()
 
     def export(self, native_subset: Path, out_dir: Path, progress: Any) -> None:
@@ -357,8 +357,8 @@ def test_review_is_refused_while_another_process_writes_the_dataset(tmp_path: Pa
     before = (src / "meta/episodes.jsonl").read_bytes()
     hold = subprocess.Popen([sys.executable, "-c",
                              "import sys, time; from pathlib import Path\n"
-                             "from eva_export.dataset.meta import read_info\n"
-                             "from eva_export.dataset.writer import DatasetWriter\n"
+                             "from eva_export.formats.common.meta import read_info\n"
+                             "from eva_export.formats.lerobot_v21.writer import DatasetWriter\n"
                              "w = DatasetWriter(Path(sys.argv[1]), read_info(Path(sys.argv[1])))\n"
                              "print('holding', flush=True); time.sleep(120)", str(src)],
                             stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -377,7 +377,7 @@ def test_review_is_refused_while_another_process_writes_the_dataset(tmp_path: Pa
 
 def test_v3_stream_copies_vp9(tmp_path: Path) -> None:
     """VP9 (LeRobot 0.3.3's recorder cannot write it; re-encoded here with PyAV's libvpx-vp9)."""
-    from eva_export.dataset.video import VideoEncoder, VideoSettings, iter_frames
+    from eva_export.formats.common.video import VideoEncoder, VideoSettings, iter_frames
 
     src = copy_source(tmp_path, "h264-1cam-green")
     job = service(tmp_path).run(src, "lerobot_v21")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from eva_export.dataset.meta import read_meta
 from eva_export.export.records import QualitySplit
+from eva_export.formats.common.meta import read_meta
 from eva_export.formats.registry import format_names
 from eva_export.fsutil import read_json, tree_size
 

@@ -77,7 +77,7 @@ def test_hdf5_writer_never_lets_hdf5_see_a_failed_write(fs: Path) -> None:
     script = textwrap.dedent(f"""
         import sys
         from pathlib import Path
-        import eva_export.formats.hdf5 as h
+        import eva_export.formats.hdf5.exporter as h
         from eva_export.errors import StorageError
         h.projected_bytes = lambda meta, table: 0  # reach the write path on a disk that cannot hold it
         try:

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from dsfactory import Ep, make_dataset
 
-from eva_export.dataset.meta import read_info
-from eva_export.dataset.writer import DatasetWriter
 from eva_export.export.paths import ExportPaths
 from eva_export.export.records import QualitySplit
-from eva_export.formats.lerobot_v21 import verify_v21
+from eva_export.formats.common.meta import read_info
+from eva_export.formats.lerobot_v21.exporter import verify_v21
+from eva_export.formats.lerobot_v21.writer import DatasetWriter
 
 REPO = Path(__file__).resolve().parents[1]
 TRIALS = int(os.environ.get("EVA_KILL_TRIALS", "24"))

@@ -36,13 +36,13 @@ from merge_helpers import (
 )
 
 from eva_export.cli import main as cli_main
-from eva_export.dataset.meta import read_meta
-from eva_export.dataset.table import to_numpy
 from eva_export.errors import EvaError
 from eva_export.export.merge import ORIGINS_KEY, SOURCES_KEY
 from eva_export.export.records import QualitySplit
 from eva_export.export.request import ExportRequest
 from eva_export.export.runner import ExportService
+from eva_export.formats.common.meta import read_meta
+from eva_export.formats.common.table import to_numpy
 from eva_export.formats.registry import get_spec
 from eva_export.formats.verify import verify_export
 

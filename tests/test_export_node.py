@@ -11,7 +11,7 @@ from eva_export_interfaces.srv import GetJob, StartExport
 from node_jobs import wait_job
 
 from eva_export.export.records import QualitySplit
-from eva_export.formats.lerobot_v21 import verify_v21
+from eva_export.formats.lerobot_v21.exporter import verify_v21
 from eva_export.jobs import JobStore
 
 pytestmark = pytest.mark.timeout(180)

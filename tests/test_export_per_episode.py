@@ -19,12 +19,12 @@ from test_video_facts import age
 
 from eva_export import confine, jsonbound
 from eva_export.config import parse_config
-from eva_export.dataset import mp4_index, video_facts
-from eva_export.dataset.validate import validate_source
 from eva_export.errors import DatasetError, UnsafeNameError
 from eva_export.export.paths import ExportPaths
 from eva_export.export.runner import ExportService
-from eva_export.formats.lerobot_v21 import verify_v21
+from eva_export.formats.common import mp4_index, video_facts
+from eva_export.formats.lerobot_v21.exporter import verify_v21
+from eva_export.formats.lerobot_v21.validate import validate_source
 
 CAM = "observation.images.cam0"
 

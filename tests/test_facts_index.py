@@ -14,10 +14,11 @@ import pytest
 from dsfactory import Ep, make_dataset, replace_video
 from test_video_facts import age, videos
 
-from eva_export.dataset import facts_index, validate, validate_media, video_facts
-from eva_export.dataset.facts_index import INDEX_NAME, FactsIndex
-from eva_export.dataset.validate import validate_source
 from eva_export.errors import DatasetError
+from eva_export.formats.common import facts_index, video_facts
+from eva_export.formats.common.facts_index import INDEX_NAME, FactsIndex
+from eva_export.formats.lerobot_v21 import validate, validate_media
+from eva_export.formats.lerobot_v21.validate import validate_source
 
 
 @pytest.fixture()

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from eva_export.dataset import facts_index, video_facts
-from eva_export.dataset.facts_index import INDEX_NAME, FactsIndex
+from eva_export.formats.common import facts_index, video_facts
+from eva_export.formats.common.facts_index import INDEX_NAME, FactsIndex
 
 KEY = (1, 2, 3, 4)
 

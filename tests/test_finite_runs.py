@@ -18,13 +18,13 @@ import pytest
 from dsfactory import Ep, make_dataset, state_value
 
 from eva_export.config import parse_config
-from eva_export.dataset.table import to_numpy
 from eva_export.export.merge import ORIGINS_KEY
 from eva_export.export.paths import ExportPaths
 from eva_export.export.records import QualitySplit
 from eva_export.export.runner import ExportService
-from eva_export.formats.card import CARD_FILE
-from eva_export.formats.nonfinite import RUNS_KEY, kept_of
+from eva_export.formats.common.card import CARD_FILE
+from eva_export.formats.common.nonfinite import RUNS_KEY, kept_of
+from eva_export.formats.common.table import to_numpy
 from eva_export.formats.verify import verify_export
 from eva_export.jobs import COMPLETED
 
@@ -270,7 +270,7 @@ def test_the_raw_datasets_own_statistics_are_finite(tmp_path: Path) -> None:
     """The capture writer's stats: a joint NaN in every frame and an action NaN burst."""
     from dsfactory import features, image
 
-    from eva_export.dataset.writer import DatasetWriter
+    from eva_export.formats.lerobot_v21.writer import DatasetWriter
 
     dw = DatasetWriter.open(tmp_path / "raw", fps=30, features=features(1, 32, 24), robot_type="test")
     w = dw.begin_episode("pick the cube")

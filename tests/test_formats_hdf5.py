@@ -13,12 +13,12 @@ import pyarrow.parquet as pq
 import pytest
 from dsfactory import Ep, image, make_subset, replace_video, state_value
 
-from eva_export.dataset.table import to_numpy
 from eva_export.errors import ExportError
 from eva_export.export.records import QualitySplit
-from eva_export.formats import hdf5 as hdf5_mod
-from eva_export.formats import images as images_mod
-from eva_export.formats.hdf5 import Hdf5Exporter, find_item, read_group
+from eva_export.formats.common import images as images_mod
+from eva_export.formats.common.table import to_numpy
+from eva_export.formats.hdf5 import exporter as hdf5_mod
+from eva_export.formats.hdf5.exporter import Hdf5Exporter, find_item, read_group
 
 W, H, FPS = 64, 48, 30
 TOL = 5

@@ -13,10 +13,10 @@ from dsfactory import Ep, image, make_subset, replace_video, state_value
 from mcap.exceptions import DecoderNotFoundError
 from mcap.reader import make_reader
 
-from eva_export.dataset.table import to_numpy
 from eva_export.errors import ExportError
 from eva_export.export.records import QualitySplit
-from eva_export.formats.mcap_eva import McapExporter, decode_image
+from eva_export.formats.common.table import to_numpy
+from eva_export.formats.mcap_eva.exporter import McapExporter, decode_image
 
 W, H, FPS = 64, 48, 30
 TOL = 5

@@ -24,18 +24,18 @@ from mcap_ros2.decoder import DecoderFactory as Ros2Decoders
 from short_videos import short_subset
 
 from eva_export.config import parse_config
-from eva_export.dataset.meta import read_meta
-from eva_export.dataset.table import to_numpy
-from eva_export.dataset.video import iter_frames
 from eva_export.errors import ExportError
 from eva_export.export.records import QualitySplit
 from eva_export.export.runner import ExportService
-from eva_export.formats.images import decode_png
+from eva_export.formats.common.images import decode_png
+from eva_export.formats.common.meta import read_meta
+from eva_export.formats.common.table import to_numpy
+from eva_export.formats.common.video import iter_frames
+from eva_export.formats.eva_store.codecs import encode_image
 from eva_export.formats.mcap_viewer import layout
-from eva_export.formats.mcap_viewer.writer import McapViewerExporter
+from eva_export.formats.mcap_viewer.exporter import McapViewerExporter
 from eva_export.formats.verify import verify_export
 from eva_export.jobs import COMPLETED
-from eva_export.store.codecs import encode_image
 
 FPS = 30
 CAMS = ["observation.images.cam0", "observation.images.cam1"]
@@ -340,6 +340,6 @@ def test_a_column_wider_or_narrower_than_its_names_is_a_named_error(tmp_path: Pa
     ((), None, ["k[0]"]),
 ])
 def test_dimension_names(shape: tuple[int, ...], names: Any, want: list[str]) -> None:
-    from eva_export.dataset.records import Feature
+    from eva_export.formats.common.records import Feature
 
     assert layout.dimension_names("k", Feature("float32", shape, names)) == want

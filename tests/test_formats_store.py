@@ -1,6 +1,6 @@
 """eva_store: round trip against the source, multi-process reads, kill/resume, corruption, service path.
 
-Every check reads the store back with the package's reader (``eva_export.store.open_store``),
+Every check reads the store back with the package's reader (``eva_export.formats.eva_store.open_store``),
 and compares against the source decoded independently (pyarrow for the tables, PyAV for the MP4s).
 """
 
@@ -25,23 +25,18 @@ import pytest
 from dsfactory import Ep, complete_stats, make_dataset, make_subset, state_value
 
 from eva_export.config import ConfigError, parse_config
-from eva_export.dataset.meta import read_meta
-from eva_export.dataset.table import to_numpy
-from eva_export.dataset.video import iter_frames
 from eva_export.errors import ExportError
 from eva_export.export.paths import ExportPaths
 from eva_export.export.records import QualitySplit
 from eva_export.export.runner import ExportService
-from eva_export.formats.base import VerifyReport
-from eva_export.formats.eva_store import EvaStoreExporter, split_of_episodes
-from eva_export.formats.eva_store_verify import _verify_shard
-from eva_export.formats.registry import get_exporter
-from eva_export.formats.verify import verify_export
-from eva_export.fsutil import read_json
-from eva_export.jobs import COMPLETED
-from eva_export.store import StoreError, open_store
-from eva_export.store.codecs import encode_image
-from eva_export.store.records import (
+from eva_export.formats.common.exporter import VerifyReport
+from eva_export.formats.common.meta import read_meta
+from eva_export.formats.common.table import to_numpy
+from eva_export.formats.common.video import iter_frames
+from eva_export.formats.eva_store import StoreError, open_store
+from eva_export.formats.eva_store.codecs import encode_image
+from eva_export.formats.eva_store.exporter import EvaStoreExporter, split_of_episodes
+from eva_export.formats.eva_store.records import (
     KIND_RECORDS,
     KIND_ZARR,
     SAMPLE_INDEX_FILE,
@@ -50,6 +45,11 @@ from eva_export.store.records import (
     Manifest,
     ShardSpec,
 )
+from eva_export.formats.eva_store.verify import _verify_shard
+from eva_export.formats.registry import get_exporter
+from eva_export.formats.verify import verify_export
+from eva_export.fsutil import read_json
+from eva_export.jobs import COMPLETED
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE_V21 = REPO / "tests" / "fixtures" / "lerobot-written" / "v21"
@@ -516,7 +516,7 @@ def test_raw_fast_path_refuses_shifted_records(tmp_path: Path) -> None:
 
 def test_descriptor_eviction_keeps_numeric_columns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With more shards than MAX_OPEN_SHARDS, descriptors are recycled; Zarr is read once per shard."""
-    import eva_export.store.reader as reader_mod
+    import eva_export.formats.eva_store.reader as reader_mod
 
     src = make_subset(tmp_path / "src", [Ep(frames=3) for _ in range(4)], cameras=1)
     out = tmp_path / "out"

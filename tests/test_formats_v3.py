@@ -16,11 +16,11 @@ import pytest
 from dsfactory import Ep, image, make_dataset, make_subset, replace_video, state_value
 from short_videos import encode_bframes, short_subset, textured
 
-from eva_export.dataset.table import to_numpy
-from eva_export.dataset.video import VideoSettings, iter_frames, stream_timing
 from eva_export.errors import ExportError
 from eva_export.export.records import QualitySplit
-from eva_export.formats.lerobot_v3 import LeRobotV3Exporter, tasks_table
+from eva_export.formats.common.table import to_numpy
+from eva_export.formats.common.video import VideoSettings, iter_frames, stream_timing
+from eva_export.formats.lerobot_v3.exporter import LeRobotV3Exporter, tasks_table
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "lerobot-written" / "v30"  # LeRobot-written reference (copied from shared/fixtures)
 W, H, FPS = 64, 48, 30
@@ -107,7 +107,7 @@ def test_v3_several_shards_every_frame_through_the_locator(tmp_path: Path) -> No
 
 
 def _progress(seen: list[int]):  # type: ignore[no-untyped-def]
-    from eva_export.formats.base import Progress
+    from eva_export.formats.common.exporter import Progress
     return Progress(on_episode=lambda i, b: seen.append(i))
 
 
@@ -274,7 +274,7 @@ def test_v3_a_reordered_episode_past_the_probe_window_starts_a_new_shard(tmp_pat
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The shard's decode clock is set from the episodes probed ahead when it opens; a later
     B-frame episode needing more lead starts a new shard, stream-copied (not re-encoded)."""
-    from eva_export.formats import v3_probe
+    from eva_export.formats.lerobot_v3 import probe as v3_probe
 
     monkeypatch.setattr(v3_probe, "PROBE_WINDOW", 2)
     lengths = [1, 2, 1, 2, 1, 30, 30]

@@ -14,12 +14,12 @@ from dsfactory import Ep, make_dataset, make_subset
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eva_export.dataset.meta import check_stats_shapes, read_meta
 from eva_export.errors import EvaError
-from eva_export.formats.eva_store import EvaStoreExporter
+from eva_export.formats.common.meta import check_stats_shapes, read_meta
+from eva_export.formats.eva_store import StoreError, open_store
+from eva_export.formats.eva_store.exporter import EvaStoreExporter
 from eva_export.formats.verify import verify_export
 from eva_export.fsutil import iter_jsonl, read_json
-from eva_export.store import StoreError, open_store
 
 FUZZ = settings(max_examples=200, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -14,11 +14,11 @@ from diskfull import direct_supported
 from dsfactory import Ep, make_subset
 from mcap.reader import make_reader
 
-from eva_export.dataset.meta import read_meta
-from eva_export.dataset.video import iter_frames
-from eva_export.formats.hdf5 import Hdf5Exporter, find_item
-from eva_export.formats.mcap_eva import McapExporter, decode_image
-from eva_export.formats.written import RegionHasher
+from eva_export.formats.common.meta import read_meta
+from eva_export.formats.common.video import iter_frames
+from eva_export.formats.common.written import RegionHasher
+from eva_export.formats.hdf5.exporter import Hdf5Exporter, find_item
+from eva_export.formats.mcap_eva.exporter import McapExporter, decode_image
 from eva_export.manifest import MANIFEST_FILE, Manifest, build_manifest, recorded_digest, sha256_file, write_manifest
 
 W, H = 64, 48
@@ -70,7 +70,7 @@ def _direct_writes(monkeypatch: pytest.MonkeyPatch, fail_direct: bool) -> list[t
     import errno
     import fcntl
 
-    from eva_export.formats import written  # hdf5's frame writes go through written.DirectWrites
+    from eva_export.formats.common import written  # hdf5's frame writes go through written.DirectWrites
 
     real, seen = written.pwritev_all, []
 

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from bag_helpers import LiveFeed, Recorded, make_config, offline, string_msg, write_bag, write_config
 
+from eva_export import faults
 from eva_export.capture.ingest import BagIngest, IngestError
 from eva_export.capture.recorder import Recorder
 
@@ -213,7 +214,7 @@ def test_killed_ingest_resumes_per_episode_without_duplicates(tmp_path):
     bag = write_bag(tmp_path / "bag", rec, {"/marker": "std_msgs/msg/String"})
     cmd = [sys.executable, "-m", "eva_export.cli", "ingest", str(bag), "--config", str(cfg), "--dataset", "bag",
            "--episodes", "marker"]
-    proc = subprocess.Popen(cmd, env={**os.environ, "EVA_CAPTURE_SAVE_DELAY_S": "2.0"},
+    proc = subprocess.Popen(cmd, env={**os.environ, **faults.env(save_delay="2.0")},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     root = col.dataset_dir("bag")
     end = time.monotonic() + 120

@@ -26,13 +26,13 @@ from mcap.writer import Writer as McapWriter
 from mcap_ros2.decoder import DecoderFactory
 from rosbags.rosbag2 import StoragePlugin, Writer
 
-from eva_export.capture import bagcdr
-from eva_export.capture.bagfiles import open_bag
-from eva_export.capture.bagreader import BagReader
 from eva_export.capture.ingest import BagIngest
-from eva_export.dataset.records import Feature
-from eva_export.dataset.video import VideoEncoder, VideoSettings
-from eva_export.dataset.writer import DatasetWriter, make_features
+from eva_export.formats.common.records import Feature
+from eva_export.formats.common.video import VideoEncoder, VideoSettings
+from eva_export.formats.lerobot_v21.writer import DatasetWriter, make_features
+from eva_export.formats.rosbag2 import cdr as bagcdr
+from eva_export.formats.rosbag2.files import open_bag
+from eva_export.formats.rosbag2.reader import BagReader
 
 T = TS.types
 

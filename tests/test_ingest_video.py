@@ -18,7 +18,7 @@ from rosbags.typesys import Stores, get_types_from_msg, get_typestore
 
 from eva_export.capture.ingest import BagIngest, IngestError
 from eva_export.config import parse_config
-from eva_export.dataset.validate import validate_dataset
+from eva_export.formats.lerobot_v21.validate import validate_dataset
 
 VIDEO_TYPE = "foxglove_msgs/msg/CompressedVideo"
 # the message definition as foxglove_msgs ships it for ROS 2
@@ -237,7 +237,7 @@ def test_wrong_format_string_is_refused_naming_the_bag_file_and_topic(tmp_path):
 
 
 def test_compressed_video_cdr_is_read_as_a_view_and_a_cut_buffer_is_left_to_the_generic_decoder():
-    from eva_export.capture import bagcdr
+    from eva_export.formats.rosbag2 import cdr as bagcdr
 
     T = TS.types
     msg = T[VIDEO_TYPE](timestamp=T["builtin_interfaces/msg/Time"](sec=7, nanosec=9), frame_id="cam",

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from eva_export.formats.registry import format_names
-from eva_export.sources.registry import source_kinds
+from eva_export.formats.sources import source_kinds
 
 REPO = Path(__file__).resolve().parents[1]
 FIELD = re.compile(r"^string\s+(format|source_kind)\s+#\s*(.+)$")

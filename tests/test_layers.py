@@ -13,8 +13,8 @@ from collections import defaultdict
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "eva_export"
-BASE = {"", "errors", "jsonbound", "confine", "fsutil", "manifest", "pool", "jobstore", "jobs"}
-LAYERS = [BASE, {"dataset", "store"}, {"formats", "sources", "sftp_settings"}, {"config"}, {"quality"},
+BASE = {"", "errors", "faults", "jsonbound", "confine", "fsutil", "manifest", "pool", "jobstore", "jobs"}
+LAYERS = [BASE, {"formats", "sftp_settings"}, {"config"}, {"quality"},
           {"capture", "export"}, {"upload", "console"}, {"cli", "nodes"}]
 
 
@@ -100,3 +100,33 @@ def test_no_circles_between_modules():
         if v not in index:
             visit(v)
     assert circles == [], circles
+
+
+#: Inside formats/: the shared pieces lowest, then the native layout every exporter reads its
+#: staged subsets from, then the other formats; the registries (formats/*.py) sit on top.
+FORMAT_LAYERS = [{"common"}, {"lerobot_v21"},
+                 {"lerobot_v20", "lerobot_v3", "hdf5", "mcap_eva", "mcap_viewer", "eva_store", "rosbag2"}]
+
+
+def format_package(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[1] == "formats" else None
+
+
+def test_format_packages_import_only_what_lies_below() -> None:
+    """A format package imports common/ and the native layout, never another format's package."""
+    rank = {p: i for i, members in enumerate(FORMAT_LAYERS) for p in members}
+    packages = {format_package(m) for m in import_graph()} - {None}
+    assert packages <= set(rank), packages - set(rank)
+    bad = []
+    for a, targets in import_graph().items():
+        pa = format_package(a)
+        for b in targets:
+            pb = format_package(b)
+            if pa is None or pa == pb:
+                continue
+            if pb is None and b.startswith("eva_export.formats"):
+                bad.append(f"{a} -> {b} (a registry, above every format)")
+            elif pb is not None and rank[pb] >= rank[pa]:
+                bad.append(f"{a} -> {b}")
+    assert bad == [], bad

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from dsfactory import Ep, make_subset
 
-from eva_export.formats.lerobot_v3 import LeRobotV3Exporter
+from eva_export.formats.lerobot_v3.exporter import LeRobotV3Exporter
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "lerobot-written"
 CAM_REF, CAM_OURS = "observation.images.cam", "observation.images.cam0"

@@ -15,13 +15,13 @@ import pyarrow.parquet as pq
 import pytest
 from dsfactory import Ep, make_subset
 
-from eva_export.dataset import stats as stats_mod
-from eva_export.dataset.meta import read_meta
-from eva_export.formats import v3_probe
-from eva_export.formats.lerobot_v3 import LeRobotV3Exporter, stats_column
-from eva_export.formats.lerobot_v3_tables import StatColumn
-from eva_export.formats.v3_timing import shard_timing_problems
-from eva_export.formats.v3_verify import read_episodes_meta
+from eva_export.formats.common import stats as stats_mod
+from eva_export.formats.common.meta import read_meta
+from eva_export.formats.lerobot_v3 import probe as v3_probe
+from eva_export.formats.lerobot_v3.exporter import LeRobotV3Exporter, stats_column
+from eva_export.formats.lerobot_v3.tables import StatColumn
+from eva_export.formats.lerobot_v3.timing import shard_timing_problems
+from eva_export.formats.lerobot_v3.verify import read_episodes_meta
 
 FPS = 30
 LENGTHS = [3, 4, 2, 5, 4, 1, 3, 4, 2, 4, 3, 5, 2, 4, 3, 4, 1, 4, 2, 3, 4, 3]

@@ -12,7 +12,7 @@ from mcap.reader import make_reader
 from mcap.records import Channel, Message
 from mcap.stream_reader import CRCValidationError, StreamReader
 
-from eva_export.formats.mcap_chunks import ChunkWriter
+from eva_export.formats.mcap_eva.chunks import ChunkWriter
 
 
 def _write(path: Path, compression: str, n: int = 40) -> list[tuple[str, int, int, bytes]]:

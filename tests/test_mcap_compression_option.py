@@ -11,7 +11,7 @@ from dsfactory import Ep, make_subset
 from mcap.reader import make_reader
 
 from eva_export.config import ConfigError, parse_config
-from eva_export.formats.mcap_eva import McapExporter
+from eva_export.formats.mcap_eva.exporter import McapExporter
 from eva_export.formats.registry import get_spec
 
 

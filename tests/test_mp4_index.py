@@ -1,4 +1,4 @@
-"""dataset/mp4_index.py: an MP4's size, frames and frame timing read from its boxes give the
+"""formats/common/mp4_index.py: an MP4's size, frames and frame timing read from its boxes give the
 same verdict as PyAV's open and demux (validate_media's other path), on the writer's files
 and on seeded random mutations of them (bit flips, bytes, cuts); anything unusual is left to
 PyAV (None)."""
@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from short_videos import encode_bframes, textured
 
-from eva_export.dataset import mp4_index
-from eva_export.dataset.validate_media import _demux_size, _pyav_size
-from eva_export.dataset.video import VideoEncoder, VideoSettings, timing_problems
 from eva_export.errors import DatasetError
+from eva_export.formats.common import mp4_index
+from eva_export.formats.common.video import VideoEncoder, VideoSettings, timing_problems
+from eva_export.formats.lerobot_v21.validate_media import _demux_size, _pyav_size
 
 SHAPES = [(64, 48, 4, 30), (64, 48, 30, 30), (50, 30, 7, 15), (320, 240, 3, 30)]
 

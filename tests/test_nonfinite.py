@@ -16,9 +16,9 @@ from eva_export.errors import ConfigError
 from eva_export.export.paths import ExportPaths
 from eva_export.export.records import ACCEPTED, REJECTED, QualitySplit
 from eva_export.export.runner import ExportService
-from eva_export.formats.card import CARD_FILE
-from eva_export.formats.nonfinite import NonFinitePolicy, kept_of
-from eva_export.formats.v3_verify import read_episodes_meta
+from eva_export.formats.common.card import CARD_FILE
+from eva_export.formats.common.nonfinite import NonFinitePolicy, kept_of
+from eva_export.formats.lerobot_v3.verify import read_episodes_meta
 from eva_export.formats.verify import verify_export
 from eva_export.jobs import COMPLETED, FAILED
 
@@ -141,7 +141,7 @@ def split_poisoned(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 def test_scan_takes_the_units_counts_without_reading_the_tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from eva_export.formats import nonfinite
+    from eva_export.formats.common import nonfinite
 
     acc = split_poisoned(tmp_path)
     read = [(e.episode_index, e.features) for e in nonfinite.scan_subset(acc.dir)]
@@ -157,7 +157,7 @@ def test_scan_takes_the_units_counts_without_reading_the_tables(tmp_path: Path, 
 def test_a_table_changed_after_its_unit_counted_it_is_read(tmp_path: Path) -> None:
     import os
 
-    from eva_export.formats import nonfinite
+    from eva_export.formats.common import nonfinite
 
     acc = split_poisoned(tmp_path)
     path = poison(acc.dir, 0)  # a finite episode made non-finite after the split counted it
@@ -172,7 +172,7 @@ def test_a_table_changed_after_its_unit_counted_it_is_read(tmp_path: Path) -> No
 
 
 def test_unit_record_states_its_counts_or_nothing() -> None:
-    from eva_export.dataset.commits import TableNonFinite, UnitRecord
+    from eva_export.formats.common.commits import TableNonFinite, UnitRecord
 
     facts = TableNonFinite((1, 2, 3, 4), ("observation.state", "action"), (("action", 5),))
     rec = UnitRecord(7, 0, 4, 0, {"episode_index": 0}, {}, {"cam": 10}, facts)

@@ -20,7 +20,7 @@ from eva_export.export.paths import ExportPaths
 from eva_export.export.publish import PUBLISH_STEPS, recover_pair
 from eva_export.export.records import QualitySplit
 from eva_export.export.runner import ExportService
-from eva_export.formats.lerobot_v21 import verify_v21
+from eva_export.formats.lerobot_v21.exporter import verify_v21
 from eva_export.fsutil import atomic_write_jsonl, iter_jsonl
 from eva_export.jobs import COMPLETED, FAILED
 

@@ -15,8 +15,8 @@ import pytest
 from quality_corpus import CAMS, FPS, CorpusEpisode, N, corpus, feed_live, live_config, write_corpus
 
 from eva_export.capture.features import capture_features
-from eva_export.dataset.meta import read_info
-from eva_export.dataset.writer import DatasetWriter
+from eva_export.formats.common.meta import read_info
+from eva_export.formats.lerobot_v21.writer import DatasetWriter
 from eva_export.quality.judge import evaluate
 from eva_export.quality.offline import check_dataset
 from eva_export.quality.rules import RULE_VERSION, EpisodeEvidence, Finding, VectorSeries
@@ -247,9 +247,9 @@ def test_spike_found_at_rest_and_in_motion_by_its_own_scale(size):
 
 
 def test_sidecar_check_keeps_a_review_written_there(tmp_path, episodes):
-    """One sidecar home (sources/sidecar.py): a check appended after a review merges field by
+    """One sidecar home (formats/common/sidecar.py): a check appended after a review merges field by
     field, so the operator's verdict and the check's quality both survive."""
-    from eva_export.sources import sidecar
+    from eva_export.formats.common import sidecar
 
     root = write_corpus(tmp_path / "ds", [ep for ep in episodes if ep.name in ("ramp", "joint_stuck")])
     sidecar.append_review(root, [1], "pass", "checked by hand")

@@ -26,14 +26,14 @@ import pytest
 from quality_corpus import CorpusEpisode, corpus, missing, write_corpus, write_v20_corpus, write_v30_corpus
 
 from eva_export.config import parse_config
-from eva_export.dataset.table import to_numpy
 from eva_export.export.runner import ExportService
+from eva_export.formats.common import sidecar
+from eva_export.formats.common.source import SourceKind
+from eva_export.formats.common.table import to_numpy
 from eva_export.fsutil import iter_jsonl
 from eva_export.jobs import COMPLETED, Job
 from eva_export.quality.offline import DatasetCheck, check_dataset
 from eva_export.quality.rules import RULE_VERSION
-from eva_export.sources import sidecar
-from eva_export.sources.base import SourceKind
 
 pytestmark = pytest.mark.timeout(900)
 REPO = Path(__file__).resolve().parents[1]
@@ -250,7 +250,7 @@ def test_v30_check_over_several_data_and_video_files_reads_each_episode_from_its
     frames are found in the right file (the same findings and counts as the per-episode v2.1)."""
     from dsfactory import Ep, make_subset
 
-    from eva_export.formats.lerobot_v3 import LeRobotV3Exporter
+    from eva_export.formats.lerobot_v3.exporter import LeRobotV3Exporter
 
     v21 = make_subset(tmp_path / "made", [Ep(frames=n) for n in (40, 7, 45, 33, 12)], cameras=2, width=32, height=24)
     src = tmp_path / "v30multi"

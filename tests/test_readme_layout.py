@@ -44,7 +44,9 @@ def missing_modules() -> list[str]:
             if f"`{rel}`" not in top and f"`{path.name}`" not in top:
                 missing.append(str(rel))
             continue
-        folder = f"{rel.parts[0]}/{rel.parts[1]}/"
+        # the row of the deepest folder that has one (a format package, else its parent)
+        folders = [f"{'/'.join(rel.parts[:n])}/" for n in range(len(rel.parts) - 1, 1, -1)]
+        folder = next((f for f in folders if f in rows), folders[-1])
         if f"`{path.name}`" not in rows.get(folder, ""):
             missing.append(str(rel))
     return missing

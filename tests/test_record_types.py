@@ -26,14 +26,14 @@ from dsfactory import Ep, make_dataset
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eva_export.dataset.meta import read_info, read_meta
-from eva_export.dataset.records import QUALITY_SPLIT_FILE as QUALITY_SPLIT
-from eva_export.dataset.records import QualitySplit
 from eva_export.errors import EvaError
+from eva_export.formats.common import sidecar
+from eva_export.formats.common.meta import read_info, read_meta
+from eva_export.formats.common.records import QUALITY_SPLIT_FILE as QUALITY_SPLIT
+from eva_export.formats.common.records import QualitySplit
 from eva_export.jobs import Job
 from eva_export.jsonbound import TEXT_MAX_BYTES
 from eva_export.manifest import Manifest, build_manifest
-from eva_export.sources import sidecar
 
 CASES = settings(max_examples=12, deadline=None, derandomize=True,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,

@@ -19,14 +19,14 @@ import pytest
 from dsfactory import Ep, image, make_dataset
 
 from eva_export.config import parse_config
-from eva_export.dataset.video import VideoEncoder, VideoSettings
 from eva_export.export.records import QualitySplit
 from eva_export.export.runner import ExportService
+from eva_export.formats import sources as registry
+from eva_export.formats.common.video import VideoEncoder, VideoSettings
 from eva_export.formats.registry import format_names
+from eva_export.formats.sources import UnknownSourceError, detect_kind
 from eva_export.formats.verify import verify_export
 from eva_export.jobs import COMPLETED
-from eva_export.sources import registry
-from eva_export.sources.registry import UnknownSourceError, detect_kind
 
 SPEC = registry.SourceSpec("tiny_csv", "plugins.csv_source:CsvSource")
 JOINTS = ["j0", "j1", "j2"]

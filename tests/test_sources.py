@@ -26,16 +26,16 @@ from export_faults import faulty_service
 from mcap.reader import make_reader
 
 from eva_export.config import parse_config
-from eva_export.dataset.table import to_numpy
 from eva_export.export.runner import ExportService
-from eva_export.formats.lerobot_v3 import LeRobotV3Exporter
+from eva_export.formats.common import sidecar
+from eva_export.formats.common.source import SourceKind
+from eva_export.formats.common.table import to_numpy
+from eva_export.formats.eva_store import open_store
+from eva_export.formats.lerobot_v3.exporter import LeRobotV3Exporter
+from eva_export.formats.sources import detect_kind, validate_any
 from eva_export.formats.verify import verify_export
 from eva_export.fsutil import iter_jsonl, read_json
 from eva_export.jobs import COMPLETED, Job
-from eva_export.sources import sidecar
-from eva_export.sources.base import SourceKind
-from eva_export.sources.registry import detect_kind, validate_any
-from eva_export.store import open_store
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 V30 = FIXTURES / "lerobot-written" / "v30"
@@ -218,7 +218,7 @@ def test_v30_to_v21_is_real_v21_and_round_trips_to_v3(tmp_path: Path) -> None:
 def test_episode_without_an_exact_cut_alone_is_reencoded(tmp_path: Path) -> None:
     """An H.264 shard with one keyframe: episode 0 (from frame 0) is copied, episode 1 (from
     frame 20, not a keyframe) cannot be cut by stream copy and is re-encoded, and the job says so."""
-    from eva_export.dataset.video import VideoEncoder, VideoSettings
+    from eva_export.formats.common.video import VideoEncoder, VideoSettings
 
     src = copy_source(tmp_path, V30)
     frames = frames_of(src / SHARD)
@@ -256,7 +256,7 @@ def test_v20_per_episode_stats_computed_while_reading(tmp_path: Path) -> None:
         for key in ("observation.state", "action"):
             for stat in ("min", "max", "mean", "std"):
                 np.testing.assert_allclose(a["stats"][key][stat], b["stats"][key][stat], rtol=1e-5, atol=1e-6)
-        # camera statistics from decoded frames, sampled as dataset/stats.ImageStats says (every
+        # camera statistics from decoded frames, sampled as formats/common/stats.ImageStats says (every
         # 5th frame, every 8th pixel): exact on that sample, near LeRobot's own sample
         frames = np.stack(frames_of(src / f"videos/chunk-000/{CAM}/episode_{i:06d}.mp4")[::5])[:, ::8, ::8]
         want = frames.reshape(-1, 3).mean(0) / 255.0

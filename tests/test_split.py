@@ -15,14 +15,14 @@ from dsfactory import Ep, make_dataset, state_value
 from export_faults import faulty_service
 
 from eva_export.config import parse_config
-from eva_export.dataset.records import EpisodeRow
-from eva_export.dataset.validate import validate_dataset, validate_source
 from eva_export.errors import DatasetError, ExportError, UnsafeNameError
 from eva_export.export.paths import ExportPaths, export_root
 from eva_export.export.records import ACCEPTED, REJECTED, QualitySplit
 from eva_export.export.runner import ExportService
 from eva_export.export.split import classify
-from eva_export.formats.lerobot_v21 import verify_v21
+from eva_export.formats.common.records import EpisodeRow
+from eva_export.formats.lerobot_v21.exporter import verify_v21
+from eva_export.formats.lerobot_v21.validate import validate_dataset, validate_source
 from eva_export.formats.registry import UnknownFormatError
 from eva_export.fsutil import atomic_write_json, atomic_write_jsonl, iter_jsonl, read_json
 from eva_export.jobs import COMPLETED, FAILED
@@ -386,7 +386,7 @@ class CopyExporter:
 
     def verify(self, out_dir: Path):  # type: ignore[no-untyped-def]
         """The stand-in's own check (the core runs it before publishing): the marker is there."""
-        from eva_export.formats.base import VerifyReport
+        from eva_export.formats.common.exporter import VerifyReport
         q = QualitySplit.read(out_dir)
         errors = [] if q.dataset_format == self.name else [f"marker says {q.dataset_format}"]
         return VerifyReport(path=str(out_dir), dataset_format=self.name, errors=errors)

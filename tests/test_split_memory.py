@@ -18,9 +18,9 @@ import pytest
 from dsfactory import Ep, make_dataset
 
 from eva_export import pool
-from eva_export.dataset.records import FORMAT_V21
-from eva_export.dataset.validate import validate_source
 from eva_export.export.split import NativeSplit, plan_split, prepare_staging
+from eva_export.formats.common.records import FORMAT_V21
+from eva_export.formats.lerobot_v21.validate import validate_source
 
 #: Both past the counts where the split's batches (up to build.BATCH_EPISODES episodes, whose
 #: parsed statistics are held together) still grow with the episode count: what grows from

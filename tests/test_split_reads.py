@@ -14,13 +14,13 @@ from dsfactory import Ep, make_dataset
 from test_video_facts import age, videos
 
 from eva_export.config import parse_config
-from eva_export.dataset import video_facts
-from eva_export.dataset.facts_index import FactsIndex
-from eva_export.dataset.validate import TableTap, validate_source
 from eva_export.export import publish
 from eva_export.export.paths import ExportPaths
 from eva_export.export.runner import ExportService
-from eva_export.formats.lerobot_v21 import verify_v21
+from eva_export.formats.common import video_facts
+from eva_export.formats.common.facts_index import FactsIndex
+from eva_export.formats.lerobot_v21.exporter import verify_v21
+from eva_export.formats.lerobot_v21.validate import TableTap, validate_source
 from eva_export.manifest import Manifest, sha256_file
 
 N = 5
@@ -133,7 +133,7 @@ def test_value_checks_cover_tables_the_index_already_knows(source: Path, tmp_pat
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A table proved by the facts index is not read by validation: the value checks read it
     themselves, so every episode is still checked."""
-    from eva_export.dataset import validate
+    from eva_export.formats.lerobot_v21 import validate
 
     assert service(source).run(source, "lerobot_v21").state == "completed"
     read: list[int] = []

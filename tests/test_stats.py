@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from eva_export.dataset import stats as S
+from eva_export.formats.common import stats as S
 
 
 def test_column_stats_equal_numpy_with_quantiles() -> None:
@@ -51,7 +51,7 @@ def test_aggregate_pools_only_finite_entries_and_stays_finite() -> None:
 
 def test_the_three_poolers_agree_and_are_finite() -> None:
     from eva_export.export.assemble import aggregate_stream
-    from eva_export.formats.lerobot_v3_tables import _aggregate_matrices
+    from eva_export.formats.lerobot_v3.tables import _aggregate_matrices
 
     parts = [np.arange(12.0).reshape(6, 2), np.full((4, 2), np.nan), np.arange(8.0).reshape(4, 2) + 100]
     parts[0][2, 1] = np.inf

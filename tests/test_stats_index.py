@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from dsfactory import Ep, make_dataset
 
-from eva_export.dataset.meta import read_meta
-from eva_export.dataset.records import EpisodeStats
-from eva_export.dataset.stats_index import StatsIndex
-from eva_export.dataset.validate import validate_source
 from eva_export.errors import DatasetError
+from eva_export.formats.common.meta import read_meta
+from eva_export.formats.common.records import EpisodeStats
+from eva_export.formats.common.stats_index import StatsIndex
+from eva_export.formats.lerobot_v21.validate import validate_source
 
 STATS = "meta/episodes_stats.jsonl"
 

@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 from dsfactory import Ep, make_subset
 
-from eva_export.formats.eva_store import EvaStoreExporter
+from eva_export.formats.eva_store import StoreError, open_store
+from eva_export.formats.eva_store.exporter import EvaStoreExporter
+from eva_export.formats.eva_store.records import SAMPLE_INDEX_FILE
 from eva_export.formats.verify import verify_export
-from eva_export.store import StoreError, open_store
-from eva_export.store.records import SAMPLE_INDEX_FILE
 
 CAM = "observation.images.cam0"
 PAYLOAD = f"records/{CAM}.msgpack"

@@ -20,14 +20,14 @@ from dsfactory import features, state_value
 from mcap.reader import make_reader
 
 from eva_export.config import parse_config
-from eva_export.dataset.episode_writer import EpisodeWriter
-from eva_export.dataset.meta import read_meta
-from eva_export.dataset.promises import LOST, TAKE
-from eva_export.dataset.records import EpisodeRow
-from eva_export.dataset.writer import DatasetWriter
 from eva_export.errors import DatasetError, EvaError
 from eva_export.export.runner import ExportService
-from eva_export.formats.hdf5 import read_group
+from eva_export.formats.common.meta import read_meta
+from eva_export.formats.common.records import EpisodeRow
+from eva_export.formats.hdf5.exporter import read_group
+from eva_export.formats.lerobot_v21.episode_writer import EpisodeWriter
+from eva_export.formats.lerobot_v21.promises import LOST, TAKE
+from eva_export.formats.lerobot_v21.writer import DatasetWriter
 from eva_export.jobs import COMPLETED
 
 FPS = 30

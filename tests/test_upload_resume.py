@@ -388,8 +388,8 @@ def test_reexport_during_paused_upload_does_not_mix_versions(tmp_path: Path, ser
 
     from dsfactory import Ep, features, make_dataset
 
-    from eva_export.dataset.writer import DatasetWriter
     from eva_export.export.runner import ExportService
+    from eva_export.formats.lerobot_v21.writer import DatasetWriter
     from eva_export.jobs import COMPLETED
     from eva_export.upload import UploadService
 

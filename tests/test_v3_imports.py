@@ -20,9 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(300)
 
 NOT_FOR_V3 = ("paramiko", "h5py", "mcap", "zarr", "ray", "msgpack", "lz4", "pandas", "torch",
-              "eva_export.formats.hdf5", "eva_export.formats.mcap_eva", "eva_export.formats.eva_store",
+              "eva_export.formats.hdf5.exporter", "eva_export.formats.mcap_eva.exporter", "eva_export.formats.eva_store.exporter",
               "eva_export.export.batch", "eva_export.upload.connection", "eva_export.upload.runner",
-              "eva_export.store")
+              "eva_export.formats.eva_store")
 
 SCRIPT = """
 import json, sys
@@ -41,6 +41,6 @@ def test_a_v3_export_job_loads_no_library_of_another_format(tmp_path: Path) -> N
     assert res["rc"] == 0, out.stderr
     assert (tmp_path / "ds" / "export" / "lerobot_v3" / "accepted" / "meta" / "info.json").is_file()
     loaded = set(res["modules"])
-    assert {"pyarrow", "av", "eva_export.formats.lerobot_v3"} <= loaded  # the measure sees the job's imports
+    assert {"pyarrow", "av", "eva_export.formats.lerobot_v3.exporter"} <= loaded  # the measure sees the job's imports
     unwanted = sorted(m for m in loaded for name in NOT_FOR_V3 if m == name or m.startswith(name + "."))
     assert unwanted == []

@@ -14,10 +14,10 @@ from av.video.stream import VideoStream
 from short_videos import encode_bframes, textured
 from test_mp4_index import SHAPES, mutations, without_edit_list, write
 
-from eva_export.dataset import mp4_index
-from eva_export.dataset.video import VideoSettings
-from eva_export.formats import v3_probe
-from eva_export.formats.v3_probe import Probe, index_probe
+from eva_export.formats.common import mp4_index
+from eva_export.formats.common.video import VideoSettings
+from eva_export.formats.lerobot_v3 import probe as v3_probe
+from eva_export.formats.lerobot_v3.probe import Probe, index_probe
 
 
 def pyav_probe(path: Path, fps: int, monkeypatch: pytest.MonkeyPatch) -> Probe | None:

@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 from dsfactory import Ep, image, make_dataset
 
-from eva_export.dataset.meta import read_meta
-from eva_export.dataset.video import VideoEncoder, VideoSettings
 from eva_export.errors import ExportError
 from eva_export.export.records import QualitySplit
+from eva_export.formats.common.meta import read_meta
+from eva_export.formats.common.video import VideoEncoder, VideoSettings
 from eva_export.formats.registry import FORMATS, UnknownFormatError, get_exporter
 from eva_export.formats.verify import detect_format, verify_export
 

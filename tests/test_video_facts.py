@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from dsfactory import Ep, make_dataset
 
-from eva_export.dataset import video_facts
-from eva_export.dataset.meta import read_meta
-from eva_export.dataset.validate import validate_source
-from eva_export.dataset.video import count_frames
 from eva_export.errors import DatasetError
+from eva_export.formats.common import video_facts
+from eva_export.formats.common.meta import read_meta
+from eva_export.formats.common.video import count_frames
+from eva_export.formats.lerobot_v21.validate import validate_source
 
 HOUR_NS = 3600 * 10**9
 

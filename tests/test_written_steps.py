@@ -17,10 +17,11 @@ from diskfull import direct_supported
 from dsfactory import Ep, make_subset
 
 from eva_export.errors import StorageError
-from eva_export.formats import mcap_chunks, written
-from eva_export.formats.hdf5 import Hdf5Exporter
-from eva_export.formats.mcap_eva import McapExporter
-from eva_export.formats.written import StepThread
+from eva_export.formats.common import written
+from eva_export.formats.common.written import StepThread
+from eva_export.formats.hdf5.exporter import Hdf5Exporter
+from eva_export.formats.mcap_eva import chunks as mcap_chunks
+from eva_export.formats.mcap_eva.exporter import McapExporter
 
 
 def _enospc_on_call(n: int, inner: Callable[..., Any], calls: list[int]) -> Callable[..., Any]:
@@ -100,7 +101,7 @@ def test_hdf5_frame_write_failing_names_the_file_and_leaves_nothing(tmp_path: Pa
 
 
 def test_pwritev_all_writes_more_buffers_than_one_call_takes(tmp_path: Path) -> None:
-    from eva_export.formats.written import pwritev_all
+    from eva_export.formats.common.written import pwritev_all
 
     parts = [bytes([i % 251]) * (1 + i % 7) for i in range(3000)]  # past Linux's 1024 per call
     path = tmp_path / "f.bin"

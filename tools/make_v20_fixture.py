@@ -15,7 +15,7 @@ import json
 import shutil
 from pathlib import Path
 
-from eva_export.dataset.stats import aggregate
+from eva_export.formats.common.stats import aggregate
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "tests/fixtures/lerobot-written/v21"

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..dataset.records import Quality, QualityIssue, Severity
+from ..formats.common.records import Quality, QualityIssue, Severity
 from ..quality import judge, rules
 from ..quality.rules import CameraSeries, EpisodeEvidence, MessageStamps, Thresholds, VectorSeries
 from .align_types import Slot, StreamTiming

@@ -19,9 +19,9 @@ import av
 import numpy as np
 
 from ..config import CollectionConfig
-from ..dataset.episode_writer import EpisodeWriter
-from ..dataset.records import EpisodeRow
-from ..dataset.writer import DatasetWriter
+from ..formats.common.records import EpisodeRow
+from ..formats.lerobot_v21.episode_writer import EpisodeWriter
+from ..formats.lerobot_v21.writer import DatasetWriter
 from .align import LATENCY_BUDGET_S, GridAligner, Sample, Slot
 from .checks import EpisodeChecker, QualityResult
 from .features import CAPTURE_TIME

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from ..config import CaptureSettings, CollectionConfig
-from ..dataset.records import Feature
-from ..dataset.video import VideoSettings
-from ..dataset.writer import make_features
+from ..formats.common.records import Feature
+from ..formats.common.video import VideoSettings
+from ..formats.lerobot_v21.writer import make_features
 
 STATE = "observation.state"
 ACTION = "action"

@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from ..config import CollectionConfig, check_name
-from ..dataset.writer import DatasetWriter
 from ..errors import EvaError
+from ..formats.lerobot_v21.writer import DatasetWriter
+from ..formats.rosbag2.files import IngestError, bag_channels, open_bag
+from ..formats.rosbag2.reader import BagMessage, BagReader
 from .align import STOP_BUDGET_S
-from .bagfiles import IngestError, bag_channels, open_bag
-from .bagreader import BagMessage, BagReader
 from .episode import EpisodeRun
 from .features import capture_features, video_settings
 from .intake import Convert, converter, streams_from_config

@@ -22,8 +22,8 @@ import av
 import numpy as np
 
 from ..config import CollectionConfig
-from ..dataset.video import RgbConverter
 from ..errors import ConfigError
+from ..formats.common.video import RgbConverter
 from .features import ACTION, EE_POSE, STATE
 
 

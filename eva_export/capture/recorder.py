@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config import CollectionConfig, check_name
-from ..dataset.records import EpisodeRow
 from ..errors import ConfigError, EvaError
+from ..formats.common.records import EpisodeRow
 from ..jobs import JobEngine
 from .align import GridAligner
 from .checks import EpisodeChecker

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from ..config import CollectionConfig
-from ..dataset.episode_writer import EpisodeWriter
-from ..dataset.records import DatasetInfo
+from ..formats.common.records import DatasetInfo
+from ..formats.lerobot_v21.episode_writer import EpisodeWriter
 from ..fsutil import free_bytes
 
 MIB = 1 << 20

@@ -21,21 +21,15 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import faults
 from ..config import CollectionConfig
-from ..dataset.records import EpisodeRow
+from ..formats.common.records import EpisodeRow
 from ..fsutil import storage_guard
 from .checks import QualityResult
 from .episode import EpisodeRun
 
 log = logging.getLogger(__name__)
 
-#: The capture's one test seam for saving (live capture and bag ingest read it):
-#: a number: seconds to sleep before every save (a kill then lands mid-save);
-#: a directory: before every save attempt the worker creates ``<dir>/held-<index>-<attempt>``
-#: (attempts from 1) and opens the FIFO ``<dir>/release``, one open per attempt, so a test holds
-#: saves at a point they surely reach and queues takes behind them; the word written there
-#: decides: ``fail`` makes this attempt fail as a full disk does (ENOSPC), anything else lets it run.
-SAVE_SEAM_ENV = "EVA_CAPTURE_SAVE_DELAY_S"
 #: Niceness of the save worker thread (Linux: per thread), above recording's.
 SAVE_NICE = 5
 #: Seconds between attempts to save a take whose save failed (a full disk being freed).
@@ -43,12 +37,9 @@ SAVE_RETRY_S = 2.0
 
 
 def save_seam() -> tuple[float, Path | None]:
-    """(delay in seconds, hold directory) from ``SAVE_SEAM_ENV``."""
-    value = os.environ.get(SAVE_SEAM_ENV, "")
-    try:
-        return float(value or 0), None
-    except ValueError:
-        return 0.0, Path(value)
+    """(delay in seconds, hold directory): the save worker's fault points (``eva_export/faults.py``)."""
+    hold = faults.from_env("save_hold")
+    return float(faults.from_env("save_delay") or 0), Path(hold) if hold else None
 
 
 def _held(hold: Path, index: int, attempt: int) -> None:

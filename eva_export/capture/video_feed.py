@@ -4,7 +4,7 @@ the decoder must not).
 
 The decoded RGB is what the checks and the image statistics see, as for any camera; the access
 unit travels with it, so the episode writer can copy the source's bitstream into the episode MP4
-instead of encoding it again (dataset/video_copy.py; the rule for when it may:
+instead of encoding it again (formats/lerobot_v21/video_copy.py; the rule for when it may:
 ``StreamState.copy_packet``).
 
 Supported: format "h264", Annex B, one access unit per message, no B-frames (each message decodes
@@ -19,7 +19,7 @@ from typing import Any
 import av
 import numpy as np
 
-from ..dataset.video import RgbConverter
+from ..formats.common.video import RgbConverter
 from .intake import RawImage
 
 H264 = "h264"

@@ -8,11 +8,11 @@ import threading
 from pathlib import Path
 
 from ..config import CollectionConfig
-from ..dataset.meta import INFO, read_info, read_meta
-from ..dataset.records import EpisodeRow, Feature
-from ..dataset.video import VideoSettings
-from ..dataset.writer import DatasetWriter
 from ..errors import DatasetError, EvaError
+from ..formats.common.meta import INFO, read_info, read_meta
+from ..formats.common.records import EpisodeRow, Feature
+from ..formats.common.video import VideoSettings
+from ..formats.lerobot_v21.writer import DatasetWriter
 
 log = logging.getLogger(__name__)
 

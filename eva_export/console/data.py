@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from ..config import check_name, inside
-from ..dataset.meta import INFO, read_info, read_meta
-from ..dataset.records import DatasetInfo, EpisodeRow, Quality
 from ..errors import DatasetError, UnsafeNameError
+from ..formats.common.meta import INFO, read_info, read_meta
+from ..formats.common.records import DatasetInfo, EpisodeRow, Quality
 
 #: Vector features the plots show, in this order, when the dataset has them.
 PLOT_FEATURES = ("observation.state", "action", "observation.ee_pose")

@@ -15,8 +15,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..dataset.records import EpisodeRow, Quality
 from ..errors import DatasetError
+from ..formats.common.records import EpisodeRow, Quality
 from . import data
 from .report_source import ReportSource, episode_arrays, read_report_source
 from .report_svg import bars_img, esc, fmt_num, timeline_img

@@ -1,4 +1,4 @@
-"""What the health report reads, for every source kind (sources/base.py's seam).
+"""What the health report reads, for every source kind (formats/common/source.py's seam).
 
 A v2.1 dataset's rows are its own; a v3.0 or v2.0 source's rows come from its metadata with the
 sidecar's fields (meta/eva_quality.jsonl: ``eva-export check`` and ``review``) on top, so what
@@ -15,19 +15,19 @@ from typing import Any
 
 import numpy as np
 
-from ..dataset.meta import read_info
-from ..dataset.records import DatasetInfo, EpisodeRow
-from ..dataset.validate import SourceEpisode
 from ..errors import DatasetError
-from ..sources import sidecar
-from ..sources.registry import open_source
+from ..formats.common import sidecar
+from ..formats.common.meta import read_info
+from ..formats.common.records import DatasetInfo, EpisodeRow
+from ..formats.common.source_rules import SourceEpisode
+from ..formats.sources import open_source
 from . import data
 
 
 @dataclass(frozen=True)
 class ReportSource:
     root: Path
-    kind: str  # a registered source kind (sources/registry.py)
+    kind: str  # a registered source kind (formats/sources.py)
     info: DatasetInfo
     located: tuple[SourceEpisode, ...]
 

@@ -30,9 +30,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..dataset.records import REVIEW_VERDICTS, Quality
 from ..errors import DatasetError, UnsafeNameError
 from ..export.paths import ExportPaths
+from ..formats.common.records import REVIEW_VERDICTS, Quality
 from ..formats.registry import FORMATS
 from . import data, pages
 from .httpio import (

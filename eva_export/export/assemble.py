@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dataset.stats import QUANTILES, empty_stats, entry_shape, usable_entry
+from ..formats.common.stats import QUANTILES, empty_stats, entry_shape, usable_entry
 from ..fsutil import set_file_mode
 
 Array = np.ndarray[Any, Any]

@@ -39,10 +39,10 @@ from typing import Any
 
 from .. import confine, pool
 from ..config import Config, parse_config
-from ..dataset.meta import TASKS
-from ..dataset.records import TaskRow
-from ..dataset.validate import source_hash
 from ..errors import DatasetError, EvaError, ExportError
+from ..formats.common.meta import TASKS
+from ..formats.common.records import TaskRow
+from ..formats.lerobot_v21.validate import source_hash
 from ..fsutil import atomic_write_json, iter_jsonl, read_json
 from ..jobs import COMPLETED
 from .paths import ExportPaths

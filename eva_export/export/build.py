@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .. import confine, pool
-from ..dataset.records import DatasetInfo
-from ..dataset.validate import SourceCheck
 from ..errors import ExportError
+from ..formats.common.records import DatasetInfo
+from ..formats.common.source import SourceCheck
 from .plan_list import PlanList
 from .units import PlannedEpisode, UnitWork, split_units, unit_is_complete, unit_name, unit_record
 

@@ -13,15 +13,12 @@ the jobs later) and applies it to every job it runs::
 * ``exporters``: format name -> exporter factory, used instead of the registry's (an exporter
   that fails, fills the disk or crashes a worker at a chosen episode).
 
-A process a test starts (a node) takes its points from the environment instead:
-``env(check_hold=dir)`` gives the entry, ``from_env("check_hold")`` reads it. Points:
-``check_hold`` (export node: the first quality check writes ``<dir>/started``, then blocks
-opening the FIFO ``<dir>/release`` until the test opens it).
+A process a test starts (a node) takes its fault points from the environment instead, through
+``eva_export/faults.py``.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -57,20 +54,3 @@ def armed() -> FaultPlan:
     with _lock:
         return _armed[-1] if _armed else NONE
 
-
-#: The environment variable of a process a test starts: ``point=value;point=value``.
-ENV = "EVA_FAULTS"
-
-
-def env(**points: str) -> dict[str, str]:
-    """The environment entry that arms ``points`` in a process a test starts."""
-    return {ENV: ";".join(f"{name}={value}" for name, value in points.items())}
-
-
-def from_env(point: str) -> str:
-    """The value armed for ``point`` in this process's environment; "" when none is."""
-    for item in os.environ.get(ENV, "").split(";"):
-        name, _, value = item.partition("=")
-        if name == point:
-            return value
-    return ""

@@ -24,17 +24,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..dataset import stats as stats_mod
-from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS, DatasetMeta, read_meta
-from ..dataset.records import DatasetInfo, EpisodeRow, QualitySplit
-from ..dataset.table import to_numpy
-from ..dataset.video import iter_frames
 from ..errors import ExportError
-from ..formats.episode_stats import image_stats_of
-from ..formats.images import iter_table_images
-from ..formats.nonfinite import RUNS_KEY, NonFiniteEpisode, float_keys
+from ..formats.common import stats as stats_mod
+from ..formats.common.cut import cut_episode
+from ..formats.common.images import iter_table_images
+from ..formats.common.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS, DatasetMeta, read_meta
+from ..formats.common.nonfinite import RUNS_KEY, NonFiniteEpisode, float_keys
+from ..formats.common.records import DatasetInfo, EpisodeRow, QualitySplit
+from ..formats.common.table import to_numpy
+from ..formats.common.video import iter_frames
+from ..formats.lerobot_v21.episode_stats import image_stats_of
 from ..fsutil import dumps_json, jsonl_dumps
-from ..sources.cut import cut_episode
 from .assemble import JsonlStream, StatsSum
 from .merge import ORIGINS_KEY
 from .units import REENCODED_FIELD, write_text

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..dataset.meta import INFO, read_info
-from ..dataset.records import DatasetInfo, Feature
-from ..dataset.validate import SourceCheck
 from ..errors import DatasetError
+from ..formats.common.meta import INFO, read_info
+from ..formats.common.records import DatasetInfo, Feature
+from ..formats.common.source import SourceCheck
 
 #: Episode row fields a named (merged) export adds: the source dataset and its robot type.
 SOURCE_DATASET_FIELD = "source_dataset"
@@ -38,7 +38,7 @@ class SourceRef:
     """One source of a named export, as quality_split.json records it."""
 
     source_dir: str
-    kind: str  # sources/ kind: lerobot_v21, lerobot_v30, lerobot_v20
+    kind: str  # a registered source kind: lerobot_v21, lerobot_v30, lerobot_v20
     robot_type: str
     episodes: int
     source_hash: str
@@ -49,9 +49,9 @@ class SourceRef:
 
     @classmethod
     def of(cls, check: SourceCheck) -> SourceRef:
-        from ..sources.registry import detect_kind
+        from ..formats.sources import detect_kind
 
-        info = check.meta.info  # every kind's, presented as v2.1 (sources/base.py)
+        info = check.meta.info  # every kind's, presented as v2.1 (formats/common/source.py)
         return cls(real(check.root), str(detect_kind(check.root)), info.robot_type, len(check.episodes),
                    check.source_hash)
 

@@ -13,9 +13,9 @@ from array import array
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..dataset.episode_list import LazySequence, index_at, row_at, rows_at
-from ..dataset.records import EpisodeRow
-from ..dataset.validate import SourceCheck
+from ..formats.common.episode_list import LazySequence, index_at, row_at, rows_at
+from ..formats.common.records import EpisodeRow
+from ..formats.common.source import SourceCheck
 from .units import PlannedEpisode
 
 

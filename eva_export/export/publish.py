@@ -28,8 +28,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..dataset import video_facts
 from ..errors import ExportError, PublicationError
+from ..formats.common import video_facts
 from ..fsutil import fsync_dir, sync_filesystem
 from ..manifest import write_manifest, written_digest
 from .build import Faults

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import confine
-from ..dataset.meta import INFO
 from ..errors import ConfigError
+from ..formats.common.meta import INFO
 from ..formats.registry import FormatSpec
 
 

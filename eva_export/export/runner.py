@@ -32,16 +32,16 @@ from typing import Any
 from .. import confine
 from ..config import Config
 from ..confine import resolve_in_roots
-from ..dataset import video_facts
-from ..dataset.facts_index import FactsIndex
-from ..dataset.validate import SourceCheck
 from ..errors import ConfigError, EvaError, ExportError
-from ..formats.base import Exporter, Progress
-from ..formats.nonfinite import NonFinitePolicy, check_accepted, record_kept, scan_subset
+from ..formats.common import video_facts
+from ..formats.common.exporter import Exporter, Progress
+from ..formats.common.facts_index import FactsIndex
+from ..formats.common.nonfinite import NonFinitePolicy, check_accepted, record_kept, scan_subset
+from ..formats.common.source import SourceCheck
 from ..formats.registry import FormatSpec, get_spec
+from ..formats.sources import validate_any
 from ..fsutil import storage_guard, tree_size
 from ..jobs import Job, JobEngine, JobKind, JobStore, QueuePolicy, ServiceStatus
-from ..sources.registry import validate_any
 from . import faults
 from .build import Faults, SplitProgress
 from .finite_runs import write_runs
@@ -314,7 +314,7 @@ class ExportService:
         relabelled (its marker and card rewritten, new inodes), instead of the exporter's hard
         link of every file (3000 links, then 3000 unlinks with the staging, for 1000 short
         episodes). The same files and meta as ``exporter.export`` would write."""
-        from ..formats.source import write_quality_split
+        from ..formats.lerobot_v21.subset import write_quality_split
 
         out = staging / "out"
         if out.exists():  # an earlier run's pair, never published: rebuilt from the units

@@ -1,6 +1,6 @@
 """The quality split: validated sources -> complete native accepted/rejected datasets.
 
-A source is any kind sources/ validates (v2.1, v3.0, v2.0); the subsets are always real v2.1.
+A source is any kind the source registry (formats/sources.py) validates (v2.1, v3.0, v2.0); the subsets are always real v2.1.
 Several sources (a named export, merge.py) are split together into one pair: episodes in
 source order then episode order, tasks merged by text; one source is the N=1 case.
 The unit of work is the source episode (units.py): its files are written straight to their
@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..dataset.commits import UnitRecord
-from ..dataset.episode_list import row_at
-from ..dataset.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS
-from ..dataset.records import FORMAT_V21, DatasetInfo, EpisodeRow, Quality, Verdict
-from ..dataset.validate import SourceCheck
-from ..formats.nonfinite import KnownCounts, float_keys
+from ..formats.common.commits import UnitRecord
+from ..formats.common.episode_list import row_at
+from ..formats.common.meta import EPISODES, EPISODES_STATS, INFO, STATS, TASKS
+from ..formats.common.nonfinite import KnownCounts, float_keys
+from ..formats.common.records import FORMAT_V21, DatasetInfo, EpisodeRow, Quality, Verdict
+from ..formats.common.source import SourceCheck
 from ..fsutil import atomic_write_json, dumps_json, jsonl_dumps, read_json
 from ..quality.store import quality_for, read_sidecar
 from .assemble import JsonlStream, StatsSum
@@ -145,7 +145,7 @@ class SubsetResult:
     episodes: int
     frames: int
     reencoded: list[int] = field(default_factory=list)  # source indices cut by re-encoding
-    nonfinite: KnownCounts | None = None  # what the units counted (formats/nonfinite.py)
+    nonfinite: KnownCounts | None = None  # what the units counted (formats/common/nonfinite.py)
 
 
 @dataclass
@@ -236,7 +236,7 @@ def judged_rows(plan: SplitPlan) -> dict[str, list[EpisodeRow]]:
 def make_marker(plan: SplitPlan, name: str, fmt: str, job_id: str,
                 judged: dict[str, list[EpisodeRow]] | None = None) -> QualitySplit:
     from .. import __version__
-    from ..formats.card import DECISIONS_KEY, TOOL_VERSION_KEY, SplitDecisions
+    from ..formats.common.card import DECISIONS_KEY, TOOL_VERSION_KEY, SplitDecisions
 
     items = plan.subsets[name]
     judged = judged if judged is not None else judged_rows(plan)
@@ -290,7 +290,7 @@ def split_dataset(source: Path, out_root: Path, job_id: str = "") -> SplitResult
     ``out_root/accepted`` and ``out_root/rejected`` are written through a staging root beside
     them (reused when rerun); no publication logic.
     """
-    from ..sources.registry import validate_any
+    from ..formats.sources import validate_any
 
     check = validate_any(source, allow_empty_dataset=False)
     staging = Path(out_root) / ".staging"

@@ -4,7 +4,7 @@ A unit's files (its rewritten Parquet, its camera files: hard links of a v2.1/v2
 files, or cuts of a v3.0 source's shared MP4s) go straight to their templated v2.1 paths inside
 ``<staging>/native/<subset>``; then its record ``<staging>/units/<subset>/ep_NNNNNN.json``
 (episode row, statistics, row count) is renamed into place: the commit point. How an episode
-is read is the source's business (sources/base.py: ``read_table``, ``place_video``).
+is read is the source's business (formats/common/source.py: ``read_table``, ``place_video``).
 """
 
 from __future__ import annotations
@@ -20,18 +20,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import confine
-from ..dataset import stats as stats_mod
-from ..dataset.commits import UnitRecord
-from ..dataset.records import DatasetInfo
-from ..dataset.table import to_numpy
-from ..dataset.validate import SourceEpisode
-from ..dataset.video import iter_frames
 from ..errors import DatasetError, ExportError
-from ..formats.episode_stats import image_stats_of
-from ..formats.images import iter_table_images
-from ..formats.nonfinite import float_keys, table_facts
+from ..formats.common import stats as stats_mod
+from ..formats.common.commits import UnitRecord
+from ..formats.common.images import iter_table_images
+from ..formats.common.nonfinite import float_keys, table_facts
+from ..formats.common.records import DatasetInfo
+from ..formats.common.source import place_video, read_table, staged_video_ok
+from ..formats.common.source_rules import SourceEpisode
+from ..formats.common.table import to_numpy
+from ..formats.common.video import iter_frames
+from ..formats.lerobot_v21.episode_stats import image_stats_of
 from ..fsutil import read_json, set_file_mode
-from ..sources.base import place_video, read_table, staged_video_ok
 
 #: Episode row field naming the cameras re-encoded because no exact stream-copy cut existed.
 REENCODED_FIELD = "source_video_reencoded"

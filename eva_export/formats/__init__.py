@@ -1,1 +1,2 @@
-"""Export formats: one module per on-disk format, each with its writer and verifier."""
+"""On-disk formats, one package each (layout, reader, writer, verifier side by side) over the shared
+pieces in ``common``; the format and source-kind registries and ``verify_export`` on top."""

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import ExportError
-from .base import Exporter, VerifyReport
+from .common.exporter import Exporter, VerifyReport
 
 
 class ExportConfig(Protocol):
@@ -55,7 +55,7 @@ class FormatSpec:
     """One export format and everything the rest of the code needs to know about it."""
 
     name: str  # the dataset_format value on disk and in requests
-    exporter: str  # "module:Class" inside eva_export.formats (or "pkg.module:Class"), imported on first use
+    exporter: str  # ".module:Class" relative to eva_export.formats, or "pkg.module:Class", imported on first use
     description: str  # one line, for docs and CLI help
     embedded_images: bool = False  # images inside the episode files (no MP4s, total_videos 0)
     # The native split's output already is this format: its exporter only relabels the staged
@@ -67,8 +67,7 @@ class FormatSpec:
     def load(self) -> type[Exporter]:
         """The exporter class (imports its module, and with it the format's libraries)."""
         module, cls_name = self.exporter.split(":")
-        qualified = module if "." in module else f"{__package__}.{module}"
-        cls: type[Exporter] = getattr(importlib.import_module(qualified), cls_name)
+        cls: type[Exporter] = getattr(importlib.import_module(module, __package__), cls_name)
         return cls
 
     def make(self, **options: Any) -> Exporter:
@@ -103,18 +102,18 @@ def _store_options(export: ExportConfig) -> dict[str, Any]:
 
 
 SPECS: tuple[FormatSpec, ...] = (
-    FormatSpec("lerobot_v21", "lerobot_v21:LeRobotV21Exporter",
+    FormatSpec("lerobot_v21", ".lerobot_v21.exporter:LeRobotV21Exporter",
                "LeRobot v2.1 (the native split published as is; lerobot 0.3.x)",
                native=True, options=_v21_options),
-    FormatSpec("lerobot_v3", "lerobot_v3:LeRobotV3Exporter",
+    FormatSpec("lerobot_v3", ".lerobot_v3.exporter:LeRobotV3Exporter",
                "LeRobot v3.0 (sharded Parquet and MP4; lerobot 0.4.x)", options=_v3_options),
-    FormatSpec("hdf5", "hdf5:Hdf5Exporter", "HDF5, one file per episode with the images inside (h5py)",
+    FormatSpec("hdf5", ".hdf5.exporter:Hdf5Exporter", "HDF5, one file per episode with the images inside (h5py)",
                embedded_images=True, options=_hdf5_options),
-    FormatSpec("mcap", "mcap_eva:McapExporter", "MCAP (eva-client profile), one file per episode, images embedded as MessagePack",
+    FormatSpec("mcap", ".mcap_eva.exporter:McapExporter", "MCAP (eva-client profile), one file per episode, images embedded as MessagePack",
                embedded_images=True, options=_mcap_options),
-    FormatSpec("eva_store", "eva_store:EvaStoreExporter",
+    FormatSpec("eva_store", ".eva_store.exporter:EvaStoreExporter",
                "eva_store, a random-access training store (Zarr arrays, image records, a sample index)", options=_store_options),
-    FormatSpec("mcap_foxglove", "eva_export.formats.mcap_viewer.writer:McapViewerExporter",
+    FormatSpec("mcap_foxglove", ".mcap_viewer.exporter:McapViewerExporter",
                "MCAP for viewers (Foxglove, Lichtblick, Rerun): cameras as foxglove.CompressedVideo/CompressedImage, "
                "joints as ROS 2 JointState", embedded_images=True, options=_mcap_options),
 )

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..dataset.meta import INFO
-from ..dataset.records import FORMAT_V21, QUALITY_SPLIT_FILE
 from ..fsutil import read_json
 from ..manifest import verify_manifest
-from .base import VerifyReport
+from .common.exporter import VerifyReport
+from .common.meta import INFO
+from .common.records import FORMAT_V21, QUALITY_SPLIT_FILE
 from .registry import FORMATS, get_spec
 
 

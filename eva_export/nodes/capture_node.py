@@ -48,7 +48,7 @@ from rclpy.node import Node
 from eva_export.capture.recorder import Recorder
 from eva_export import confine
 from eva_export.config import load_config
-from eva_export.dataset.records import EpisodeRow
+from eva_export.formats.common.records import EpisodeRow
 from eva_export.errors import EvaError
 from eva_export.nodes import intake, ros_convert
 from eva_export.nodes.common import (

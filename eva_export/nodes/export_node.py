@@ -21,7 +21,7 @@ from eva_export_interfaces.srv import CheckDataset, StartExport  # type: ignore[
 
 from eva_export.config import Config
 from eva_export.errors import EvaError
-from eva_export.export import faults
+from eva_export import faults
 from eva_export.export.runner import ExportService
 from eva_export.jobs import Job, JobKind, ServiceStatus
 from eva_export.nodes.common import JobServiceNode, create_guarded_service, run_node, service_group
@@ -32,7 +32,7 @@ EXECUTOR_THREADS = 4
 
 
 def _hold_hook() -> Hook | None:
-    # fault injection (export/faults.py): a check held at a point it surely reaches
+    # fault injection (eva_export/faults.py): a check held at a point it surely reaches
     hold = faults.from_env("check_hold")
     if not hold:
         return None

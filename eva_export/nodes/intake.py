@@ -33,6 +33,7 @@ from rclpy.signals import SignalHandlerOptions
 from rclpy.node import Node
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
+from eva_export import faults
 from eva_export.capture.intake import StreamSpec
 from eva_export.capture.recorder import Recorder
 from eva_export.nodes import ros_convert
@@ -48,10 +49,6 @@ VECTOR_QOS_DEPTH = 200
 MAX_RESTARTS = 3
 #: How many placeholder participants this incarnation holds (set by the node's own restart).
 HOLD_ENV = "EVA_CAPTURE_HOLD_PARTICIPANTS"
-#: Test hook: a first start (no placeholders) subscribes to ``<topic>/__deaf`` and serves its
-#: services under such names, so it hears nothing while the publishers are on the graph, the
-#: one state a deaf restart produces.
-DEAF_HOOK_ENV = "EVA_TEST_DEAF_INTAKE"
 DEAF_SUFFIX = "/__deaf"
 
 
@@ -177,7 +174,9 @@ def restart_with(n: int) -> None:
 
 
 def deaf_hook() -> bool:
-    return os.environ.get(DEAF_HOOK_ENV) == "1" and held_count() == 0
+    """The ``deaf_intake`` fault point (``eva_export/faults.py``): a first start (no placeholders)
+    subscribes to ``<topic>/__deaf`` and serves its services under such names."""
+    return faults.from_env("deaf_intake") == "1" and held_count() == 0
 
 
 def describe(deaf: Sequence[tuple[StreamSpec, int]]) -> str:

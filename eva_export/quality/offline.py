@@ -1,7 +1,7 @@
 """The offline driver of the quality rules: evidence read from a dataset's own files.
 
 ``check_dataset`` reads a LeRobot v2.1, v3.0 or v2.0 dataset through the source seam
-(sources/base.py: ``open_source(root).locate(root)``) episode by episode: its rows (its own
+(formats/common/source.py: ``open_source(root).locate(root)``) episode by episode: its rows (its own
 Parquet file, or its slice of a shared v3.0 file) and every camera's frames decoded one by one
 (its MP4, or its frame range of a shared one). ``locate`` applies none of the export's source
 validation, which refuses exactly the damage this check exists to name (off-grid or repeated
@@ -21,12 +21,12 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from ..dataset.meta import read_info
-from ..dataset.records import DatasetInfo, EpisodeRow, Feature, QualityIssue, Severity
-from ..dataset.validate import SourceEpisode
-from ..sources.base import Source, SourceKind
-from ..sources.cut import seek_to_frame
-from ..sources.registry import open_source
+from ..formats.common.cut import seek_to_frame
+from ..formats.common.meta import read_info
+from ..formats.common.records import DatasetInfo, EpisodeRow, Feature, QualityIssue, Severity
+from ..formats.common.source import Source, SourceKind
+from ..formats.common.source_rules import SourceEpisode
+from ..formats.sources import open_source
 from .judge import evaluate
 from .rules import (
     F64,
@@ -75,7 +75,7 @@ class DatasetCheck:
     fps: float
     episodes: tuple[EpisodeCheck, ...]
     rows: dict[int, EpisodeRow] = field(default_factory=dict)  # the source rows, when it has them
-    kind: str = SourceKind.LEROBOT_V21  # a registered source kind (sources/registry.py)
+    kind: str = SourceKind.LEROBOT_V21  # a registered source kind (formats/sources.py)
     owned: bool = True  # verdicts may go into the rows (else only into the sidecar)
 
 

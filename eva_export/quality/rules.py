@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from ..dataset.records import QualityIssue, Severity
+from ..formats.common.records import QualityIssue, Severity
 
 #: Recorded with every verdict; bump when a rule or a default threshold changes.
 RULE_VERSION = "2"

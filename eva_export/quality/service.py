@@ -27,8 +27,8 @@ from pathlib import Path
 from .. import confine
 from ..config import Config
 from ..confine import resolve_in_roots
-from ..dataset.records import Severity
 from ..errors import ConfigError, EvaError, UnsafeNameError
+from ..formats.common.records import Severity
 from ..fsutil import tree_size
 from .offline import DatasetCheck, EpisodeCheck, check_dataset
 from .rules import RULE_VERSION
@@ -125,7 +125,7 @@ class CheckService:
         """Refuse a dataset too large to check in one call: its files' bytes, and the video
         frames to decode (info.json's total_frames x cameras: a lying info.json still meets
         the bytes bound)."""
-        from ..dataset.meta import read_info
+        from ..formats.common.meta import read_info
 
         files, size = tree_size(root)
         way_out = f"run `eva-export check {root}` instead"

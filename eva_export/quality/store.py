@@ -7,7 +7,7 @@
   rerun replaces only the previous offline issues. ``quality_rules`` records the rule version
   and which drivers judged the row.
 * **Sidecar** ``meta/eva_quality.jsonl`` (sources we do not own, v3.0 / v2.0; its one home is
-  sources/sidecar.py): one ``QualityRecord`` per episode appended as a "check" line; the
+  formats/common/sidecar.py): one ``QualityRecord`` per episode appended as a "check" line; the
   source's own files stay byte-identical. ``quality_for`` is what the split reads: the row's
   own rating first, else the sidecar's.
 """
@@ -21,8 +21,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..dataset.records import EpisodeRow, Quality, QualityIssue, Severity, present_with
-from ..sources import sidecar
+from ..formats.common import sidecar
+from ..formats.common.records import EpisodeRow, Quality, QualityIssue, Severity, present_with
 from .offline import DatasetCheck, EpisodeCheck
 from .rules import RULE_VERSION
 
@@ -51,7 +51,7 @@ class Provenance:
 @dataclass(frozen=True)
 class QualityRecord:
     """An episode's offline verdict, as ``eva-export check --sidecar`` appends it to the sidecar
-    (sources/sidecar.py, the one home of meta/eva_quality.jsonl: append-only lines merged field
+    (formats/common/sidecar.py, the one home of meta/eva_quality.jsonl: append-only lines merged field
     by field, so a re-check never erases an operator's verdict written there by a review)."""
 
     episode_index: int
@@ -126,8 +126,8 @@ def merge(row: EpisodeRow, ep: EpisodeCheck) -> EpisodeRow:
 
 def write_rows(check: DatasetCheck) -> int:
     """Merge every checked episode into its row through the dataset's single writer."""
-    from ..dataset.meta import read_info
-    from ..dataset.writer import DatasetWriter
+    from ..formats.common.meta import read_info
+    from ..formats.lerobot_v21.writer import DatasetWriter
 
     writer = DatasetWriter(check.root, read_info(check.root))  # takes .writer.lock or refuses
     current = {e.episode_index: e for e in writer.episodes}

@@ -29,13 +29,13 @@ import numpy as np
 import pyarrow as pa
 
 from eva_export import confine
-from eva_export.dataset.meta import DatasetMeta
-from eva_export.dataset.records import DatasetInfo, EpisodeRow, Feature, TaskRow
-from eva_export.dataset.source_rules import SourceEpisode
-from eva_export.dataset.table import column, schema
-from eva_export.dataset.validate import SourceCheck
-from eva_export.dataset.writer import make_features
 from eva_export.errors import DatasetError
+from eva_export.formats.common.meta import DatasetMeta
+from eva_export.formats.common.records import DatasetInfo, EpisodeRow, Feature, TaskRow
+from eva_export.formats.common.source import SourceCheck
+from eva_export.formats.common.source_rules import SourceEpisode
+from eva_export.formats.common.table import column, schema
+from eva_export.formats.lerobot_v21.writer import make_features
 
 KIND = "tiny_csv"
 MARKER = "csv_dataset.json"

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from eva_export.formats.base import Progress, VerifyReport
-from eva_export.formats.card import check_card
-from eva_export.formats.source import copy_common_meta, write_info, write_quality_split
+from eva_export.formats.common.card import check_card
+from eva_export.formats.common.exporter import Progress, VerifyReport
+from eva_export.formats.lerobot_v21.subset import copy_common_meta, write_info, write_quality_split
 
 NAME = "tiny_csv"
 

@@ -23,9 +23,9 @@ from foxglove_schemas_protobuf.CompressedImage_pb2 import CompressedImage
 from foxglove_schemas_protobuf.CompressedVideo_pb2 import CompressedVideo
 from mcap_protobuf.schema import build_file_descriptor_set
 
-from ...dataset.meta import DatasetMeta
 from ...errors import ExportError, VideoError
-from ..images import camera_frames
+from ..common.images import camera_frames
+from ..common.meta import DatasetMeta
 from .layout import IMAGE_SCHEMA, VIDEO_SCHEMA
 
 JPEG_QUALITY = 90  # the still-image fallback: about 45 dB PSNR on camera frames, 1/10 of PNG's size

@@ -30,7 +30,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ... import __version__
-from ...dataset.info_record import DEFAULT_FEATURES, Feature
+from ..common.info_record import DEFAULT_FEATURES, Feature
 
 FORMAT = "mcap_foxglove"
 PROFILE = "eva-viewer"

@@ -18,11 +18,11 @@ from mcap.reader import make_reader
 from mcap_protobuf.decoder import DecoderFactory as ProtobufDecoders
 from mcap_ros2.decoder import DecoderFactory as Ros2Decoders
 
-from ...dataset.meta import DatasetMeta
-from ...dataset.records import EpisodeRow
 from ...errors import ExportError
-from ..images import camera_frames, decode_png
-from ..source import column_numpy
+from ..common.images import camera_frames, decode_png
+from ..common.meta import DatasetMeta
+from ..common.records import EpisodeRow
+from ..lerobot_v21.subset import column_numpy
 from .cameras import CameraPlan, camera_payloads
 from .layout import EPISODE_TOPIC, numeric_keys
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ...dataset.meta import DatasetMeta
-from ...dataset.records import EpisodeRow, QualitySplit
-from ..episode_files import to_plain
+from ..common.meta import DatasetMeta
+from ..common.records import EpisodeRow, QualitySplit
+from ..lerobot_v21.episode_files import to_plain
 from .layout import FORMAT
 
 

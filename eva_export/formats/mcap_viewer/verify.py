@@ -18,13 +18,13 @@ from mcap.reader import make_reader
 from mcap_protobuf.decoder import DecoderFactory as ProtobufDecoders
 from mcap_ros2.decoder import DecoderFactory as Ros2Decoders
 
-from ...dataset.records import DatasetInfo, EpisodeRow
 from ...errors import ExportError
-from ..base import VerifyReport
-from ..checks import check_sample, check_totals, read_episode_rows, start_report
-from ..episode_files import episode_file
-from ..images import decode_png
-from ..source import state_action_keys
+from ..common.checks import check_sample, check_totals, read_episode_rows, start_report
+from ..common.exporter import VerifyReport
+from ..common.images import decode_png
+from ..common.records import DatasetInfo, EpisodeRow
+from ..lerobot_v21.episode_files import episode_file
+from ..lerobot_v21.subset import state_action_keys
 from .layout import (
     EPISODE_TOPIC,
     FORMAT,
@@ -66,7 +66,7 @@ class _Scan:
 
 
 def verify_viewer(root: Path) -> VerifyReport:
-    report, info = start_report(root, FORMAT)
+    report, info = start_report(root, FORMAT, embedded_images=True)
     if info is None:
         return report
     feats = DatasetInfo.from_dict(info)

@@ -1,0 +1,1 @@
+"""MCAP in the eva-client MessagePack profile, one file per episode: exporter, chunk writer and verifier."""

@@ -1,1 +1,0 @@
-"""Export sources: one module per dataset kind (see base.py and docs/sources.md)."""
