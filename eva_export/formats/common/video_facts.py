@@ -175,6 +175,8 @@ def known_sha256(path: Path, compute: Callable[[Path], str]) -> str:
 DIGESTS_PENDING_BYTES = 32 << 20
 #: Threads hashing them (hashlib releases the GIL: on another core than validation).
 DIGEST_THREADS = 2
+#: A file smaller than this is hashed in the reading thread (a hand-off costs more than its hash).
+DIGEST_INLINE_BYTES = 1 << 20
 
 
 class _Digests:
@@ -191,6 +193,9 @@ class _Digests:
         self.held = 0
 
     def add(self, key: FileKey, data: bytes) -> None:
+        if len(data) < DIGEST_INLINE_BYTES:
+            index_put(key, SHA256_KIND, hashlib.sha256(data).hexdigest())
+            return
         while self.pending and self.held + len(data) > DIGESTS_PENDING_BYTES:
             self._store_first()
         self.held += len(data)
