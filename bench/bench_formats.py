@@ -47,6 +47,7 @@ from eva_export.formats.common.meta import read_meta
 from eva_export.formats.common.video import VideoEncoder, VideoSettings, iter_frames
 from eva_export.formats.lerobot_v3.exporter import LeRobotV3Exporter, _VideoShards
 from eva_export.formats.lerobot_v21.writer import DatasetWriter
+from eva_export.formats.mcap_eva.options import McapOptions
 from eva_export.formats.registry import get_exporter
 from eva_export.formats.verify import verify_export
 
@@ -207,7 +208,7 @@ def main() -> int:
         hdf5_report, mcap_report = verify_export(work / "hdf5"), verify_export(work / "mcap")
         mcap_bytes = sum(p.stat().st_size for p in (work / "mcap").rglob("*") if p.is_file())
         rm("mcap")()
-        t_mcap_raw = best(lambda: get_exporter("mcap", compression="none").export(src, work / "mcap_none"), rep,
+        t_mcap_raw = best(lambda: get_exporter("mcap", McapOptions(compression="none")).export(src, work / "mcap_none"), rep,
                           rm("mcap_none"))
         res["decode_only"] = {"s": round(t_decode, 3), "frames_per_s": round(decode_fps, 1)}
         res["lerobot_v3"] = {"export_s": round(t_v3, 3), "reencode_path_s": round(t_reencode, 3),

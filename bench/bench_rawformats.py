@@ -55,11 +55,12 @@ if mode == "decode":
     with ThreadPoolExecutor(len(meta.info.video_keys)) as pool:  # the cameras of an episode at once, as hdf5 does
         n = sum(pool.map(lambda p: sum(1 for _ in iter_frames(p)), paths))
 else:
-    from eva_export.formats.registry import get_exporter
+    import dataclasses
+    from eva_export.formats.registry import get_exporter, get_spec
     from eva_export.manifest import build_manifest, sha256_file
     import resource
     fmt, _, comp = mode.partition(":")
-    exporter = get_exporter(fmt, **({"compression": comp} if comp else {}))
+    exporter = get_exporter(fmt, dataclasses.replace(get_spec(fmt).options(), compression=comp) if comp else None)
     ru0 = resource.getrusage(resource.RUSAGE_SELF)  # the export's own CPU: not the start-up, not the re-read
     t0 = time.perf_counter()
     exporter.export(src, out)

@@ -50,6 +50,7 @@ from eva_export.formats.common.meta import read_meta  # noqa: E402
 from eva_export.formats.eva_store import open_store  # noqa: E402
 from eva_export.formats.eva_store.codecs import decode_image, unpack_record  # noqa: E402
 from eva_export.formats.eva_store.exporter import EvaStoreExporter  # noqa: E402
+from eva_export.formats.eva_store.options import EvaStoreOptions
 from eva_export.formats.registry import get_exporter  # noqa: E402
 from eva_export.formats.verify import verify_export  # noqa: E402
 
@@ -286,7 +287,7 @@ def main() -> int:
         t_decode = timed(lambda: decode_only(src))
         decode_fps = video_frames / t_decode
         exports: dict[str, dict[str, Any]] = {}
-        for name, ex in (("eva_store jpeg", EvaStoreExporter()), ("eva_store raw", EvaStoreExporter(image_codec="raw"))):
+        for name, ex in (("eva_store jpeg", EvaStoreExporter()), ("eva_store raw", EvaStoreExporter(EvaStoreOptions(image_codec="raw")))):
             out = work / name.replace(" ", "_")
             t = timed(lambda: ex.export(src, out))  # noqa: B023
             rep = verify_export(out)

@@ -7,13 +7,17 @@ typo does not silently fall back to a default.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from . import confine
 from .confine import inside as inside  # re-exported: importers of config
 from .errors import ConfigError, UnsafeNameError
+from .formats import registry
+from .formats.common.options import FormatOptions
 from .sftp_settings import BULK_MODES as BULK_MODES  # re-exported: importers of config
 from .sftp_settings import SftpSettings as SftpSettings
 
@@ -128,16 +132,6 @@ class CollectionConfig:
         return path
 
 
-@dataclass(frozen=True)
-class StoreSettings:
-    """export.eva_store: options of the eva_store training format (constructor kwargs)."""
-
-    image_codec: str = "jpeg"  # jpeg, png (lossless) or raw (uncompressed)
-    jpeg_quality: int = 90
-    val_ratio: float = 0.0  # share of episodes in split "val"; 0: every sample is split "all"
-    split_seed: int = 0
-
-
 #: export.nonfinite: what an accepted episode with NaN/inf values does (formats/common/nonfinite.py's
 #: NonFinitePolicy; spelled out here so the config stays free of numpy and pyarrow).
 NONFINITE_POLICIES = ("finite_runs", "keep_passed", "refuse", "keep")
@@ -147,14 +141,16 @@ NONFINITE_POLICIES = ("finite_runs", "keep_passed", "refuse", "keep")
 class ExportConfig:
     data_roots: tuple[Path, ...]
     jobs_dir: Path
-    v3_data_file_mb: float = 100.0
-    v3_video_file_mb: float = 200.0
-    hdf5_compression: str = ""  # "", "lzf" or "gzip"
-    mcap_compression: str = "lz4"  # "lz4", "zstd" or "none": MCAP chunk compression
-    eva_store: StoreSettings = StoreSettings()
     workers: int = 0  # worker processes for episode units; 0 -> auto (os.cpu_count() when worth it); 1 -> serial
     nonfinite: str = "finite_runs"  # NaN/inf in accepted episodes: finite_runs, keep_passed, refuse or keep (formats/common/nonfinite.py)
     nonfinite_min_run: int = 10  # finite_runs: shorter finite runs are dropped (and counted)
+    # export.formats.<name>: each registered format's options record, parsed when the config loads
+    formats: Mapping[str, FormatOptions] = field(default_factory=lambda: MappingProxyType({}))
+
+    def options_for(self, name: str) -> FormatOptions:
+        """Format ``name``'s options record (its defaults when registered after the config loaded)."""
+        found = self.formats.get(name)
+        return found if found is not None else registry.get_spec(name).options()
 
 
 @dataclass(frozen=True)
@@ -202,19 +198,6 @@ def _vector(d: Any, where: str) -> VectorStream | None:
     if vs.field not in ("position", "velocity", "effort"):
         raise ConfigError(f"{where}.field must be position, velocity or effort")
     return vs
-
-
-def _store_settings(d: Any) -> StoreSettings:
-    d = _take(d or {}, "export.eva_store", set(StoreSettings.__dataclass_fields__))
-    try:
-        st = StoreSettings(image_codec=str(d.get("image_codec", "jpeg")), jpeg_quality=int(d.get("jpeg_quality", 90)),
-                           val_ratio=float(d.get("val_ratio", 0.0)), split_seed=int(d.get("split_seed", 0)))
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"export.eva_store: {exc}") from exc
-    if st.image_codec not in ("jpeg", "png", "raw") or not 1 <= st.jpeg_quality <= 100 or not 0 <= st.val_ratio < 1:
-        raise ConfigError("export.eva_store: image_codec must be jpeg, png or raw, jpeg_quality 1..100, "
-                          "val_ratio in [0, 1)")
-    return st
 
 
 def default_log_dir() -> Path:
@@ -305,27 +288,59 @@ def parse_sftp(values: dict[str, Any]) -> SftpSettings:
 
 def _export(raw: dict[str, Any], log_dir: Path) -> ExportConfig:
     ex = _take(raw.get("export") or {}, "export",
-               {"data_roots", "jobs_dir", "v3_data_file_mb", "v3_video_file_mb", "hdf5_compression",
-                "mcap_compression", "eva_store", "workers", "nonfinite", "nonfinite_min_run"})
+               {"data_roots", "jobs_dir", "formats", "workers", "nonfinite", "nonfinite_min_run", *OLDER_KEYS})
     roots = tuple(Path(r).expanduser().absolute() for r in (ex.get("data_roots") or [log_dir]))
     export = ExportConfig(
         data_roots=roots, jobs_dir=Path(ex.get("jobs_dir") or log_dir / ".jobs" / "export"),
-        v3_data_file_mb=float(ex.get("v3_data_file_mb", 100.0)),
-        v3_video_file_mb=float(ex.get("v3_video_file_mb", 200.0)),
-        hdf5_compression=str(ex.get("hdf5_compression", "")), mcap_compression=str(ex.get("mcap_compression", "lz4")),
-        eva_store=_store_settings(ex.get("eva_store")),
         workers=_workers(ex.get("workers", 0)),
         nonfinite=str(ex.get("nonfinite", "finite_runs")),
-        nonfinite_min_run=int(ex.get("nonfinite_min_run", 10)),
+        nonfinite_min_run=int(ex.get("nonfinite_min_run", 10)), formats=_format_options(ex),
     )
     if export.nonfinite not in NONFINITE_POLICIES or export.nonfinite_min_run < 1:
         raise ConfigError(f"export.nonfinite must be one of {list(NONFINITE_POLICIES)} (got {export.nonfinite!r}) "
                           f"and export.nonfinite_min_run at least 1 frame (got {export.nonfinite_min_run})")
-    if export.hdf5_compression not in ("", "lzf", "gzip"):
-        raise ConfigError("export.hdf5_compression must be '', 'lzf' or 'gzip'")
-    if export.mcap_compression not in ("lz4", "zstd", "none"):
-        raise ConfigError(f"export.mcap_compression must be 'lz4', 'zstd' or 'none', got {export.mcap_compression!r}")
     return export
+
+
+#: The older spellings under export, each one key of a format's section (mcap_compression set
+#: both MCAP profiles); export.eva_store.<key> is the older spelling of export.formats.eva_store.<key>.
+OLDER_KEYS: Mapping[str, tuple[tuple[str, str], ...]] = {
+    "v3_data_file_mb": (("lerobot_v3", "data_file_mb"),),
+    "v3_video_file_mb": (("lerobot_v3", "video_file_mb"),),
+    "hdf5_compression": (("hdf5", "compression"),),
+    "mcap_compression": (("mcap", "compression"), ("mcap_foxglove", "compression")),
+    "eva_store": (),
+}
+
+
+def _format_options(ex: dict[str, Any]) -> Mapping[str, FormatOptions]:
+    """export.formats.<name> as each registered format's options record, the older keys mapped in."""
+    given = _take(ex.get("formats") or {}, "export.formats", set(registry.FORMATS))
+    sections = {name: _mapping(v, f"export.formats.{name}") for name, v in given.items()}
+    older = [(f"export.{k}", name, key, ex[k]) for k, targets in OLDER_KEYS.items() if k in ex for name, key in targets]
+    store = _mapping(ex.get("eva_store"), "export.eva_store")
+    older += [(f"export.eva_store.{key}", "eva_store", key, value) for key, value in store.items()]
+    spelled: dict[str, list[str]] = {}
+    for old, name, key, value in older:
+        if key in sections.setdefault(name, {}):
+            raise ConfigError(f"{old} and export.formats.{name}.{key} are one setting given twice; "
+                              f"keep export.formats.{name}.{key}")
+        sections[name][key] = value
+        spelled.setdefault(name, []).append(old)
+    records = {}
+    for spec in registry.SPECS:  # read now: a format registered later (a test plugin) counts
+        try:
+            records[spec.name] = spec.parse(sections.get(spec.name, {}), f"export.formats.{spec.name}")
+        except ConfigError as exc:
+            if spec.name not in spelled:
+                raise
+            raise ConfigError(f"{exc} (given as {', '.join(spelled[spec.name])})") from exc
+    return MappingProxyType(records)
+
+
+def _mapping(d: Any, where: str) -> dict[str, Any]:
+    """A section whose keys its own parser checks: here only that it is a mapping (or empty)."""
+    return dict(_take(d or {}, where, set(d) if isinstance(d, dict) else set()))
 
 
 def _workers(value: Any) -> int:

@@ -14,6 +14,8 @@ from typing import Any
 import yaml
 
 from eva_export import config as cfg
+from eva_export.formats.eva_store.options import EvaStoreOptions
+from eva_export.formats.registry import FORMATS
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "config" / "default.yaml"
@@ -60,7 +62,9 @@ def test_default_yaml_lists_every_config_key() -> None:
     assert set(col["storage"]) == {"sftp"}
     assert set(col["storage"]["sftp"]) == _fields(cfg.SftpSettings)
     assert set(raw["export"]) == _fields(cfg.ExportConfig)
-    assert set(raw["export"]["eva_store"]) == _fields(cfg.StoreSettings)
+    assert set(raw["export"]["formats"]) == set(FORMATS)
+    for name, spec in FORMATS.items():
+        assert set(raw["export"]["formats"][name]) == _fields(spec.options), name
     assert set(raw["upload"]) == _fields(cfg.UploadConfig)
     assert set(raw["console"]) == _fields(cfg.ConsoleConfig)
 
@@ -70,7 +74,7 @@ def test_default_yaml_values_are_the_dataclass_defaults() -> None:
     raw = _uncommented()
     c = cfg.parse_config(raw, DEFAULT)
     assert c.collection.capture == cfg.CaptureSettings()
-    assert c.export.eva_store == cfg.StoreSettings()
+    assert c.export.formats["eva_store"] == EvaStoreOptions()
     assert c.console == cfg.ConsoleConfig()
     sftp = c.collection.sftp
     assert sftp is not None
@@ -79,9 +83,7 @@ def test_default_yaml_values_are_the_dataclass_defaults() -> None:
                  "retry_backoff_max_s", "bandwidth_limit_bps", "parallel_files"):
         assert getattr(sftp, name) == getattr(defaults, name), name
     empty = cfg.parse_config({})
-    assert c.export.v3_data_file_mb == empty.export.v3_data_file_mb
-    assert c.export.v3_video_file_mb == empty.export.v3_video_file_mb
-    assert c.export.hdf5_compression == empty.export.hdf5_compression
+    assert c.export.formats == empty.export.formats
 
 
 def test_default_yaml_as_shipped_parses() -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from eva_export.config import parse_config
 from eva_export.errors import ConfigError
+from eva_export.formats.registry import FORMATS
 from eva_export.upload.backends import backend_names
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +35,8 @@ SECTIONS: dict[str, dict[str, Any]] = {
     "collection.capture": {"collection": {"capture": {PROBE: 1}}},
     "collection.storage.sftp": {"collection": {"storage": {"sftp": {"host": "h", PROBE: 1}}}},
     "export": {"export": {PROBE: 1}},
-    "export.eva_store": {"export": {"eva_store": {PROBE: 1}}},
+    "export.formats": {"export": {"formats": {PROBE: 1}}},
+    **{f"export.formats.{name}": {"export": {"formats": {name: {PROBE: 1}}}} for name in FORMATS},
     "upload": {"upload": {PROBE: 1}},
     "console": {"console": {PROBE: 1}},
 }

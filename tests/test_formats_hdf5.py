@@ -19,6 +19,7 @@ from eva_export.formats.common import images as images_mod
 from eva_export.formats.common.table import to_numpy
 from eva_export.formats.hdf5 import exporter as hdf5_mod
 from eva_export.formats.hdf5.exporter import Hdf5Exporter, find_item, read_group
+from eva_export.formats.hdf5.options import Hdf5Options
 
 W, H, FPS = 64, 48, 30
 TOL = 5
@@ -34,7 +35,7 @@ def test_hdf5_round_trip(tmp_path: Path, compression: str) -> None:
     src = subset(tmp_path / "src", [Ep(frames=9, extra={"stream_stats": {"cam0": {"late": 1}}}),
                                     Ep(frames=7, quality="red", issues=issues, verdict="pass", note="ok")])
     out = tmp_path / "out"
-    ex = Hdf5Exporter(compression=compression)
+    ex = Hdf5Exporter(Hdf5Options(compression=compression))
     ex.export(src, out)
     assert ex.verify(out).ok
     info = json.loads((out / "meta/info.json").read_text())
@@ -153,7 +154,7 @@ def test_hdf5_readable_by_debian_tools(tmp_path: Path) -> None:
     assert shutil.which("h5ls"), "h5ls missing: tools/setup.sh installs hdf5-tools"
     src = subset(tmp_path / "src", [Ep(frames=4)], cameras=1)
     out = tmp_path / "out"
-    Hdf5Exporter(compression="gzip").export(src, out)
+    Hdf5Exporter(Hdf5Options(compression="gzip")).export(src, out)
     res = subprocess.run(["h5ls", "-r", str(out / "data/chunk-000/episode_000000.hdf5")],
                          capture_output=True, text=True, check=True)
     assert "/images/item_000000/value Dataset {4/Inf, 48, 64, 3}" in res.stdout

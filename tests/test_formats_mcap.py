@@ -17,6 +17,7 @@ from eva_export.errors import ExportError
 from eva_export.export.records import QualitySplit
 from eva_export.formats.common.table import to_numpy
 from eva_export.formats.mcap_eva.exporter import McapExporter, decode_image
+from eva_export.formats.mcap_eva.options import McapOptions
 
 W, H, FPS = 64, 48, 30
 TOL = 5
@@ -30,7 +31,7 @@ def subset(root: Path, eps: list[Ep], **kw: object) -> Path:
 def test_mcap_round_trip(tmp_path: Path, compression: str) -> None:
     src = subset(tmp_path / "src", [Ep(frames=7, note="n"), Ep(frames=5, quality="red", verdict="fail")], fps=FPS)
     out = tmp_path / "out"
-    ex = McapExporter(compression=compression, chunk_size=64 * 1024)
+    ex = McapExporter(McapOptions(compression=compression), chunk_size=64 * 1024)
     ex.export(src, out)
     assert ex.verify(out).ok
     info = json.loads((out / "meta/info.json").read_text())

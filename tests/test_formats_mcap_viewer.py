@@ -34,6 +34,7 @@ from eva_export.formats.common.video import iter_frames
 from eva_export.formats.eva_store.codecs import encode_image
 from eva_export.formats.mcap_viewer import layout
 from eva_export.formats.mcap_viewer.exporter import McapViewerExporter
+from eva_export.formats.mcap_viewer.options import ViewerOptions
 from eva_export.formats.verify import verify_export
 from eva_export.jobs import COMPLETED
 
@@ -63,8 +64,8 @@ def h264_frames(datas: list[bytes]) -> list[np.ndarray]:
     return out + [f.to_ndarray(format="rgb24") for f in cc.decode(None)]
 
 
-def export(src: Path, out: Path, **kw: Any) -> McapViewerExporter:
-    ex = McapViewerExporter(**kw)
+def export(src: Path, out: Path, options: ViewerOptions = ViewerOptions()) -> McapViewerExporter:
+    ex = McapViewerExporter(options)
     ex.export(src, out)
     return ex
 
@@ -249,7 +250,7 @@ def test_camera_frame_count_mismatch_fails_naming_the_source(tmp_path: Path, fra
 def test_damaged_file_is_refused(tmp_path: Path) -> None:
     src = make_subset(tmp_path / "src", [Ep(frames=6), Ep(frames=6)], "accepted", fps=FPS)
     out = tmp_path / "out"
-    export(src, out, compression="none")
+    export(src, out, ViewerOptions(compression="none"))
     assert verify_export(out).ok
     flipped, cut = out / "data/chunk-000/episode_000000.mcap", out / "data/chunk-000/episode_000001.mcap"
     data = bytearray(flipped.read_bytes())

@@ -36,6 +36,7 @@ from eva_export.formats.common.video import iter_frames
 from eva_export.formats.eva_store import StoreError, open_store
 from eva_export.formats.eva_store.codecs import encode_image
 from eva_export.formats.eva_store.exporter import EvaStoreExporter, split_of_episodes
+from eva_export.formats.eva_store.options import EvaStoreOptions
 from eva_export.formats.eva_store.records import (
     KIND_RECORDS,
     KIND_ZARR,
@@ -102,7 +103,7 @@ def _check_round_trip(src: Path, out: Path, codec: str) -> None:
 def test_store_round_trip_every_frame_and_value(tmp_path: Path, codec: str) -> None:
     src = make_subset(tmp_path / "src", [Ep(frames=9, task="pick"), Ep(frames=7, task="place", quality="red")])
     out = tmp_path / "out"
-    ex = EvaStoreExporter(image_codec=codec, jpeg_quality=92)
+    ex = EvaStoreExporter(EvaStoreOptions(image_codec=codec, jpeg_quality=92))
     ex.export(src, out)
     report = ex.verify(out)
     assert report.ok, report.errors
@@ -148,7 +149,7 @@ def test_store_round_trip_every_frame_and_value(tmp_path: Path, codec: str) -> N
 def test_store_views_splits_and_temporal_context(tmp_path: Path) -> None:
     src = make_subset(tmp_path / "src", [Ep(frames=5 + e) for e in range(6)], cameras=1)
     out = tmp_path / "out"
-    EvaStoreExporter(image_codec="raw", val_ratio=0.34, split_seed=3).export(src, out)
+    EvaStoreExporter(EvaStoreOptions(image_codec="raw", val_ratio=0.34, split_seed=3)).export(src, out)
     assert verify_export(out).ok
     splits = split_of_episodes(list(range(6)), 0.34, 3)
     assert splits == split_of_episodes(list(range(6)), 0.34, 3)  # deterministic
@@ -327,7 +328,7 @@ def test_rerun_reuses_finished_shards_and_rewrites_changed_ones(tmp_path: Path) 
         os.link(p / SHARD_FILE, keep / p.name)
     ex.export(src, out)
     assert ex.resumed == [0, 1, 2]
-    ex_png = EvaStoreExporter(image_codec="png")  # other options: every shard is rewritten
+    ex_png = EvaStoreExporter(EvaStoreOptions(image_codec="png"))  # other options: every shard is rewritten
     ex_png.export(src, out)
     assert ex_png.resumed == [] and verify_export(out).ok
     assert Manifest.read(out).shards[0].blocks["observation.images.cam0"].codec == "png"
@@ -437,14 +438,15 @@ def test_export_service_produces_accepted_and_rejected_stores(tmp_path: Path) ->
 
 def test_config_section_eva_store() -> None:
     cfg = parse_config({"export": {"eva_store": {"image_codec": "png", "jpeg_quality": 80}}})
-    assert cfg.export.eva_store.image_codec == "png" and cfg.export.eva_store.jpeg_quality == 80
-    assert parse_config({}).export.eva_store.image_codec == "jpeg"
+    store = cfg.export.options_for("eva_store")
+    assert store.image_codec == "png" and store.jpeg_quality == 80
+    assert parse_config({}).export.options_for("eva_store").image_codec == "jpeg"
     with pytest.raises(ConfigError, match="image_codec must be jpeg, png or raw"):
         parse_config({"export": {"eva_store": {"image_codec": "webp"}}})
     with pytest.raises(ConfigError, match="unknown keys"):
         parse_config({"export": {"eva_store": {"quality": 80}}})
     with pytest.raises(ValueError, match="image_codec 'gif'"):
-        get_exporter("eva_store", image_codec="gif")
+        get_exporter("eva_store", EvaStoreOptions(image_codec="gif"))
 
 
 # ---- foreign inputs ---------------------------------------------------------------------------
@@ -457,7 +459,7 @@ def test_lerobot_written_v21_fixture_exports(tmp_path: Path) -> None:
                  episode_count=len(meta.episodes), frame_count=sum(e.length for e in meta.episodes)).write(src)
     complete_stats(src)  # LeRobot 0.3.3 writes no quantiles and no stats.json; the split computes them
     out = tmp_path / "out"
-    ex = EvaStoreExporter(image_codec="png")
+    ex = EvaStoreExporter(EvaStoreOptions(image_codec="png"))
     ex.export(src, out)
     rep = ex.verify(out)
     assert rep.ok, rep.errors
@@ -501,7 +503,7 @@ def test_raw_fast_path_refuses_shifted_records(tmp_path: Path) -> None:
     """Raw frames skip the MessagePack unpack of their pixels; the header is still checked."""
     src = make_subset(tmp_path / "src", [Ep(frames=4)], cameras=1)
     out = tmp_path / "out"
-    EvaStoreExporter(image_codec="raw").export(src, out)
+    EvaStoreExporter(EvaStoreOptions(image_codec="raw")).export(src, out)
     assert verify_export(out).ok
     rel_off = "shards/shard-00000/records/observation.images.cam0.offsets.npy"
     off = np.load(out / rel_off)
@@ -520,7 +522,7 @@ def test_descriptor_eviction_keeps_numeric_columns(tmp_path: Path, monkeypatch: 
 
     src = make_subset(tmp_path / "src", [Ep(frames=3) for _ in range(4)], cameras=1)
     out = tmp_path / "out"
-    EvaStoreExporter(image_codec="raw").export(src, out)
+    EvaStoreExporter(EvaStoreOptions(image_codec="raw")).export(src, out)
     monkeypatch.setattr(reader_mod, "MAX_OPEN_SHARDS", 2)
     reads = []
     real = reader_mod._read_numeric

@@ -21,6 +21,7 @@ from eva_export.export.records import QualitySplit
 from eva_export.formats.common.table import to_numpy
 from eva_export.formats.common.video import VideoSettings, iter_frames, stream_timing
 from eva_export.formats.lerobot_v3.exporter import LeRobotV3Exporter, tasks_table
+from eva_export.formats.lerobot_v3.options import V3Options
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "lerobot-written" / "v30"  # LeRobot-written reference (copied from shared/fixtures)
 W, H, FPS = 64, 48, 30
@@ -88,7 +89,7 @@ def test_v3_several_shards_every_frame_through_the_locator(tmp_path: Path) -> No
     lengths = [12, 20, 7, 15, 9, 11]
     src = subset(tmp_path / "src", [Ep(frames=n) for n in lengths])
     biggest = max(p.stat().st_size for p in (src / "videos").rglob("*.mp4"))
-    ex = LeRobotV3Exporter(data_files_size_in_mb=1500 / 2**20, video_files_size_in_mb=2.5 * biggest / 2**20)
+    ex = LeRobotV3Exporter(V3Options(data_file_mb=1500 / 2**20, video_file_mb=2.5 * biggest / 2**20))
     out = tmp_path / "out"
     seen: list[int] = []
     ex.export(src, out, progress=_progress(seen))
@@ -117,7 +118,7 @@ def test_v3_ffprobe_counts_match_shard_lengths(tmp_path: Path) -> None:
     src = subset(tmp_path / "src", [Ep(frames=n) for n in lengths])
     biggest = max(p.stat().st_size for p in (src / "videos").rglob("*.mp4"))
     out = tmp_path / "out"
-    LeRobotV3Exporter(video_files_size_in_mb=2.2 * biggest / 2**20).export(src, out)
+    LeRobotV3Exporter(V3Options(video_file_mb=2.2 * biggest / 2**20)).export(src, out)
     eps = read_locator(out)
     per_file: dict[tuple[str, int, int], int] = {}
     for e in eps:

@@ -18,6 +18,7 @@ from eva_export.formats.common.meta import read_meta
 from eva_export.formats.common.video import iter_frames
 from eva_export.formats.common.written import RegionHasher
 from eva_export.formats.hdf5.exporter import Hdf5Exporter, find_item
+from eva_export.formats.hdf5.options import Hdf5Options
 from eva_export.formats.mcap_eva.exporter import McapExporter, decode_image
 from eva_export.manifest import MANIFEST_FILE, Manifest, build_manifest, recorded_digest, sha256_file, write_manifest
 
@@ -117,7 +118,7 @@ def test_hdf5_page_sized_frames_go_direct_else_buffered(tmp_path: Path, monkeypa
 def test_hdf5_compressed_gets_no_digest_and_manifest_reads_it(tmp_path: Path) -> None:
     src = make_subset(tmp_path / "src", [Ep(frames=6)], cameras=1)
     out = tmp_path / "out"
-    Hdf5Exporter(compression="gzip").export(src, out)
+    Hdf5Exporter(Hdf5Options(compression="gzip")).export(src, out)
     path = out / "data/chunk-000/episode_000000.hdf5"
     assert recorded_digest(path) is None
     entry = build_manifest(out).by_path()["data/chunk-000/episode_000000.hdf5"]

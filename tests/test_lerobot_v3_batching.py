@@ -19,6 +19,7 @@ from eva_export.formats.common import stats as stats_mod
 from eva_export.formats.common.meta import read_meta
 from eva_export.formats.lerobot_v3 import probe as v3_probe
 from eva_export.formats.lerobot_v3.exporter import LeRobotV3Exporter, stats_column
+from eva_export.formats.lerobot_v3.options import V3Options
 from eva_export.formats.lerobot_v3.tables import StatColumn
 from eva_export.formats.lerobot_v3.timing import shard_timing_problems
 from eva_export.formats.lerobot_v3.verify import read_episodes_meta
@@ -34,7 +35,7 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def export(src: Path, out: Path) -> Path:
     # small limits: several data files and several video shards, many episodes in each
-    LeRobotV3Exporter(data_files_size_in_mb=1500 / 2**20, video_files_size_in_mb=8000 / 2**20).export(src, out)
+    LeRobotV3Exporter(V3Options(data_file_mb=1500 / 2**20, video_file_mb=8000 / 2**20)).export(src, out)
     return out
 
 

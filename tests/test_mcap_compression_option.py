@@ -12,12 +12,13 @@ from mcap.reader import make_reader
 
 from eva_export.config import ConfigError, parse_config
 from eva_export.formats.mcap_eva.exporter import McapExporter
+from eva_export.formats.mcap_eva.options import McapOptions
 from eva_export.formats.registry import get_spec
 
 
 def test_default_is_lz4_and_a_bad_value_is_refused() -> None:
-    assert parse_config({}).export.mcap_compression == "lz4"
-    assert parse_config({"export": {"mcap_compression": "none"}}).export.mcap_compression == "none"
+    assert parse_config({}).export.options_for("mcap").compression == "lz4"
+    assert parse_config({"export": {"mcap_compression": "none"}}).export.options_for("mcap").compression == "none"
     with pytest.raises(ConfigError, match="mcap_compression"):
         parse_config({"export": {"mcap_compression": "gzip"}})
 
@@ -25,7 +26,7 @@ def test_default_is_lz4_and_a_bad_value_is_refused() -> None:
 @pytest.mark.parametrize("setting, chunk", [("lz4", "lz4"), ("zstd", "zstd"), ("none", "")])
 def test_the_job_exporter_writes_chunks_as_configured(tmp_path: Path, setting: str, chunk: str) -> None:
     spec = get_spec("mcap")
-    ex = spec.make(**spec.options(parse_config({"export": {"mcap_compression": setting}}).export))
+    ex = spec.make(parse_config({"export": {"mcap_compression": setting}}).export.options_for("mcap"))
     assert isinstance(ex, McapExporter) and ex.compression == setting
     src = make_subset(tmp_path / "src", [Ep(frames=6)], "accepted", cameras=2, width=64, height=48)
     out = tmp_path / "out"
@@ -41,7 +42,7 @@ def test_the_job_exporter_writes_chunks_as_configured(tmp_path: Path, setting: s
 def test_verify_refuses_a_chunk_compression_the_reader_refuses(tmp_path: Path) -> None:
     src = make_subset(tmp_path / "src", [Ep(frames=6)], "accepted", cameras=1, width=64, height=48)
     out = tmp_path / "out"
-    McapExporter(compression="lz4").export(src, out)
+    McapExporter(McapOptions(compression="lz4")).export(src, out)
     path = out / "data/chunk-000/episode_000000.mcap"
     data = path.read_bytes()
     assert data.count(b"\x03\x00\x00\x00lz4") >= 2  # the chunk record and its chunk index name it

@@ -30,6 +30,7 @@ from eva_export.export.runner import ExportService
 from eva_export.formats.common import sidecar
 from eva_export.formats.common.source import SourceKind
 from eva_export.formats.common.table import to_numpy
+from eva_export.formats.lerobot_v3.options import V3Options
 from eva_export.fsutil import iter_jsonl
 from eva_export.jobs import COMPLETED, Job
 from eva_export.quality.offline import DatasetCheck, check_dataset
@@ -254,7 +255,7 @@ def test_v30_check_over_several_data_and_video_files_reads_each_episode_from_its
 
     v21 = make_subset(tmp_path / "made", [Ep(frames=n) for n in (40, 7, 45, 33, 12)], cameras=2, width=32, height=24)
     src = tmp_path / "v30multi"
-    LeRobotV3Exporter(data_files_size_in_mb=0.004, video_files_size_in_mb=0.008).export(v21, src)
+    LeRobotV3Exporter(V3Options(data_file_mb=0.004, video_file_mb=0.008)).export(v21, src)
     for name in ("quality_split.json", "episodes.jsonl", "tasks.jsonl", "episodes_stats.jsonl"):
         (src / "meta" / name).unlink(missing_ok=True)
     assert len(list((src / "data").rglob("*.parquet"))) > 1

@@ -31,7 +31,7 @@ def test_config_cli_and_help_take_the_registry_names() -> None:
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
 def test_each_spec_builds_its_exporter_from_the_default_config(spec: registry.FormatSpec) -> None:
     cfg = config.parse_config({"collection": {"log_dir": "/tmp/eva-registry-test"}})
-    exporter = spec.make(**spec.options(cfg.export))
+    exporter = spec.make(cfg.export.options_for(spec.name))
     assert exporter.name == spec.name
     assert callable(exporter.export) and callable(exporter.verify)
 

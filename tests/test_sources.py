@@ -32,6 +32,7 @@ from eva_export.formats.common.source import SourceKind
 from eva_export.formats.common.table import to_numpy
 from eva_export.formats.eva_store import open_store
 from eva_export.formats.lerobot_v3.exporter import LeRobotV3Exporter
+from eva_export.formats.lerobot_v3.options import V3Options
 from eva_export.formats.sources import detect_kind, validate_any
 from eva_export.formats.verify import verify_export
 from eva_export.fsutil import iter_jsonl, read_json
@@ -355,7 +356,7 @@ def test_v30_with_several_data_and_video_files(tmp_path: Path) -> None:
 
     v21 = make_subset(tmp_path / "made", [Ep(frames=n) for n in (12, 7, 15, 9)], cameras=2, width=32, height=24)
     src = tmp_path / "data" / "v30multi"
-    LeRobotV3Exporter(data_files_size_in_mb=0.002, video_files_size_in_mb=0.004).export(v21, src)
+    LeRobotV3Exporter(V3Options(data_file_mb=0.002, video_file_mb=0.004)).export(v21, src)
     for name in ("quality_split.json", "episodes.jsonl", "tasks.jsonl", "episodes_stats.jsonl"):
         (src / "meta" / name).unlink(missing_ok=True)  # a foreign v3.0 dataset, not our export
     assert len(list((src / "data").rglob("*.parquet"))) > 1

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(300)
 NOT_FOR_V3 = ("paramiko", "h5py", "mcap", "zarr", "ray", "msgpack", "lz4", "pandas", "torch",
               "eva_export.formats.hdf5.exporter", "eva_export.formats.mcap_eva.exporter", "eva_export.formats.eva_store.exporter",
               "eva_export.export.batch", "eva_export.upload.connection", "eva_export.upload.runner",
-              "eva_export.formats.eva_store")
+              "eva_export.formats.eva_store.reader")
 
 SCRIPT = """
 import json, sys

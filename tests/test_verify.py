@@ -15,7 +15,9 @@ from dsfactory import Ep, image, make_dataset
 from eva_export.errors import ExportError
 from eva_export.export.records import QualitySplit
 from eva_export.formats.common.meta import read_meta
+from eva_export.formats.common.options import FormatOptions
 from eva_export.formats.common.video import VideoEncoder, VideoSettings
+from eva_export.formats.mcap_eva.options import McapOptions
 from eva_export.formats.registry import FORMATS, UnknownFormatError, get_exporter
 from eva_export.formats.verify import detect_format, verify_export
 
@@ -35,9 +37,9 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return subset(tmp_path_factory.mktemp("src") / "accepted", [Ep(frames=6), Ep(frames=9, note="n"), Ep(frames=4)])
 
 
-def export(source: Path, tmp_path: Path, fmt: str, **options: object) -> Path:
+def export(source: Path, tmp_path: Path, fmt: str, options: FormatOptions | None = None) -> Path:
     out = tmp_path / fmt
-    get_exporter(fmt, **options).export(source, out, progress=None)  # type: ignore[arg-type]
+    get_exporter(fmt, options).export(source, out, progress=None)  # type: ignore[arg-type]
     return out
 
 
@@ -158,7 +160,7 @@ def test_hdf5_truncated_images_are_an_error(source: Path, tmp_path: Path) -> Non
 
 
 def test_mcap_flipped_byte_fails_the_crc_check(source: Path, tmp_path: Path) -> None:
-    out = export(source, tmp_path, "mcap", compression="none")
+    out = export(source, tmp_path, "mcap", McapOptions(compression="none"))
     path = out / "data/chunk-000/episode_000001.mcap"
     data = bytearray(path.read_bytes())
     pos = data.index(b"rgb8") + 200  # inside an image message inside a chunk

@@ -37,6 +37,7 @@ from ..formats.common import video_facts
 from ..formats.common.exporter import Exporter, Progress
 from ..formats.common.facts_index import FactsIndex
 from ..formats.common.nonfinite import NonFinitePolicy, check_accepted, record_kept, scan_subset
+from ..formats.common.options import FormatOptions
 from ..formats.common.source import SourceCheck
 from ..formats.registry import FormatSpec, get_spec
 from ..formats.sources import validate_any
@@ -65,10 +66,10 @@ def source_list(source_dir: SourceArg | Sequence[SourceArg]) -> list[SourceArg]:
     return [source_dir] if isinstance(source_dir, (str, os.PathLike)) else list(source_dir)
 
 
-def load_exporter(spec: FormatSpec, **options: Any) -> Exporter:
-    """The format's exporter (its module imported now, not before)."""
+def load_exporter(spec: FormatSpec, options: FormatOptions | None = None) -> Exporter:
+    """The format's exporter built with its options record (its module imported now, not before)."""
     try:
-        return spec.make(**options)
+        return spec.make(options)
     except EvaError:
         raise
     except Exception as exc:  # noqa: BLE001 - name the format, whatever the import raised
@@ -226,7 +227,7 @@ class ExportService:
         fmt = spec.name
         paths = self.paths(job)
         injected = self.faults.exporters.get(fmt)
-        exporter = injected() if injected is not None else load_exporter(spec, **spec.options(self.config.export))
+        exporter = injected() if injected is not None else load_exporter(spec, self.config.export.options_for(fmt))
         if paths.backups():
             with export_lock(paths):
                 # A kill between the two publication renames left the old pair in .backup-*:

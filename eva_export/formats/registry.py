@@ -1,13 +1,17 @@
 """The export formats: one ``FormatSpec`` each, the only place a format is defined.
 
 Everything that names formats derives from ``SPECS`` and reads ``FORMATS`` when it runs (no
-copies): the export request (resolved once, ``export/request.py``), the exporter options, the
-upload gate, the CLI choices and help, the console, the verifier (``eva-export verify`` and the
-export job's check before publication). ``get_spec`` is the one lookup and
+copies): the export request (resolved once, ``export/request.py``), the config's option
+sections (``export.formats.<name>``, each parsed once into the spec's options record), the
+upload gate, the CLI choices and help, the console, the verifier (``eva-export verify`` and
+the export job's check before publication). ``get_spec`` is the one lookup and
 ``UnknownFormatError`` the one refusal of a name that is not registered.
 
-Adding a format = one module ``formats/<name>.py`` with an exporter class (``export`` and
-``verify``, see base.Exporter) + one ``FormatSpec`` line below + its tests and docs.
+Adding a format = one module or package ``formats/<name>/`` with an exporter class (``export``
+and ``verify``, see common/exporter.py; its constructor takes the format's options record) + one
+``FormatSpec`` line below + its tests and docs. A format with options adds a frozen record
+deriving from ``FormatOptions`` with its ``parse`` (common/options.py) and names it in its spec;
+one without takes ``NoOptions``.
 
 This module stays light (no numpy, pyarrow, h5py, mcap): config imports it, and an exporter's
 module is imported only when that format is used, so a v3 export never loads h5py or mcap
@@ -16,38 +20,20 @@ module is imported only when that format is used, so a v3 export never loads h5p
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
 
 from ..errors import ExportError
 from .common.exporter import Exporter, VerifyReport
-
-
-class ExportConfig(Protocol):
-    """The export settings the exporters' options are read from: ``config.ExportConfig``.
-
-    A protocol, not an import: this module stays below config in the layers (config's
-    class named here would be an import from a lower layer up, even for the type checker).
-    """
-
-    @property
-    def v3_data_file_mb(self) -> float: ...
-    @property
-    def v3_video_file_mb(self) -> float: ...
-    @property
-    def hdf5_compression(self) -> str: ...
-    @property
-    def mcap_compression(self) -> str: ...
-    @property
-    def eva_store(self) -> Any: ...  # config.StoreSettings (a frozen dataclass)
-
-
-def _no_options(_export: ExportConfig) -> dict[str, Any]:
-    return {}
+from .common.options import FormatOptions, NoOptions
+from .eva_store.options import EvaStoreOptions
+from .hdf5.options import Hdf5Options
+from .lerobot_v3.options import V3Options
+from .lerobot_v21.options import V21Options
+from .mcap_eva.options import McapOptions
+from .mcap_viewer.options import ViewerOptions
 
 
 @dataclass(frozen=True)
@@ -61,61 +47,49 @@ class FormatSpec:
     # The native split's output already is this format: its exporter only relabels the staged
     # subset (hard links), so its episodes are not counted a second time in job progress.
     native: bool = False
-    # Constructor options of the exporter an export job uses, from the config's export section.
-    options: Callable[[ExportConfig], dict[str, Any]] = _no_options
+    # The exporter's options record: parsed from config section export.formats.<name>, handed
+    # to the exporter's constructor. A light module (config imports it when it loads).
+    options: type[FormatOptions] = NoOptions
 
-    def load(self) -> type[Exporter]:
+    def parse(self, section: Mapping[str, object], where: str) -> FormatOptions:
+        """The options record from the config section at ``where``; ConfigError names a bad key."""
+        return self.options.parse(section, where)
+
+    def load(self) -> Callable[[FormatOptions], Exporter]:
         """The exporter class (imports its module, and with it the format's libraries)."""
         module, cls_name = self.exporter.split(":")
-        cls: type[Exporter] = getattr(importlib.import_module(module, __package__), cls_name)
+        cls: Callable[[FormatOptions], Exporter] = getattr(importlib.import_module(module, __package__), cls_name)
         return cls
 
-    def make(self, **options: Any) -> Exporter:
-        """An exporter built with ``options`` (its constructor's keyword arguments)."""
-        return self.load()(**options)
+    def make(self, options: FormatOptions | None = None) -> Exporter:
+        """An exporter built with ``options`` (its options record; None: the record's defaults)."""
+        if options is None:
+            options = self.options()
+        if type(options) is not self.options:
+            raise TypeError(f"{self.name} exporter takes {self.options.__name__}, not {type(options).__name__}")
+        return self.load()(options)
 
     def verify(self, out_dir: Path) -> VerifyReport:
         """The format's verifier (its exporter's ``verify``, default options) on one subset."""
         return self.make().verify(Path(out_dir))
 
 
-def _v21_options(_export: ExportConfig) -> dict[str, Any]:
-    # The job checks frame counts by demuxing (the split has just written and validated these
-    # MP4s); `eva-export verify` decodes every frame (the exporter's default).
-    return {"decode_frames": False}
-
-
-def _v3_options(export: ExportConfig) -> dict[str, Any]:
-    return {"data_files_size_in_mb": export.v3_data_file_mb, "video_files_size_in_mb": export.v3_video_file_mb}
-
-
-def _hdf5_options(export: ExportConfig) -> dict[str, Any]:
-    return {"compression": export.hdf5_compression}
-
-
-def _mcap_options(export: ExportConfig) -> dict[str, Any]:
-    return {"compression": export.mcap_compression}
-
-
-def _store_options(export: ExportConfig) -> dict[str, Any]:
-    return dataclasses.asdict(export.eva_store)
-
-
 SPECS: tuple[FormatSpec, ...] = (
     FormatSpec("lerobot_v21", ".lerobot_v21.exporter:LeRobotV21Exporter",
                "LeRobot v2.1 (the native split published as is; lerobot 0.3.x)",
-               native=True, options=_v21_options),
+               native=True, options=V21Options),
     FormatSpec("lerobot_v3", ".lerobot_v3.exporter:LeRobotV3Exporter",
-               "LeRobot v3.0 (sharded Parquet and MP4; lerobot 0.4.x)", options=_v3_options),
+               "LeRobot v3.0 (sharded Parquet and MP4; lerobot 0.4.x)", options=V3Options),
     FormatSpec("hdf5", ".hdf5.exporter:Hdf5Exporter", "HDF5, one file per episode with the images inside (h5py)",
-               embedded_images=True, options=_hdf5_options),
+               embedded_images=True, options=Hdf5Options),
     FormatSpec("mcap", ".mcap_eva.exporter:McapExporter", "MCAP (eva-client profile), one file per episode, images embedded as MessagePack",
-               embedded_images=True, options=_mcap_options),
+               embedded_images=True, options=McapOptions),
     FormatSpec("eva_store", ".eva_store.exporter:EvaStoreExporter",
-               "eva_store, a random-access training store (Zarr arrays, image records, a sample index)", options=_store_options),
+               "eva_store, a random-access training store (Zarr arrays, image records, a sample index)",
+               options=EvaStoreOptions),
     FormatSpec("mcap_foxglove", ".mcap_viewer.exporter:McapViewerExporter",
                "MCAP for viewers (Foxglove, Lichtblick, Rerun): cameras as foxglove.CompressedVideo/CompressedImage, "
-               "joints as ROS 2 JointState", embedded_images=True, options=_mcap_options),
+               "joints as ROS 2 JointState", embedded_images=True, options=ViewerOptions),
 )
 
 #: name -> spec, in the order above (the order CLI choices and messages list them).
@@ -139,9 +113,9 @@ def get_spec(name: str) -> FormatSpec:
             f"unknown export format {name!r}; registered formats: {', '.join(FORMATS)}") from None
 
 
-def get_exporter(name: str, **options: Any) -> Exporter:
-    """The exporter registered as ``name``, built with ``options``."""
-    return get_spec(name).make(**options)
+def get_exporter(name: str, options: FormatOptions | None = None) -> Exporter:
+    """The exporter registered as ``name``, built with ``options`` (None: the format's defaults)."""
+    return get_spec(name).make(options)
 
 
 def help_text() -> str:

@@ -1,7 +1,7 @@
 """A sixth export format that lives in the tests only: one CSV file per episode.
 
 It proves what adding a format costs: this module (an exporter with ``export`` and
-``verify``) plus one ``FormatSpec`` in the registry; the service, the CLI, the verifier and
+``verify``, built with the shared empty options record) plus one ``FormatSpec`` in the registry; the service, the CLI, the verifier and
 the publication take it from there. It writes the numeric columns of each episode (cameras
 are left out) and the subset's meta (info.json relabelled, episodes/tasks, the quality split
 marker and the card), and verifies the counts against that meta.
@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from eva_export.formats.common.card import check_card
 from eva_export.formats.common.exporter import Progress, VerifyReport
+from eva_export.formats.common.options import NO_OPTIONS, NoOptions
 from eva_export.formats.lerobot_v21.subset import copy_common_meta, write_info, write_quality_split
 
 NAME = "tiny_csv"
@@ -28,6 +29,9 @@ def _episode_csv(out_dir: Path, index: int) -> Path:
 
 class TinyCsvExporter:
     name = NAME
+
+    def __init__(self, options: NoOptions = NO_OPTIONS) -> None:  # a format without options
+        self.options = options
 
     def export(self, native_subset: Path, out_dir: Path, progress: Progress) -> None:
         info = json.loads((native_subset / "meta" / "info.json").read_text(encoding="utf-8"))

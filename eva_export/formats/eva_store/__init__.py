@@ -6,6 +6,19 @@ simplejpeg (and PyAV only for PNG frames), never torch.
 
 from __future__ import annotations
 
-from .reader import Store, StoreError, StoreView, open_store
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .reader import Store, StoreError, StoreView, open_store
 
 __all__ = ["Store", "StoreError", "StoreView", "open_store"]
+
+
+def __getattr__(name: str) -> object:
+    """The reader's names, loaded on first use: the exporter and the options live in this
+    package too, and a job of another format, or the config, must not load zarr and msgpack."""
+    if name in __all__:
+        from . import reader
+
+        return getattr(reader, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -42,6 +42,7 @@ from ..lerobot_v21.episode_files import to_plain
 from ..lerobot_v21.episode_stats import dataset_stats
 from ..lerobot_v21.subset import column_numpy, copy_common_meta, load_source, read_episode_table, write_quality_split
 from .codecs import CODECS, encode_image, pack_record, sniff_codec
+from .options import EvaStoreOptions
 from .records import (
     KIND_ZARR,
     SAMPLE_INDEX_FILE,
@@ -141,8 +142,8 @@ class EvaStoreExporter:
 
     name = FORMAT
 
-    def __init__(self, image_codec: str = "jpeg", jpeg_quality: int = 90, val_ratio: float = 0.0,
-                 split_seed: int = 0, prefetch: int = 4) -> None:
+    def __init__(self, options: EvaStoreOptions = EvaStoreOptions(), *, prefetch: int = 4) -> None:
+        image_codec, jpeg_quality, val_ratio = options.image_codec, options.jpeg_quality, options.val_ratio
         if image_codec not in CODECS:
             raise ValueError(f"eva_store image_codec {image_codec!r}: choose one of {CODECS}")
         if not 1 <= int(jpeg_quality) <= 100:
@@ -151,7 +152,7 @@ class EvaStoreExporter:
             raise ValueError(f"eva_store val_ratio {val_ratio}: must be in [0, 1)")
         self.options = StoreOptions(image_codec, int(jpeg_quality))
         self.val_ratio = float(val_ratio)
-        self.split_seed = int(split_seed)
+        self.split_seed = int(options.split_seed)
         self.prefetch = prefetch
         self.resumed: list[int] = []  # episodes whose shard an interrupted run had finished
 

@@ -55,10 +55,10 @@ from .frames import (
     first_frame,
     write_cameras,
 )
+from .options import COMPRESSIONS, Hdf5Options
 
 FORMAT = "hdf5"
 GROUPS = ("columns", "images", "metadata")
-COMPRESSIONS = ("", "lzf", "gzip")
 
 
 def item_name(i: int) -> str:
@@ -122,7 +122,8 @@ class Hdf5Exporter:
 
     name = FORMAT
 
-    def __init__(self, compression: str = "", gzip_level: int = 1, prefetch: int = 8) -> None:
+    def __init__(self, options: Hdf5Options = Hdf5Options(), *, gzip_level: int = 1, prefetch: int = 8) -> None:
+        compression = options.compression
         if compression not in COMPRESSIONS:
             raise ValueError(f"hdf5 compression {compression!r}: choose one of {COMPRESSIONS}")
         self.compression = compression

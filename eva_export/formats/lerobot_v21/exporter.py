@@ -32,6 +32,7 @@ from ...errors import DatasetError, EvaError, ExportError, VideoError
 from ..common.episode_list import rows_at
 from ..common.source import SourceCheck
 from .validate import TableTap, validate_source
+from .options import V21Options
 from ..common.exporter import Progress, VerifyReport
 from ..common.checks import check_sample, check_totals, start_report
 from ..common.images import iter_table_images, parquet_image_keys
@@ -44,8 +45,8 @@ class LeRobotV21Exporter:
 
     name = FORMAT_V21
 
-    def __init__(self, decode_frames: bool = True) -> None:
-        self.decode_frames = decode_frames  # verify by decoding (True) or by demuxing packets
+    def __init__(self, options: V21Options = V21Options()) -> None:
+        self.decode_frames = options.decode_frames  # verify by decoding (True) or by demuxing packets
 
     def export(self, native_subset: Path, out_dir: Path, progress: Progress | None = None) -> None:
         progress = progress or Progress()

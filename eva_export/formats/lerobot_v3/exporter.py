@@ -53,6 +53,7 @@ from ..common.video import VideoSettings
 from ..lerobot_v21.episode_stats import episode_stats, image_stats_of, missing_image_stats
 from ..lerobot_v21.subset import copy_common_meta, load_source, read_episode_table, write_quality_split
 from .layout import CODEBASE_V30, DATA_PATH_V30, EPISODES_PATH_V30, FORMAT, TASKS_PARQUET, VIDEO_PATH_V30
+from .options import V3Options
 from .probe import Probes
 from .tables import DataShards, EpisodeStatsColumns, stats_column, v3_data_schema
 from .video import VideoShards
@@ -165,10 +166,10 @@ class LeRobotV3Exporter:
 
     name = FORMAT
 
-    def __init__(self, data_files_size_in_mb: float = 100, video_files_size_in_mb: float = 200,
-                 chunks_size: int = 1000, reencode_settings: VideoSettings = VideoSettings()) -> None:
-        self.data_mb = data_files_size_in_mb
-        self.video_mb = video_files_size_in_mb
+    def __init__(self, options: V3Options = V3Options(), *, chunks_size: int = 1000,
+                 reencode_settings: VideoSettings = VideoSettings()) -> None:
+        self.data_mb = options.data_file_mb
+        self.video_mb = options.video_file_mb
         self.chunks_size = chunks_size
         self.reencode_settings = reencode_settings
         self.last_reencoded: dict[str, list[int]] = {}  # camera -> episodes re-encoded in the last export

@@ -26,7 +26,7 @@
   written in time order, cameras interleaved frame by frame.
 
 Chunked (4 MiB chunks) with message indexes, summary and CRCs; chunk compression lz4 by
-default (constructor option and config ``export.mcap_compression``: "lz4" | "zstd" | "none";
+default (``McapOptions.compression``, config ``export.formats.mcap.compression``: "lz4" | "zstd" | "none";
 the eva-client profile fixes the records, not the chunk compression). lz4 is the fastest of
 the compressions that still shrinks raw RGB, but it binds the export to the CPU (about 3.4
 CPU-s per GB of frames here): "none" writes the frames at the disk's speed. Written by
@@ -64,6 +64,7 @@ from ..common.train_checks import ValueCheck, check_stats
 from ..lerobot_v21.episode_files import episode_file, export_episode_files, to_plain
 from ..lerobot_v21.subset import column_numpy, state_action_keys
 from .chunks import ChunkWriter
+from .options import McapOptions
 
 FORMAT = "mcap"
 PROFILE = "eva-client"
@@ -154,7 +155,8 @@ class McapExporter:
 
     name = FORMAT
 
-    def __init__(self, compression: str = "lz4", chunk_size: int = CHUNK_SIZE, prefetch: int = 4) -> None:
+    def __init__(self, options: McapOptions = McapOptions(), *, chunk_size: int = CHUNK_SIZE, prefetch: int = 4) -> None:
+        compression = options.compression
         if compression not in _COMPRESSION:
             raise ValueError(f"mcap compression {compression!r}: choose one of {sorted(_COMPRESSION)}")
         self.compression = compression

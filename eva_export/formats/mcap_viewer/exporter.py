@@ -43,6 +43,7 @@ from .layout import (
     string_cdr,
     topic,
 )
+from .options import ViewerOptions
 from .readback import check_episode_file
 from .record import episode_record, episode_text, metadata_strings
 
@@ -55,7 +56,8 @@ class McapViewerExporter:
 
     name = FORMAT
 
-    def __init__(self, compression: str = "zstd", chunk_size: int = CHUNK_SIZE) -> None:
+    def __init__(self, options: ViewerOptions = ViewerOptions(), *, chunk_size: int = CHUNK_SIZE) -> None:
+        compression = options.compression
         if compression not in _COMPRESSION:
             raise ValueError(f"mcap compression {compression!r}: choose one of {sorted(_COMPRESSION)}")
         self.compression = compression
