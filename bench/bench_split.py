@@ -1,20 +1,29 @@
-"""Native quality split (a full lerobot_v21 export job) against a plain recursive copy.
+"""The native quality split (the whole lerobot_v21 export job) against `cp -r SRC DST && sync`.
 
-    python bench/bench_split.py [--quick] [--keep]
+    python bench/bench_split.py [--quick] [--pairs N] [--keep] [--baseline OTHER_CHECKOUT]
 
-Builds a source of 20 episodes x 300 frames x 2 cameras 320x240 with the project's writer, and a
-10x larger one by tiling it (real file copies, renumbered). For each, in the same run: the time
-of ``shutil.copytree`` of the source and of ``ExportService.run(source, "lerobot_v21")``
-(validation, per-episode units, assembly, pair publication), each in its own subprocess whose
-peak RSS is read from its own /proc VmHWM. Goals: split <= 1.5x the copy; peak memory flat
-from the small to the 10x source. Prints a Markdown table and writes bench/out/split.json.
+Two shapes of raw v2.1 source, a quarter of the episodes rated red (renumbered subsets):
+
+* short takes: 600 episodes x 4 frames, 2 cameras 320x240 (50 written by the project's writer,
+  tiled with real copies; --quick 120);
+* long takes: 20 episodes x 300 frames, 2 cameras 640x480 (--quick 6 x 120).
+
+Each pair runs, one after the other in alternating order, two whole processes: the export job
+``python -m eva_export.cli export SRC --format lerobot_v21`` (imports, validation, split,
+verification, one sync of the staged tree, publication), from a clean state, and
+``cp -r SRC DST && sync`` of the same source. A first pair warms the page cache and is not
+counted. Medians over the pairs; the ratio is the median of the pairs' ratios; the load
+average is printed with every goal line. Writes bench/out/split.json. ``--baseline DIR``: the
+job of another checkout (e.g. the main branch) runs in the same pairs, under the same load.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,44 +34,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-CHILD = r"""
-import json, os, shutil, sys, time
-from pathlib import Path
-mode, src, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
-t0 = time.perf_counter()
-if mode == "copy":
-    shutil.copytree(src, out)
-    extra = {}
-else:
-    from eva_export.config import parse_config
-    from eva_export.export.runner import ExportService
-    t_import = time.perf_counter()
-    cfg = parse_config({"collection": {"log_dir": str(src.parent.parent)},
-                        "export": {"jobs_dir": str(out)}})
-    job = ExportService(cfg, background=False, recover=False).run(src, "lerobot_v21")
-    assert job.state == "completed", job.error
-    extra = {"import_s": t_import - t0, "accepted": job.accepted_episodes, "rejected": job.rejected_episodes}
-    t0 = t_import  # the operation itself, without the interpreter's imports
-seconds = time.perf_counter() - t0
-hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
-print(json.dumps({"seconds": seconds, "peak_rss_mb": int(hwm) / 1024, **extra}))
-"""
-
-
-def run_child(mode: str, src: Path, out: Path) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, mode, str(src), str(out)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env)
-    stdout = proc.stdout.read()  # type: ignore[union-attr]
-    stderr = proc.stderr.read()  # type: ignore[union-attr]
-    _pid, status, _usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{mode} failed: {stderr.decode()[-2000:]}")
-    # Peak RSS is the child's own VmHWM: ru_maxrss of a forked child also counts the parent's
-    # image at fork time, which would hide the child's own peak.
-    return json.loads(stdout.decode().strip().splitlines()[-1])
+GOAL = 2.0
 
 
 def tile(src: Path, dst: Path, times: int) -> None:
@@ -140,53 +112,129 @@ def du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+LAUNCHER = """
+import os, sys
+pid = os.fork()
+if pid == 0:
+    fd = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(fd, 1)
+    os.execvp(sys.argv[1], sys.argv[1:])
+_, status, ru = os.wait4(pid, 0)
+print(os.waitstatus_to_exitcode(status), ru.ru_maxrss, ru.ru_utime + ru.ru_stime)
+"""
+
+
+def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float, float]:
+    """Wall seconds, peak RSS (MiB) and CPU seconds of one whole process (under a small launcher: ru_maxrss of
+    a child forked from this larger process would start at this one's high-water mark)."""
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-S", "-c", LAUNCHER, *cmd], env=env, capture_output=True)
+    dt = time.perf_counter() - t0
+    code, maxrss, cpu = proc.stdout.split()[-3:]
+    if proc.returncode != 0 or int(code) != 0:
+        raise RuntimeError(f"{cmd[:4]} failed: {proc.stderr.decode(errors='replace')[-2000:]}")
+    return dt, int(maxrss) / 1024, float(cpu)
+
+
+def job(src: Path, repo: Path = REPO) -> tuple[float, float, float]:
+    """The whole lerobot_v21 export job, as the CLI runs it, from a clean state (no export tree,
+    no job records and no facts index of an earlier run: nothing of the source is known)."""
+    shutil.rmtree(src.parent / "export", ignore_errors=True)
+    shutil.rmtree(src.parent / ".jobs", ignore_errors=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]))
+    res = timed([sys.executable, "-m", "eva_export.cli", "export", str(src), "--format", "lerobot_v21"], env)
+    assert (src.parent / "export" / "lerobot_v21" / "accepted" / "meta" / "info.json").is_file()
+    return res
+
+
+def copy_sync(src: Path, dst: Path) -> tuple[float, float, float]:
+    """``cp -r SRC DST && sync``: the durable copy the split is measured against."""
+    shutil.rmtree(dst, ignore_errors=True)
+    try:
+        return timed(["sh", "-c", 'cp -r "$0" "$1" && sync', str(src), str(dst)])
+    finally:
+        shutil.rmtree(dst, ignore_errors=True)
+
+
+def build(base: Path, quick: bool) -> dict[str, Path]:
+    """{shape: raw source}: short takes (50 written, tiled with real copies) and long takes."""
+    n_short = 150 if quick else 600
+    long_eps, long_frames = (6, 120) if quick else (20, 300)
+    seed = base / "seed" / "raw"
+    build_source(seed, 50, 4)
+    short = base / "short" / "raw"
+    tile(seed, short, n_short // 50)
+    shutil.rmtree(seed.parent)
+    long = base / "long" / "raw"
+    build_source(long, long_eps, long_frames, 640, 480)
+    return {f"{n_short} episodes x 4 frames, 2 cams 320x240": short,
+            f"{long_eps} episodes x {long_frames} frames, 2 cams 640x480": long}
+
+
+def one_shape(src: Path, pairs: int, baseline: Path | None) -> dict:
+    """Interleaved pairs (the order alternates from pair to pair: neither side always runs first);
+    with ``baseline``, that checkout's job runs in the same pairs."""
+    runs: dict[str, list[tuple[float, float, float]]] = {"job": [], "copy": []} | ({"base": []} if baseline else {})
+    load0 = os.getloadavg()[0]
+    run = {"job": lambda: job(src), "copy": lambda: copy_sync(src, src.parent / "copy"),
+           "base": lambda: job(src, baseline or REPO)}
+    for r in range(pairs + 1):  # the first pair warms the page cache for both sides, not counted
+        order = list(runs) if r % 2 else list(reversed(runs))
+        got = {m: run[m]() for m in order}
+        if r:
+            for m, v in got.items():
+                runs[m].append(v)
+    ratios = [j[0] / c[0] for j, c in zip(runs["job"], runs["copy"], strict=True)]
+    base = {"base_s": statistics.median(v[0] for v in runs["base"]),
+            "base_ratio": statistics.median(b[0] / c[0] for b, c in zip(runs["base"], runs["copy"], strict=True)),
+            "base_cpu_s": statistics.median(v[2] for v in runs["base"])
+            } if baseline else {}
+    return {"episodes": len(list((src / "data").rglob("*.parquet"))), "bytes": du(src),
+            "job_s": statistics.median(v[0] for v in runs["job"]),
+            "copy_s": statistics.median(v[0] for v in runs["copy"]),
+            "ratio": statistics.median(ratios), "job_peak_rss_mb": max(v[1] for v in runs["job"]),
+            "job_cpu_s": statistics.median(v[2] for v in runs["job"]),
+            "runs": runs, "load": (load0, os.getloadavg()[0]), **base}
+
+
 def main() -> int:
-    quick = "--quick" in sys.argv[1:]
-    episodes, frames = (10, 100) if quick else (20, 300)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--baseline", type=Path, help="another checkout whose job runs in the same pairs")
+    args = ap.parse_args()
+    for repo in (REPO, *([args.baseline] if args.baseline else [])):  # as an install is: no process compiles
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(repo / "eva_export")], check=True,
+                       stdout=subprocess.DEVNULL)
     base = Path(tempfile.mkdtemp(prefix="bench_split_", dir=os.environ.get("EVA_BENCH_DIR")))
-    results = []
+    results = {}
     try:
         t0 = time.perf_counter()
-        small = base / "logs" / "small" / "raw"
-        build_source(small, episodes, frames)
-        big = base / "logs" / "big" / "raw"
-        tile(small, big, 10)
+        shapes = build(base, args.quick)
         print(f"built sources in {time.perf_counter() - t0:.1f} s under {base}", file=sys.stderr)
-        for name, src in (("small", small), ("10x", big)):
-            n_ep = len(list((src / "data").rglob("*.parquet")))
-            size = du(src)
-            best: dict[str, dict] = {}
-            for _attempt in range(2):  # alternate, keep the faster of two (page cache warm for both)
-                for mode in ("copy", "split"):
-                    out = base / f"out_{mode}"
-                    export_dir = src.parent / "export"
-                    res = run_child(mode, src, out)
-                    shutil.rmtree(out, ignore_errors=True)
-                    shutil.rmtree(export_dir, ignore_errors=True)
-                    if mode not in best or res["seconds"] < best[mode]["seconds"]:
-                        best[mode] = res
-            results.append({"source": name, "episodes": n_ep, "frames": n_ep * frames, "bytes": size,
-                            "copy_s": best["copy"]["seconds"], "split_s": best["split"]["seconds"],
-                            "ratio": best["split"]["seconds"] / best["copy"]["seconds"],
-                            "copy_peak_rss_mb": best["copy"]["peak_rss_mb"],
-                            "split_peak_rss_mb": best["split"]["peak_rss_mb"],
-                            "split_import_s": best["split"]["import_s"]})
+        for shape, src in shapes.items():
+            results[shape] = one_shape(src, args.pairs, args.baseline)
     finally:
-        if "--keep" not in sys.argv[1:]:
+        if not args.keep:
             shutil.rmtree(base, ignore_errors=True)
-    print("| source | episodes | frames | size MB | copytree s | native split s | split/copy | copy peak RSS MB | split peak RSS MB |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in results:
-        print(f"| {r['source']} | {r['episodes']} | {r['frames']} | {r['bytes'] / 1e6:.1f} | {r['copy_s']:.3f} | "
-              f"{r['split_s']:.3f} | {r['ratio']:.2f}x | {r['copy_peak_rss_mb']:.0f} | {r['split_peak_rss_mb']:.0f} |")
-    flat = results[1]["split_peak_rss_mb"] / results[0]["split_peak_rss_mb"]
-    ok_speed = all(r["ratio"] <= 1.5 for r in results)
-    print(f"goal split <= 1.5x copytree: {'met' if ok_speed else 'NOT met'}; "
-          f"goal flat memory: 10x source peak RSS is {flat:.2f}x the small one's "
-          f"({'met' if flat <= 1.2 else 'NOT met'})")
+    print(f"{args.pairs} interleaved pairs per shape, medians; whole processes (imports included)\n")
+    print("| source | size MB | native split (lerobot_v21 job) s | `cp -r && sync` s | ratio | job CPU s "
+          "| job peak RSS MiB | load |")
+    print("|---|---|---|---|---|---|---|---|")
+    for shape, r in results.items():
+        print(f"| {shape} | {r['bytes'] / 1e6:.0f} | {r['job_s']:.2f} | {r['copy_s']:.2f} | {r['ratio']:.2f}x | "
+              f"{r['job_cpu_s']:.2f} | {r['job_peak_rss_mb']:.0f} | {r['load'][0]:.1f}-{r['load'][1]:.1f} |")
+    for shape, r in results.items():
+        if "base_s" in r:
+            print(f"baseline {args.baseline} ({shape}): {r['base_s']:.2f} s, {r['base_ratio']:.2f}x `cp -r && sync`, "
+                  f"{r['base_cpu_s']:.2f} CPU s")
+    for shape, r in results.items():
+        print(f"goal split <= {GOAL:g}x `cp -r && sync` ({shape}): {'met' if r['ratio'] <= GOAL else 'NOT met'} "
+              f"({r['ratio']:.2f}x, load {r['load'][0]:.1f}-{r['load'][1]:.1f})")
     (HERE / "out").mkdir(exist_ok=True)
-    (HERE / "out" / "split.json").write_text(json.dumps({"quick": quick, "results": results,
-                                                         "memory_ratio_10x": flat}, indent=2) + "\n")
+    (HERE / "out" / "split.json").write_text(json.dumps({"quick": args.quick, "pairs": args.pairs,
+                                                         "results": results}, indent=2) + "\n")
     return 0
 
 

@@ -6,7 +6,8 @@ complete pair, no pair, or the new complete pair; never a new accepted beside an
 
 Steps (each a named fault point, checked right after the step ran):
 
-1. ``check_staged``: both staged subsets exist and carry markers of this job and format.
+1. ``check_staged``: both staged subsets exist and carry markers of this job and format; their
+   manifests are written and the staged tree is made durable (one syncfs of its file system).
 2. ``backup_old``: an existing ``<export>/<format>`` is renamed to ``.backup-<format>-<job>``.
 3. ``move_new``: the staged pair directory is renamed to ``<export>/<format>``.
 4. ``cleanup``: the backup is removed (a failure here is logged; the new pair stands).
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from ..errors import ExportError, PublicationError
 from ..formats.common import video_facts
-from ..fsutil import fsync_dir
+from ..fsutil import fsync_dir, sync_filesystem
 from ..manifest import write_manifest, written_digest
 from .build import Faults
 from .paths import SUBSETS, ExportPaths
@@ -120,6 +121,9 @@ def publish_pair(paths: ExportPaths, staged_pair: Path, job_id: str, faults: Fau
     hash_file = functools.partial(video_facts.known_sha256, compute=written_digest)  # linked source files: once
     for name in SUBSETS:  # content manifest (meta/manifest.json), hashed while the page cache is hot
         write_manifest(staged_pair / name, hash_file)
+    # The staged files were written without an fsync each: one sync of the file system before
+    # the rename that publishes them, so a power loss never shows a pair with lost bytes.
+    sync_filesystem(staged_pair)
     faults.check("check_staged")
     backup: Path | None = None
     published = False

@@ -232,7 +232,8 @@ class ExportService:
                 # A kill between the two publication renames left the old pair in .backup-*:
                 # put it back first, so a validation failure below cannot leave it there.
                 recover_pair(paths)
-        checks = self._validate(request, paths)
+        with video_facts.digests_of_reads(spec.native):  # the native pair links the source's MP4s
+            checks = self._validate(request, paths)
         checkpoints.check("validate")
         self._count_totals(job_id, checks)
         if injected is None and (direct := self._direct(job_id, request, paths, exporter, checks)) is not None:

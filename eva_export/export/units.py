@@ -130,7 +130,8 @@ def build_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats
         table = _replace(table, "task_index", lut[old])
     data.parent.mkdir(parents=True, exist_ok=True)
     tmp = data.with_name(f".{data.name}.tmp")
-    pq.write_table(table, tmp)
+    with pa.OSFile(str(tmp), "wb") as sink:  # not a path: pyarrow resolves its filesystem per open
+        pq.write_table(table, sink)
     os.replace(tmp, data)
     # counted from the table as written: the accepted subset's NaN/inf scan need not read it back
     nonfinite = table_facts(table, float_keys(info), os.stat(data))

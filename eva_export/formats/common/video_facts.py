@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import hashlib
 import json
 import os
 import struct
@@ -26,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .facts_index import FactsIndex, FileKey
 
@@ -167,3 +169,74 @@ def known_sha256(path: Path, compute: Callable[[Path], str]) -> str:
     if key is not None:
         index_put(key, SHA256_KIND, digest)
     return digest
+
+
+#: Bytes of camera files a job holds for hashing at once (one larger file is held alone).
+DIGESTS_PENDING_BYTES = 32 << 20
+#: Threads hashing them (hashlib releases the GIL: on another core than validation).
+DIGEST_THREADS = 2
+#: A file smaller than this is hashed in the reading thread (a hand-off costs more than its hash).
+DIGEST_INLINE_BYTES = 1 << 20
+
+
+class _Digests:
+    """SHA-256 of source camera files from the bytes validation already read (the content
+    manifest of a pair that links them then reads none of them again), hashed on one thread
+    beside validation (hashlib releases the GIL), each stored in the job's index under the
+    identity the file had before it was read."""
+
+    def __init__(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.pool = ThreadPoolExecutor(DIGEST_THREADS, thread_name_prefix="eva-digest")
+        self.pending: list[tuple[FileKey, int, Any]] = []
+        self.held = 0
+
+    def add(self, key: FileKey, data: bytes) -> None:
+        if len(data) < DIGEST_INLINE_BYTES:
+            index_put(key, SHA256_KIND, hashlib.sha256(data).hexdigest())
+            return
+        while self.pending and self.held + len(data) > DIGESTS_PENDING_BYTES:
+            self._store_first()
+        self.held += len(data)
+        self.pending.append((key, len(data), self.pool.submit(lambda: hashlib.sha256(data).hexdigest())))
+
+    def _store_first(self) -> None:
+        key, size, fut = self.pending.pop(0)
+        self.held -= size
+        index_put(key, SHA256_KIND, fut.result())
+
+    def finish(self) -> None:
+        try:
+            while self.pending:
+                self._store_first()
+        finally:
+            self.pool.shutdown(cancel_futures=True)
+
+
+_digests: contextvars.ContextVar[_Digests | None] = contextvars.ContextVar("eva_source_digests", default=None)
+
+
+@contextlib.contextmanager
+def digests_of_reads(on: bool = True) -> Iterator[None]:
+    """Inside the block (an export job that links the source's camera files), validation's
+    reads of whole camera files also give their SHA-256 to the job's index; ``on`` False: none."""
+    if not on or not index_active():
+        yield
+        return
+    digests = _Digests()
+    token = _digests.set(digests)
+    try:
+        yield
+        digests.finish()
+    finally:
+        _digests.reset(token)
+        digests.pool.shutdown(cancel_futures=True)
+
+
+def digest_read(key: FileKey | None, data: bytes) -> None:
+    """``data``, every byte of the file whose identity was ``key`` before it was read, hashed
+    for the job's index when a ``digests_of_reads`` block asks for it."""
+    digests = _digests.get()
+    if digests is not None and key is not None:
+        digests.add(key, data)

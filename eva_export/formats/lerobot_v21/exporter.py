@@ -25,15 +25,16 @@ import pyarrow.parquet as pq
 
 from ..common.meta import DatasetMeta, read_meta
 from ..common.records import FORMAT_V21
+from ..common.table import in_memory
 from ..common.video import count_frames, decode_count, iter_frames
 from ..common.records import QUALITY_SPLIT_FILE, QualitySplit
 from ...errors import DatasetError, EvaError, ExportError, VideoError
 from ..common.episode_list import rows_at
 from ..common.source import SourceCheck
-from .validate import validate_source
+from .validate import TableTap, validate_source
 from .options import V21Options
 from ..common.exporter import Progress, VerifyReport
-from ..common.checks import ExportInfo, check_sample, check_totals, start_report
+from ..common.checks import check_sample, check_totals, start_report
 from ..common.images import iter_table_images, parquet_image_keys
 from ..common.train_checks import ValueCheck, check_stats
 from .subset import column_numpy, link_or_copy, load_source, state_action_keys, write_quality_split
@@ -95,7 +96,15 @@ class _Verifier:
         except DatasetError as exc:
             report.errors.append(str(exc))
             return report
-        check = _check_structure(Path(out_dir), report, meta)
+        # each table read once: its value columns checked as validation reads its small ones
+        values, seen = ValueCheck(Path(out_dir), info), set()
+
+        def on_table(ep: int, path: Path, table: pa.Table) -> None:
+            seen.add(ep)
+            values.episode(str(path), ep, {k: column_numpy(table, k) for k in values.floats + ["timestamp"]
+                                           if k in table.column_names})
+
+        check = _check_structure(Path(out_dir), report, meta, TableTap((*values.floats, "timestamp"), on_table))
         if check is not None and not self.decode_frames:
             # validate_source just read every table's footer and every MP4's index, and
             # refuses a row count other than the episode's length or a camera's frame count
@@ -107,19 +116,22 @@ class _Verifier:
             frames = self._count(meta, report)
         check_totals(report, info, len(meta.episodes), frames, "the episode tables")
         check_stats(report, Path(out_dir), info, empty=not meta.episodes)
-        self._values(meta, report, info)
+        self._values(meta, report, values, seen)
         self._sample(meta, report)
         return report
 
-    def _values(self, meta: DatasetMeta, report: VerifyReport, info: ExportInfo) -> None:
-        """Every episode's float features and timestamps, as a trainer reads them."""
-        values = ValueCheck(meta.root, info)
+    def _values(self, meta: DatasetMeta, report: VerifyReport, values: ValueCheck, seen: set[int]) -> None:
+        """Every episode's float features and timestamps, as a trainer reads them (those
+        validation did not read: ``seen`` were checked as it read them)."""
         for ep in meta.episodes:
+            if ep.episode_index in seen:
+                continue
             path = meta.data_path(ep.episode_index)
             try:
-                with pq.ParquetFile(path) as pf:
+                # read whole and parsed in memory, without the thread pools (dataset.table.in_memory)
+                with pa.OSFile(str(path)) as fh, pq.ParquetFile(in_memory(fh)) as pf:
                     cols = [k for k in (*values.floats, "timestamp") if k in pf.schema_arrow.names]
-                    table = pf.read(columns=cols)
+                    table = pf.read(columns=cols, use_threads=False)
             except (OSError, pa.ArrowException) as exc:
                 report.errors.append(f"episode {ep.episode_index}: {path} unreadable ({exc})")
                 continue
@@ -186,12 +198,13 @@ class _Verifier:
 
 
 
-def _check_structure(root: Path, report: VerifyReport, meta: DatasetMeta) -> SourceCheck | None:
+def _check_structure(root: Path, report: VerifyReport, meta: DatasetMeta,
+                     tap: TableTap | None = None) -> SourceCheck | None:
     """What a raw v2.1 dataset must satisfy (validate_source, as an export, not a source), the
     marker's episode count, and episode_index / global index columns contiguous per episode
     (validate_source reads and checks both columns of every table against the running offset)."""
     try:
-        check = validate_source(root, as_source=False, meta=meta)
+        check = validate_source(root, as_source=False, meta=meta, tap=tap)
         marker = QualitySplit.read(root)
     except (EvaError, OSError, ValueError, TypeError) as exc:
         report.errors.append(str(exc))

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +63,7 @@ def source_hash(root: Path) -> str:
 
 def validate_source(root: Path, *, allow_empty_dataset: bool = True, as_source: bool = True,
                     codebase: str = CODEBASE_V21, camera_stats_computed: bool = False,
-                    meta: DatasetMeta | None = None) -> SourceCheck:
+                    meta: DatasetMeta | None = None, tap: TableTap | None = None) -> SourceCheck:
     """Validate a raw v2.1 dataset as an export source; raise DatasetError on the first fault.
 
     Reads metadata, Parquet footers and the small index columns, and demuxes (never decodes)
@@ -71,6 +73,8 @@ def validate_source(root: Path, *, allow_empty_dataset: bool = True, as_source: 
     A v2.0 source (formats/lerobot_v20/source.py) passes ``codebase`` "v2.0" and
     ``camera_stats_computed``: its camera statistics are computed by the split. ``meta``: the
     caller's own read_meta of ``root`` (a verifier that just read it), not parsed again.
+    ``tap``: more columns read with each table's small ones, handed to its callback (a
+    verifier's value checks, so each table is read once).
     """
     root = Path(root)
     if as_source:
@@ -104,14 +108,14 @@ def validate_source(root: Path, *, allow_empty_dataset: bool = True, as_source: 
     _check_stray_files(root, meta)
     _check_tasks(root, meta)
     check = SourceCheck(root=root, meta=meta, source_hash=source_hash(root), episodes=EpisodeList(root, info))
-    _check_episodes(check, table_kind(raw, meta, camera_stats_computed), camera_stats_computed)
+    _check_episodes(check, table_kind(raw, meta, camera_stats_computed), camera_stats_computed, tap)
     # the rows of unlisted episodes (the listed ones were checked each after its own table, so a
     # declared-vs-stored mismatch names the Parquet file first); indices are 0..n-1 by now
     check_stats_shapes(meta, done=range(len(meta.episodes)))
     return check
 
 
-def _check_episodes(check: SourceCheck, kind: str, camera_stats_computed: bool) -> None:
+def _check_episodes(check: SourceCheck, kind: str, camera_stats_computed: bool, tap: TableTap | None = None) -> None:
     """Every episode's files, table and media, in order (``kind``: the facts-index context)."""
     root, meta = check.root, check.meta
     task_text, task_ids = meta.task_text, meta.task_index
@@ -126,7 +130,7 @@ def _check_episodes(check: SourceCheck, kind: str, camera_stats_computed: bool) 
         digest = stats.digest_of(row.episode_index) if isinstance(stats, StatsIndex) else None
         ep_stats = stats.get(row.episode_index) if digest is None else None
         ep, known, tkey = _check_episode(root, meta, row, task_text, task_ids, offset, camera_stats_computed, kind,
-                                         ep_stats, digest)
+                                         ep_stats, digest, tap)
         if digest is not None and digest & SHAPE_FAULT:
             check_row_shapes(meta, stats[row.episode_index])  # raises, naming the row's line
         elif ep_stats is not None:
@@ -139,6 +143,15 @@ def _check_episodes(check: SourceCheck, kind: str, camera_stats_computed: bool) 
             check_video(meta, ep.index, ep.rows, ep.data_path, key, vp)
         offset += ep.rows
         episodes.append(ep)
+
+
+@dataclass(frozen=True)
+class TableTap:
+    """Columns read with each episode's small ones, and what sees them (episode, file, table)
+    once the table passed its checks."""
+
+    columns: tuple[str, ...]
+    seen: Callable[[int, Path, pa.Table], None]
 
 
 class _Shared:
@@ -243,8 +256,8 @@ def _episode_tasks(root: Path, row: EpisodeRow, data: Path, task_values: Any, ta
 
 def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: dict[int, str],
                    task_ids: dict[str, int], offset: int = 0, camera_stats_computed: bool = False,
-                   kind: str = "", ep_stats: EpisodeStats | None = None, digest: int | None = None
-                   ) -> tuple[SourceEpisode, TableFacts | None, FileKey | None]:
+                   kind: str = "", ep_stats: EpisodeStats | None = None, digest: int | None = None,
+                   tap: TableTap | None = None) -> tuple[SourceEpisode, TableFacts | None, FileKey | None]:
     """The episode's files and table checked; with the facts the index proved (None: read)."""
     info = meta.info
     ep = row.episode_index
@@ -268,7 +281,8 @@ def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: di
     if known is not None:
         nrows, columns, tasks, schema = known.rows, known.columns, known.tasks, None
     else:
-        nrows, columns, tasks, schema = _check_table(root, meta, row, data, videos, task_text, task_ids, offset)
+        nrows, columns, tasks, schema = _check_table(root, meta, row, data, videos, task_text, task_ids, offset,
+                                                     tap)
     _check_stats_present(root, meta, ep, columns, camera_stats_computed, ep_stats, digest)
     size = data.stat().st_size + sum(v.stat().st_size for v in videos.values())
     return SourceEpisode(row=row, data_path=data, video_paths=videos, rows=nrows, task_indices=tasks,
@@ -276,7 +290,7 @@ def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: di
 
 
 def _check_table(root: Path, meta: DatasetMeta, row: EpisodeRow, data: Path, videos: dict[str, Path],
-                 task_text: dict[int, str], task_ids: dict[str, int], offset: int
+                 task_text: dict[int, str], task_ids: dict[str, int], offset: int, tap: TableTap | None = None
                  ) -> tuple[int, list[str], list[int], pa.Schema]:
     """The episode's Parquet footer and small columns read and checked against the row."""
     info, ep = meta.info, row.episode_index
@@ -287,7 +301,8 @@ def _check_table(root: Path, meta: DatasetMeta, row: EpisodeRow, data: Path, vid
             columns = list(schema.names)
             nrows = pf.metadata.num_rows
             # One read of the small columns every check needs (not the vectors or images).
-            small = pf.read(columns=[c for c in SMALL_COLUMNS if c in columns], use_threads=False)
+            extra = [c for c in tap.columns if c in columns and c not in SMALL_COLUMNS] if tap is not None else []
+            small = pf.read(columns=[c for c in SMALL_COLUMNS if c in columns] + extra, use_threads=False)
             task_values = small.column("task_index").to_numpy() if "task_index" in columns else None
     except Exception as exc:  # noqa: BLE001 - any Arrow error means an unreadable table
         raise DatasetError(f"episode {ep}: cannot read {data}: {exc}") from exc
@@ -303,6 +318,8 @@ def _check_table(root: Path, meta: DatasetMeta, row: EpisodeRow, data: Path, vid
         raise DatasetError(f"episode {ep}: {data} has {nrows} rows but episodes.jsonl says length {row.length}")
     tasks = _episode_tasks(root, row, data, task_values, task_text, task_ids)
     check_columns(root, meta, SourceEpisode(row, data, videos, nrows, tasks, columns, 0, schema), offset, small)
+    if tap is not None:
+        tap.seen(ep, data, small)
     return nrows, columns, tasks, schema
 
 

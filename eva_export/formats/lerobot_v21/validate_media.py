@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 
 from ...errors import DatasetError, VideoError
 from ..common import mp4_index, video_facts
+from ..common.facts_index import FileKey
 from ..common.meta import INFO, DatasetMeta
 from ..common.video import (
     StreamTiming,
@@ -41,7 +42,7 @@ def check_video(meta: DatasetMeta, e: int, rows: int, data_path: Path, key: str,
         width, height, frames = facts.width, facts.height, facts.frames
     else:
         facts = None
-        width, height, frames, timing = _demux_size(e, key, path)
+        width, height, frames, timing = _demux_size(e, key, path, fkey)
     if frames != rows:
         raise DatasetError(f"episode {e}: {path} ({key}) has {frames} frames but {data_path} has "
                            f"{rows} rows")
@@ -64,7 +65,8 @@ def check_video(meta: DatasetMeta, e: int, rows: int, data_path: Path, key: str,
                            f"(frame i at i / {meta.info.fps} s from 0): {'; '.join(facts.timing)}")
 
 
-def _demux_size(e: int, key: str, path: Path) -> tuple[int, int, int, StreamTiming | Exception | None]:
+def _demux_size(e: int, key: str, path: Path, fkey: FileKey | None = None
+                ) -> tuple[int, int, int, StreamTiming | Exception | None]:
     """(width, height, frames, timing) of the file's first video stream; DatasetError naming it
     if unreadable. When the frames come from the index (no packet demuxed yet) the packet timing
     is read in the same open: its failure is returned, for check_video to raise in its turn."""
@@ -75,6 +77,8 @@ def _demux_size(e: int, key: str, path: Path) -> tuple[int, int, int, StreamTimi
     if why:
         raise DatasetError(f"episode {e}: {path} ({key}) is not a complete MP4 (truncated, empty or "
                            f"garbage: {why})")
+    if data is not None:  # its digest too, for a job that links the file (fkey: before the read)
+        video_facts.digest_read(fkey, data)
     plain = mp4_index.parse(data) if data is not None else None  # None: over mp4_index's bound
     if plain is not None:  # the writer's plain shape, read from its boxes: no PyAV open
         # integer ticks as the demux gives them; no composition offsets: pts == dts. The stated
