@@ -246,13 +246,17 @@ def jsonl_object(path: Path, raw: bytes, lineno: int, limit: int = jsonbound.MAX
 
 
 def tree_size(root: Path) -> tuple[int, int]:
-    """Return (files, bytes) of every regular file under ``root``."""
+    """Return (files, bytes) of every file under ``root``; a file removed while the walk runs
+    (a staging tree in use) is left out."""
     files = 0
     size = 0
     for dirpath, _dirs, names in os.walk(root):
         for name in names:
+            try:
+                size += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                continue
             files += 1
-            size += os.lstat(os.path.join(dirpath, name)).st_size
     return files, size
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError, ExportError
+from ..fsutil import tree_size
 from ..jobs import JobStore
 from .paths import ExportPaths
 from .publish import export_lock, recover_pair
@@ -40,10 +41,6 @@ class CleanReport:
     restored: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     freed_bytes: int = 0
-
-
-def _tree_bytes(root: Path) -> int:
-    return sum(p.lstat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
 
 
 def _newest_mtime(root: Path) -> float:
@@ -100,7 +97,7 @@ def _clean_root(paths: ExportPaths, items: list[tuple[str, Path]], cutoff: float
     for kind, p in items:
         if kind != "staging" or not p.exists() or _newest_mtime(p) >= cutoff:
             continue
-        size = _tree_bytes(p)
+        size = tree_size(p)[1]
         shutil.rmtree(p)
         report.removed.append(str(p))
         report.freed_bytes += size

@@ -350,17 +350,13 @@ class ExportService:
         for name in SUBSETS:
             # the subset in the format is at least about its native copy's size
             with storage_guard(out / name, f"{exporter.name} export: writing",
-                               functools.partial(_tree_bytes, dirs[name])):
+                               functools.partial(tree_bytes, dirs[name])):
                 exporter.export(dirs[name], out / name, Progress(on_episode=on_episode))
             checkpoints.check(f"convert_{name}")
         for p in out.iterdir():
             if p.name not in SUBSETS:
                 shutil.rmtree(p) if p.is_dir() else p.unlink()
         return out
-
-
-def _tree_bytes(root: Path) -> int:
-    return tree_size(root)[1]
 
 
 def _move_back(staging: Path) -> None:
@@ -372,14 +368,7 @@ def _move_back(staging: Path) -> None:
 
 
 def tree_bytes(root: Path) -> int:
-    total = 0
-    for dirpath, _dirs, names in os.walk(root):
-        for n in names:
-            try:
-                total += os.lstat(os.path.join(dirpath, n)).st_size
-            except OSError:
-                continue
-    return total
+    return tree_size(root)[1]
 
 
 def verify_staged(fmt: str, pair: Path, verifier: Exporter) -> None:
