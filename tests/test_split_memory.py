@@ -5,12 +5,15 @@ tracemalloc counts the Python allocations of validation, planning and the whole 
 is the source's own episode rows (about 1 KB each) and its statistics index, never the SourceEpisode / PlannedEpisode
 objects (3-4 KB each) or every episode's parsed statistics (tens of KB each) that the job
 held before. Deterministic: the same inputs make the same allocations (the cyclic collector is
-off while counting, and a first split warms every lazy import and cache).
+off while counting, and a first split warms every lazy import and cache), in a fresh process
+of its own, so what the tests before it left in this one (caches, a grown heap) cannot move
+the peak.
 """
 
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import tracemalloc
 from pathlib import Path
 
@@ -67,12 +70,18 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     return {n: _source(base / f"n{n}", n) for n in (SMALL, BIG)}
 
 
-def test_split_memory_is_flat_in_the_episode_count(sources: dict[int, Path], tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pool, "default_workers", lambda: 1)  # the batch size, whatever the cores
-    _measure(sources[SMALL], tmp_path / "warm")  # lazy imports and caches, not counted
-    held_small, peak_small = _measure(sources[SMALL], tmp_path / "small")
-    held_big, peak_big = _measure(sources[BIG], tmp_path / "big")
+def _measure_all(small: Path, big: Path, tmp: Path) -> tuple[int, int, int, int]:
+    """In a fresh process: a warm-up split, then (held, peak) of the small and the big source."""
+    pool.default_workers = lambda: 1  # the batch size, whatever the cores
+    _measure(small, tmp / "warm")  # lazy imports and caches, not counted
+    held_small, peak_small = _measure(small, tmp / "small")
+    held_big, peak_big = _measure(big, tmp / "big")
+    return held_small, peak_small, held_big, peak_big
+
+
+def test_split_memory_is_flat_in_the_episode_count(sources: dict[int, Path], tmp_path: Path) -> None:
+    with multiprocessing.get_context("spawn").Pool(1) as child:
+        held_small, peak_small, held_big, peak_big = child.apply(_measure_all, (sources[SMALL], sources[BIG], tmp_path))
     extra = BIG - SMALL
     held_each, peak_each = (held_big - held_small) / extra, (peak_big - peak_small) / extra
     assert held_each < HELD_PER_EPISODE, f"{held_each:.0f} bytes held per extra episode ({held_small} -> {held_big})"
