@@ -13,13 +13,16 @@ The unit loops (export/split.py, formats/lerobot_v21/episode_files.py) call ``ru
 them is chosen by whoever started the export, with ``using(pool)`` (a context variable, so
 the export node's worker thread and the CLI each see their own).
 
-Why fresh interpreters (``python -m eva_export.pool``) rather than fork or
+Why fresh interpreters (``python -m eva_export.pool_worker``) rather than fork or
 multiprocessing's spawn: the export node runs rclpy/DDS threads, and forking a process with
 such threads can deadlock the child; multiprocessing's spawn and forkserver re-import the
 parent's ``__main__`` (a node script, importing rclpy) in every worker. A worker here imports
 only the core library. Each worker asks the kernel to kill it when its parent dies
 (PR_SET_PDEATHSIG), so a killed export never leaves a worker finishing a unit behind the
-back of the rerun; the rerun then finds the unit uncommitted and writes it again.
+back of the rerun; the rerun then finds the unit uncommitted and writes it again. The kernel
+sends that signal when the *thread* that started the worker ends, so a pool starts its
+workers from a spawner thread of its own, which lives as long as the pool: a unit loop driven
+from a short-lived thread (a read-ahead feed) must not take the workers with it.
 
 Memory per worker is that of one unit (units stream); the pool keeps at most one unit per
 worker in flight. A worker process that dies (segfault, OOM kill) fails the job with the
@@ -33,11 +36,12 @@ import contextvars
 import logging
 import os
 import pickle
+import queue
 import socket
 import subprocess
 import sys
+import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -147,7 +151,7 @@ class _Worker:
         parent, child = socket.socketpair()
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "eva_export.pool", str(child.fileno()), str(os.getpid())],
+                [sys.executable, "-m", "eva_export.pool_worker", str(child.fileno()), str(os.getpid())],
                 pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL, close_fds=True)
         finally:
             child.close()
@@ -232,6 +236,8 @@ class LocalPool:
         self.workers = max(1, int(workers or default_workers()))
         self.auto = auto
         self._procs: list[_Worker] = []
+        self._spawner: threading.Thread | None = None
+        self._spawns: queue.Queue[tuple[dict[str, str], queue.Queue[_Worker | BaseException]] | None] = queue.Queue()
         self.serial_units = 0  # units the auto mode ran in the caller (tests, benchmarks)
 
     def _run_serial_while_cheap(self, units: Sequence[Unit], on_done: Done) -> int:
@@ -257,12 +263,30 @@ class LocalPool:
         return done
 
     def _start(self, n: int) -> None:
+        if len(self._procs) >= n:
+            return
         env = dict(os.environ)
         # The worker must import this same eva_export (a worktree on PYTHONPATH, or the install).
         pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        if self._spawner is None:  # PR_SET_PDEATHSIG follows the starting thread: this one lives with the pool
+            self._spawner = threading.Thread(target=self._spawn_loop, name="pool-spawner", daemon=True)
+            self._spawner.start()
         while len(self._procs) < n:
-            self._procs.append(_Worker(env))
+            reply: queue.Queue[_Worker | BaseException] = queue.Queue(1)
+            self._spawns.put((env, reply))
+            made = reply.get()
+            if isinstance(made, BaseException):
+                raise made
+            self._procs.append(made)
+
+    def _spawn_loop(self) -> None:
+        while (req := self._spawns.get()) is not None:
+            env, reply = req
+            try:
+                reply.put(_Worker(env))
+            except BaseException as exc:  # noqa: BLE001 - raised in the thread that asked
+                reply.put(exc)
 
     def prestart(self) -> None:
         self._start(self.workers)
@@ -326,6 +350,10 @@ class LocalPool:
         for w in self._procs:
             w.reap()
         self._procs.clear()
+        if self._spawner is not None:  # its workers are gone: the thread they die with may end
+            self._spawns.put(None)
+            self._spawner.join()
+            self._spawner = None
 
     def __enter__(self) -> LocalPool:
         return self
@@ -348,53 +376,3 @@ def local_pool(workers: int | None) -> Iterator[Executor | None]:
         if not auto:
             pool.prestart()  # the workers' imports overlap with the validation of the source
         yield pool
-
-
-# ---- the worker side ------------------------------------------------------------------------
-def _die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGKILL this worker when its parent dies; exit if it already has."""
-    try:
-        import ctypes
-        import signal
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: rely on EOF of the socket instead
-        pass
-    if os.getppid() != parent_pid:
-        os._exit(0)
-
-
-PRELOAD = ("eva_export.export.split", "eva_export.formats.lerobot_v21.subset", "eva_export.formats.common.images")  # numpy, pyarrow, PyAV
-
-
-def worker_main(fd: int, parent_pid: int) -> None:
-    _die_with_parent(parent_pid)
-    conn = Connection(fd)
-    import importlib
-
-    for name in PRELOAD:  # while the parent validates the source, not when the first unit arrives
-        importlib.import_module(name)
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
-        if msg is None:
-            return
-        fn, args = msg
-        try:
-            result = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - sent to the parent, which names the unit
-            try:
-                blob = pickle.dumps(exc)
-            except Exception:  # noqa: BLE001 - an unpicklable exception travels as text only
-                blob = pickle.dumps(None)
-            conn.send(("err", blob, f"{type(exc).__name__}: {exc}"))
-            log.debug("unit failed: %s", traceback.format_exc())
-            continue
-        conn.send(("ok", result))
-
-
-if __name__ == "__main__":
-    worker_main(int(sys.argv[1]), int(sys.argv[2]))

@@ -9,6 +9,7 @@ leaves no worker behind and the rerun completes.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import random
@@ -121,6 +122,27 @@ def test_units_really_run_in_other_processes(tmp_path: Path) -> None:
     with pool.LocalPool(2) as p, pool.using(p):
         pool.run_units(units, lambda u, pid: seen.append(pid))
     assert len(seen) == 6 and os.getpid() not in seen and len(set(seen)) == 2
+
+
+def test_workers_outlive_the_thread_that_first_used_them() -> None:
+    """The kernel kills a worker when the thread that started it ends (PR_SET_PDEATHSIG): units
+    run first from a short-lived thread (the v3 job's read-ahead feed) must leave the workers to
+    the units run after it (the next subset), not a broken pipe."""
+    import threading
+
+    first: list[int] = []
+    with pool.LocalPool(2) as p, pool.using(p):
+        ctx = contextvars.copy_context()
+        t = threading.Thread(target=ctx.run, args=(pool.run_units, [pool.Unit(f"episode {i}", os.getpid, ())
+                                                                    for i in range(4)],
+                                                   lambda u, pid: first.append(pid)))
+        t.start()
+        t.join()
+        workers = [w.proc for w in p._procs]
+        assert len(first) == 4 and os.getpid() not in first and len(workers) == 2
+        later: list[int] = []
+        pool.run_units([pool.Unit(f"episode {i}", os.getpid, ()) for i in range(4)], lambda u, pid: later.append(pid))
+        assert set(later) <= set(first) and all(w.poll() is None for w in workers)  # the same, living workers
 
 
 def test_worker_exception_is_raised_in_the_job(tmp_path: Path) -> None:

@@ -149,6 +149,7 @@ MODULES = [
     "eva_export.export.assemble",
     "eva_export.export.batch",
     "eva_export.pool",
+    "eva_export.pool_worker",
     "eva_export.export.publish",
     "eva_export.export.paths",
     "eva_export.export.merge",
