@@ -31,7 +31,9 @@ GROUPS = {
     "capture_kill": ["tests/test_capture_kill.py"],
     "capture_timing": ["tests/test_capture_timing.py"],
     "capture_faults": ["tests/test_capture_faults.py"],
-    "export_kill": ["tests/test_export_kill.py"],
+    # the save worker held so takes queue; a deaf first start replaced (eva_export/faults.py points)
+    "capture_backlog": ["tests/test_capture_backlog.py", "tests/test_capture_heal.py"],
+    "export_kill": ["tests/test_export_kill.py", "tests/test_v3_direct_kill.py"],
     "console": ["tests/test_console.py"],
     # Ray batch: several datasets in flight in one driver share the facts index (CI run C).
     "batch": ["tests/test_batch.py"],
