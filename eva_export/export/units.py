@@ -104,6 +104,24 @@ def _replace(table: pa.Table, name: str, values: np.ndarray[Any, Any]) -> pa.Tab
     return table.set_column(i, table.schema.field(i), pa.array(values.astype(typ.to_pandas_dtype()), type=typ))
 
 
+def renumbered(p: PlannedEpisode, table: pa.Table) -> pa.Table:
+    """The episode's rows in its subset: episode_index, index and task_index renumbered (the
+    native unit writes them; the direct v3 job shards them)."""
+    n, src = table.num_rows, p.source
+    table = _replace(table, "episode_index", np.full(n, p.new_index, dtype=np.int64))
+    table = _replace(table, "index", np.arange(p.offset, p.offset + n, dtype=np.int64))
+    if "task_index" in table.column_names:
+        old = to_numpy(table.column("task_index")).astype(np.int64)
+        unknown = sorted(set(np.unique(old).tolist()) - set(p.task_map))
+        if unknown:
+            raise DatasetError(f"episode {src.index}: task_index {unknown} changed during the export")
+        lut = np.zeros(max(p.task_map) + 1 if p.task_map else 1, dtype=np.int64)
+        for o, nw in p.task_map.items():
+            lut[o] = nw
+        table = _replace(table, "task_index", lut[old])
+    return table
+
+
 def build_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats: dict[str, Any]) -> int:
     """Write one episode's files at their final paths in the native subset, then its record.
 
@@ -117,17 +135,7 @@ def build_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats
     if n != src.rows:
         raise DatasetError(f"episode {src.index}: {src.data_path} changed during the export "
                            f"({n} rows, validated {src.rows})")
-    table = _replace(table, "episode_index", np.full(n, p.new_index, dtype=np.int64))
-    table = _replace(table, "index", np.arange(p.offset, p.offset + n, dtype=np.int64))
-    if "task_index" in table.column_names:
-        old = to_numpy(table.column("task_index")).astype(np.int64)
-        unknown = sorted(set(np.unique(old).tolist()) - set(p.task_map))
-        if unknown:
-            raise DatasetError(f"episode {src.index}: task_index {unknown} changed during the export")
-        lut = np.zeros(max(p.task_map) + 1 if p.task_map else 1, dtype=np.int64)
-        for o, nw in p.task_map.items():
-            lut[o] = nw
-        table = _replace(table, "task_index", lut[old])
+    table = renumbered(p, table)
     data.parent.mkdir(parents=True, exist_ok=True)
     tmp = data.with_name(f".{data.name}.tmp")
     with pa.OSFile(str(tmp), "wb") as sink:  # not a path: pyarrow resolves its filesystem per open

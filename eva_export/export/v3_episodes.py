@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from ..errors import DatasetError
@@ -25,13 +24,12 @@ from ..formats.common.nonfinite import count_table
 from ..formats.common.provenance import RawNames
 from ..formats.common.records import FORMAT_V21, QUALITY_SPLIT_FILE, DatasetInfo, EpisodeRow, QualitySplit, TaskRow
 from ..formats.common.source import read_table
-from ..formats.common.table import to_numpy
 from ..formats.common.video import iter_frames
 from ..formats.lerobot_v21.episode_stats import image_stats_of
 from ..fsutil import dumps_json, jsonl_dumps
 from .assemble import JsonlStream, StatsSum
 from .plan_list import PlanList
-from .units import PlannedEpisode, _unit_stats, unit_name, write_text
+from .units import PlannedEpisode, _unit_stats, renumbered, unit_name, write_text
 from .v3_records import EpisodeEntry
 
 
@@ -113,29 +111,6 @@ def native_row(p: PlannedEpisode) -> dict[str, Any]:
     row["source_episode_index"] = p.source.index
     row.update(p.provenance)
     return row
-
-
-def _set(table: pa.Table, name: str, values: np.ndarray[Any, Any]) -> pa.Table:
-    i = table.schema.get_field_index(name)
-    typ = table.schema.field(i).type
-    return table.set_column(i, table.schema.field(i), pa.array(values.astype(typ.to_pandas_dtype()), type=typ))
-
-
-def renumbered(p: PlannedEpisode, table: pa.Table) -> pa.Table:
-    """The rows as a split unit writes them: episode_index, index and task_index renumbered."""
-    n, src = table.num_rows, p.source
-    table = _set(table, "episode_index", np.full(n, p.new_index, dtype=np.int64))
-    table = _set(table, "index", np.arange(p.offset, p.offset + n, dtype=np.int64))
-    if "task_index" in table.column_names:
-        old = to_numpy(table.column("task_index")).astype(np.int64)
-        unknown = sorted(set(np.unique(old).tolist()) - set(p.task_map))
-        if unknown:
-            raise DatasetError(f"episode {src.index}: task_index {unknown} changed during the export")
-        lut = np.zeros(max(p.task_map) + 1 if p.task_map else 1, dtype=np.int64)
-        for o, nw in p.task_map.items():
-            lut[o] = nw
-        table = _set(table, "task_index", lut[old])
-    return table
 
 
 def episode_rows(p: PlannedEpisode, info: DatasetInfo, source_stats: dict[str, Any],
