@@ -112,6 +112,9 @@ def du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+# ru_maxrss of a child forked from this (large) process starts at this process's RSS (Linux keeps
+# the high-water mark across exec): the command runs under a small launcher (python -S, a few MB),
+# which forks it and reports the grandchild's own rusage.
 LAUNCHER = """
 import os, sys
 pid = os.fork()
@@ -124,16 +127,15 @@ print(os.waitstatus_to_exitcode(status), ru.ru_maxrss, ru.ru_utime + ru.ru_stime
 """
 
 
-def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float, float]:
-    """Wall seconds, peak RSS (MiB) and CPU seconds of one whole process (under a small launcher: ru_maxrss of
-    a child forked from this larger process would start at this one's high-water mark)."""
+def timed(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[float, float, float]:
+    """Wall seconds, peak RSS (MiB) and CPU seconds of one whole process, from wait4 (bench_v3 too)."""
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-S", "-c", LAUNCHER, *cmd], env=env, capture_output=True)
+    proc = subprocess.run([sys.executable, "-S", "-c", LAUNCHER, *cmd], env=env, cwd=cwd, capture_output=True)
     dt = time.perf_counter() - t0
-    code, maxrss, cpu = proc.stdout.split()[-3:]
+    code, maxrss_kib, cpu = proc.stdout.split()[-3:]
     if proc.returncode != 0 or int(code) != 0:
-        raise RuntimeError(f"{cmd[:4]} failed: {proc.stderr.decode(errors='replace')[-2000:]}")
-    return dt, int(maxrss) / 1024, float(cpu)
+        raise RuntimeError(f"{cmd[:4]} failed ({int(code)}): {proc.stderr.decode(errors='replace')[-2000:]}")
+    return dt, int(maxrss_kib) / 1024, float(cpu)
 
 
 def job(src: Path, repo: Path = REPO) -> tuple[float, float, float]:

@@ -42,13 +42,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(HERE)]
+
+from bench_split import timed  # noqa: E402  (the wait4 launcher both benches time processes with)
 
 GOAL = 0.2
 
@@ -64,38 +65,12 @@ def precompile(repos: list[Path]) -> None:
                        stdout=subprocess.DEVNULL)
 
 
-# ru_maxrss of a child forked from this (large) process starts at this process's RSS (Linux keeps
-# the high-water mark across exec): the command runs under a small launcher (python -S, a few MB),
-# which forks it and reports the grandchild's own rusage.
-LAUNCHER = """
-import os, sys
-pid = os.fork()
-if pid == 0:
-    fd = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(fd, 1)
-    os.execvp(sys.argv[1], sys.argv[1:])
-_, status, ru = os.wait4(pid, 0)
-print(os.waitstatus_to_exitcode(status), ru.ru_maxrss, ru.ru_utime + ru.ru_stime)
-"""
-
-
-def timed_process(cmd: list[str], env: dict[str, str], cwd: Path) -> Timing:
-    """Wall seconds, peak RSS (MiB) and CPU seconds of one whole process, from wait4."""
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-S", "-c", LAUNCHER, *cmd], env=env, cwd=cwd, capture_output=True)
-    dt = time.perf_counter() - t0
-    code, maxrss_kib, cpu = proc.stdout.split()[-3:]
-    if proc.returncode != 0 or int(code) != 0:
-        raise RuntimeError(f"{cmd[:4]} failed ({int(code)}): {proc.stderr.decode(errors='replace')[-2000:]}")
-    return dt, int(maxrss_kib) / 1024, float(cpu)
-
-
 def ours(raw: Path, env: dict[str, str], repo: Path = REPO) -> Timing:
     from eva_export.export.paths import export_root
 
     shutil.rmtree(export_root(raw), ignore_errors=True)
     shutil.rmtree(raw.parent.parent / ".jobs", ignore_errors=True)
-    res = timed_process([sys.executable, "-m", "eva_export.cli", "export", str(raw), "--format", "lerobot_v3"],
+    res = timed([sys.executable, "-m", "eva_export.cli", "export", str(raw), "--format", "lerobot_v3"],
                         dict(env, PYTHONPATH=str(repo)), repo)
     assert (export_root(raw) / "lerobot_v3" / "accepted" / "meta" / "info.json").is_file()
     return res
@@ -116,7 +91,7 @@ def ours_convert(subset: Path, work: Path, env: dict[str, str], repo: Path = REP
     out = work / "v3out"
     shutil.rmtree(out, ignore_errors=True)
     try:
-        return timed_process([sys.executable, "-c", CONVERT, str(subset), str(out)],
+        return timed([sys.executable, "-c", CONVERT, str(subset), str(out)],
                              dict(env, PYTHONPATH=str(repo)), repo)
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -129,7 +104,7 @@ def theirs(subset: Path, work: Path) -> Timing | None:
         return None
     base, env = lerobot_copy(subset, work)
     try:
-        return timed_process([str(LEROBOT_PY), "-c", LEROBOT_SNIPPET, str(base)], env, work)
+        return timed([str(LEROBOT_PY), "-c", LEROBOT_SNIPPET, str(base)], env, work)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
