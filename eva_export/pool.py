@@ -36,13 +36,12 @@ import contextvars
 import logging
 import os
 import pickle
-import queue
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Protocol, cast
@@ -236,8 +235,8 @@ class LocalPool:
         self.workers = max(1, int(workers or default_workers()))
         self.auto = auto
         self._procs: list[_Worker] = []
-        self._spawner: threading.Thread | None = None
-        self._spawns: queue.Queue[tuple[dict[str, str], queue.Queue[_Worker | BaseException]] | None] = queue.Queue()
+        # PR_SET_PDEATHSIG follows the starting thread: workers start on this one, which lives with the pool
+        self._spawner = ThreadPoolExecutor(1, thread_name_prefix="pool-spawner")
         self.serial_units = 0  # units the auto mode ran in the caller (tests, benchmarks)
 
     def _run_serial_while_cheap(self, units: Sequence[Unit], on_done: Done) -> int:
@@ -263,30 +262,12 @@ class LocalPool:
         return done
 
     def _start(self, n: int) -> None:
-        if len(self._procs) >= n:
-            return
         env = dict(os.environ)
         # The worker must import this same eva_export (a worktree on PYTHONPATH, or the install).
         pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-        if self._spawner is None:  # PR_SET_PDEATHSIG follows the starting thread: this one lives with the pool
-            self._spawner = threading.Thread(target=self._spawn_loop, name="pool-spawner", daemon=True)
-            self._spawner.start()
         while len(self._procs) < n:
-            reply: queue.Queue[_Worker | BaseException] = queue.Queue(1)
-            self._spawns.put((env, reply))
-            made = reply.get()
-            if isinstance(made, BaseException):
-                raise made
-            self._procs.append(made)
-
-    def _spawn_loop(self) -> None:
-        while (req := self._spawns.get()) is not None:
-            env, reply = req
-            try:
-                reply.put(_Worker(env))
-            except BaseException as exc:  # noqa: BLE001 - raised in the thread that asked
-                reply.put(exc)
+            self._procs.append(self._spawner.submit(_Worker, env).result())
 
     def prestart(self) -> None:
         self._start(self.workers)
@@ -350,10 +331,7 @@ class LocalPool:
         for w in self._procs:
             w.reap()
         self._procs.clear()
-        if self._spawner is not None:  # its workers are gone: the thread they die with may end
-            self._spawns.put(None)
-            self._spawner.join()
-            self._spawner = None
+        self._spawner.shutdown()  # its workers are gone: the thread they die with may end
 
     def __enter__(self) -> LocalPool:
         return self
