@@ -14,11 +14,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import EvaError
-from .offline import DatasetCheck, EpisodeCheck, check_dataset
 from .rules import RULE_VERSION
+
+if TYPE_CHECKING:  # the rules' modules load when `check` runs, not with every command's parser
+    from .offline import DatasetCheck, EpisodeCheck
 
 
 def _ranges(issue: dict[str, Any]) -> str:
@@ -53,6 +55,8 @@ def _check(args: argparse.Namespace) -> int:
 
     root = Path(args.dir)
     try:
+        from .offline import check_dataset
+
         check = check_dataset(root)
         written = ""
         if args.write:

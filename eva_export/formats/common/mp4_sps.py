@@ -8,6 +8,8 @@ anything else raises ValueError (the caller then takes PyAV's path).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 _HIGH_PROFILES = frozenset((100, 110, 122, 244, 44, 83, 86, 118, 128, 138, 139, 134, 135))
 
 
@@ -41,11 +43,13 @@ class _Bits:
         return (k + 1) // 2 if k & 1 else -(k // 2)
 
 
+@lru_cache(maxsize=64)  # one encoder's files share one avcC: its bits are read once, not per file
 def avcc_size(avcc: bytes) -> tuple[int, int]:
     """(width, height) of the avcC payload's one SPS; ValueError outside the plain shape."""
     return _sps_size(_avcc_sps(avcc))
 
 
+@lru_cache(maxsize=64)
 def avcc_pix_fmt(avcc: bytes) -> str | None:
     """The pixel format FFmpeg's H.264 decoder reports for the avcC's SPS (plain shape: 8-bit
     4:2:0): "yuv420p" when the SPS states no video signal type, so neither a full range nor a
