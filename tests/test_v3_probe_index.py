@@ -4,6 +4,7 @@ key flag), on the writer's files and on seeded mutations of them; anything else 
 
 from __future__ import annotations
 
+import os
 import random
 from fractions import Fraction
 from pathlib import Path
@@ -14,7 +15,7 @@ from av.video.stream import VideoStream
 from short_videos import encode_bframes, textured
 from test_mp4_index import SHAPES, mutations, without_edit_list, write
 
-from eva_export.formats.common import mp4_index
+from eva_export.formats.common import mp4_index, mp4_reuse
 from eva_export.formats.common.video import VideoSettings
 from eva_export.formats.lerobot_v3 import probe as v3_probe
 from eva_export.formats.lerobot_v3.probe import Probe, index_probe
@@ -87,3 +88,33 @@ def test_other_files_go_to_pyav(tmp_path: Path) -> None:
     assert mp4_index.read(full) is not None and index_probe(full, 30) is None
     with av.open(str(full)) as c:
         assert c.streams.video[0].codec_context.pix_fmt == "yuvj420p"
+
+
+def test_a_second_read_of_an_unchanged_file_reuses_its_parse_within_a_bound(
+        originals: list[tuple[bytes, int]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """mp4_reuse: validation's parse answers the writer's probe of the same unchanged file (once,
+    the same probe as a fresh parse), never a changed file's, and only while there is room."""
+    parsed: list[int] = []
+    real = mp4_index._parse
+    monkeypatch.setattr(mp4_index, "_parse", lambda data: parsed.append(len(data)) or real(data))
+    data, fps = originals[0]
+    paths = [tmp_path / f"r{i}.mp4" for i in range(3)]
+    for p in paths:
+        p.write_bytes(data)
+        os.utime(p, ns=(1_000_000_000, 1_000_000_000))  # old enough to be trusted unchanged
+    fresh = index_probe(paths[0], fps)
+    one = mp4_reuse.keeping
+    monkeypatch.setattr(mp4_reuse, "BUDGET", 2 * (512 + 160 * len(fresh.packets or ())))  # room for two
+    with one():
+        for p in paths:  # validation's reads
+            assert mp4_index.parse(mp4_index.file_bytes(p) or b"") is not None
+        parsed.clear()
+        assert index_probe(paths[0], fps) == fresh and parsed == []  # kept
+        paths[1].write_bytes(data[:-1] + b"\x00")  # changed since (size kept, mtime now)
+        index_probe(paths[1], fps)
+        assert len(parsed) == 1  # parsed again
+        index_probe(paths[2], fps)
+        assert len(parsed) == 2  # over the bound: never kept
+        assert index_probe(paths[0], fps) == fresh and len(parsed) == 3  # handed out once
+    with one():
+        assert not mp4_reuse._kept  # dropped when the job ended

@@ -84,10 +84,12 @@ class NativeStats:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.lines = JsonlStream(root / EPISODES_STATS)
+        self.lines = _Lines(root / EPISODES_STATS)
 
-    def add(self, episode_index: int, stats: dict[str, Any]) -> None:
-        self.lines.write({"episode_index": episode_index, "stats": stats})
+    def add(self, episode_index: int, stats_json: str) -> None:
+        """The line ``{"episode_index": i, "stats": stats}`` as JsonlStream.write encodes it,
+        from the statistics' text (EpisodeEntry.stats_json)."""
+        self.lines.write_line(f'{{"episode_index": {int(episode_index)}, "stats": {stats_json}}}')
 
     def commit(self) -> None:
         self.lines.commit()
@@ -102,6 +104,11 @@ class NativeStats:
 
     def discard(self) -> None:
         self.lines.discard()
+
+
+class _Lines(JsonlStream):
+    def write_line(self, text: str) -> None:
+        self._fh.write(text + "\n")
 
 
 def native_row(p: PlannedEpisode) -> dict[str, Any]:
@@ -128,4 +135,4 @@ def episode_rows(p: PlannedEpisode, info: DatasetInfo, source_stats: dict[str, A
     for key in src.video_paths:
         if key not in st:  # a source without camera statistics: computed from its frames
             st[key] = image_stats_of(iter_frames(src.camera_span(key).path))
-    return table, EpisodeEntry(st, counts)
+    return table, EpisodeEntry.of(st, counts)

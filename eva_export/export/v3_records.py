@@ -41,13 +41,24 @@ class EpisodeEntry:
 
     stats: dict[str, Any]  # its per-episode statistics (meta/episodes_stats.jsonl, stats/* columns)
     nonfinite: tuple[tuple[str, int], ...]  # (float feature, NaN/inf values) holding any
+    stats_json: str  # ``json.dumps(stats, ensure_ascii=False)``: encoded once, where the episode is read
+
+    @classmethod
+    def of(cls, stats: dict[str, Any], nonfinite: tuple[tuple[str, int], ...]) -> EpisodeEntry:
+        return cls(stats, nonfinite, json.dumps(stats, ensure_ascii=False))
+
+    def to_json(self) -> str:
+        """``json.dumps(to_dict(), ensure_ascii=False)``, the statistics' text not encoded again
+        (the default encoder's text of a dict is its members' texts joined)."""
+        nonfinite = json.dumps([list(c) for c in self.nonfinite], ensure_ascii=False)
+        return f'{{"stats": {self.stats_json}, "nonfinite": {nonfinite}}}'
 
     def to_dict(self) -> dict[str, Any]:
         return {"stats": self.stats, "nonfinite": [list(c) for c in self.nonfinite]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EpisodeEntry:
-        return cls(dict(d["stats"]), tuple((str(k), int(n)) for k, n in d["nonfinite"]))
+        return cls.of(dict(d["stats"]), tuple((str(k), int(n)) for k, n in d["nonfinite"]))
 
 
 @dataclass(frozen=True)
@@ -102,7 +113,7 @@ class EntryLog:
         self._fh = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed by close/commit
 
     def append(self, entry: EpisodeEntry) -> None:
-        self._fh.write(json.dumps(entry.to_dict(), ensure_ascii=False) + "\n")
+        self._fh.write(entry.to_json() + "\n")
 
     def commit(self, record: Path) -> None:
         """The entries so far become the shard's (renamed beside its record); a new log opens."""

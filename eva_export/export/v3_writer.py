@@ -270,7 +270,7 @@ class SubsetWriter:
         """The episode's v3 statistics (formats.episode_stats.episode_stats of the split's);
         an episode of a complete shard has no table column they lack: its split statistics
         recompute every table column."""
-        st = {k: dict(v) if isinstance(v, dict) else v for k, v in entry.stats.items()}
+        st = dict(entry.stats)  # the entries of features added below; each entry is only read
         feats = self.info.features
         columns = table.column_names if table is not None else []
         for name in columns:
@@ -283,7 +283,7 @@ class SubsetWriter:
             if key not in st:  # a camera without statistics in the source and the split's: its frames
                 st[key] = image_stats_of(_frames(self.items[i], key))
         self.ep_stats.add(st)
-        self.stats.add(i, entry.stats)
+        self.stats.add(i, entry.stats_json)
 
     # ---- the subset's metadata --------------------------------------------------------------
     def finish(self, conv: Converted) -> None:

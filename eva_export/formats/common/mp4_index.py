@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
+from . import mp4_reuse
 from .mp4_sps import avcc_size
 
 #: Larger files take PyAV's path (this one reads the whole file into memory).
@@ -67,12 +68,14 @@ def read(path: Path) -> Mp4Facts | None:
 def file_bytes(path: Path) -> bytes | None:
     """Every byte of the file, or None when it is over MAX_BYTES (or unreadable here)."""
     try:
-        if os.stat(path).st_size > MAX_BYTES:
+        st = os.stat(path)
+        if st.st_size > MAX_BYTES:
             return None
         with open(path, "rb") as fh:
             data = fh.read(MAX_BYTES + 1)
     except OSError:
         return None
+    mp4_reuse.read_done(st, data)  # a second reader of the unchanged file may reuse its parse
     return data if len(data) <= MAX_BYTES else None  # grown past the bound since the stat
 
 
@@ -84,10 +87,15 @@ def parse(data: bytes) -> Mp4Facts | None:
 
 def samples(data: bytes) -> Mp4Samples | None:
     """``parse`` with the samples' places and key frames and the avcC, or None."""
+    key, kept = mp4_reuse.taken(data)
+    if isinstance(kept, Mp4Samples):
+        return kept
     try:
-        return _parse(data)
+        found = _parse(data)
     except (_Unusual, struct.error, IndexError, ValueError):
         return None
+    mp4_reuse.keep(key, found, found.facts.frames)
+    return found
 
 
 def _boxes(data: bytes, start: int, end: int) -> list[Box]:
