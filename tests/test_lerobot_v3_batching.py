@@ -128,6 +128,11 @@ def test_stats_columns_and_dataset_stats_match_the_per_episode_paths(source: Pat
     [[0.5, 2.0], [1, 3.0], [4, 5]],                # ints in a double column: doubles
     [[0.5, 2.0], [3.0, None], [4.0, 5.0]],         # a null after a number: the generic path, no stray 3.0
     [[[[1.0]], [[2.0]], [[3.0]]], [[[4.0]], [[5.0]], [[6.0]]]],  # an image stat (3, 1, 1)
+    [[[[1]], [[2]], [[3]]], [[[4]], [[5]], [[6]]]],              # nested ints stay int64
+    [[[[1]], [[2]], [[3]]], [[[4.5]], [[5]], [[6]]]],            # nested ints then a float: double
+    [[[[1.0]], [[2.0]], [[3.0]]], [[[4.0]], [[5.0, 6.0]], [[7.0]]]],  # ragged inside: the generic path
+    [[[[1.0]], [[2.0]], [[3.0]]], [[[4.0]], [[None]], [[6.0]]]],      # a null inside
+    [[[[1.0]], [[2.0]], [[3.0]]], [[[4.0]], [[5.0]]]],               # fewer rows: the generic path
     [[1.0, 2.0], [1.0, 2.0, 3.0]],                 # ragged: the generic path
     [[True, False], [False, True]],                # not numbers: the generic path
     [5, 7],                                        # scalars

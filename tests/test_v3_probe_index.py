@@ -118,3 +118,20 @@ def test_a_second_read_of_an_unchanged_file_reuses_its_parse_within_a_bound(
         assert index_probe(paths[0], fps) == fresh and len(parsed) == 3  # handed out once
     with one():
         assert not mp4_reuse._kept  # dropped when the job ended
+
+
+def test_file_bytes_reads_what_a_file_grew_by_since_its_stat(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """file_bytes reads the stated size, then the rest: every byte, and still the bound."""
+    path = tmp_path / "g.mp4"
+    path.write_bytes(bytes(range(256)) * 40)
+    real = os.stat
+
+    def stale(p: object) -> object:  # the stat taken before the file grew
+        st = real(p)  # type: ignore[arg-type]
+        return type("St", (), {"st_size": 100, "st_mtime_ns": st.st_mtime_ns, "st_dev": st.st_dev,
+                               "st_ino": st.st_ino})()
+
+    monkeypatch.setattr(mp4_index.os, "stat", stale)
+    assert mp4_index.file_bytes(path) == path.read_bytes()
+    monkeypatch.setattr(mp4_index, "MAX_BYTES", 5000)
+    assert mp4_index.file_bytes(path) is None  # grown past the bound

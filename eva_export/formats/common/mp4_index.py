@@ -72,7 +72,10 @@ def file_bytes(path: Path) -> bytes | None:
         if st.st_size > MAX_BYTES:
             return None
         with open(path, "rb") as fh:
-            data = fh.read(MAX_BYTES + 1)
+            # read(n) allocates n bytes first: the stated size, then anything it grew by since
+            data = fh.read(st.st_size + 1)
+            if len(data) > st.st_size:
+                data += fh.read(MAX_BYTES + 1 - len(data))
     except OSError:
         return None
     mp4_reuse.read_done(st, data)  # a second reader of the unchanged file may reuse its parse

@@ -56,7 +56,8 @@ def keeping(on: bool = True) -> Iterator[None]:
 
 def read_done(st: os.stat_result, data: bytes) -> None:
     """``data`` was read whole from the file whose stat before the read was ``st``."""
-    if _users and len(data) <= MAX_FILE and st.st_mtime_ns <= time.time_ns() - RACY_MARGIN_NS:
+    if (_users and len(data) == st.st_size and len(data) <= MAX_FILE
+            and st.st_mtime_ns <= time.time_ns() - RACY_MARGIN_NS):
         _last.key, _last.data = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), data
     else:
         _last.key = _last.data = None

@@ -153,10 +153,14 @@ class StatColumn:
         self.rows = row + 1
 
     def _flat(self, value: Any) -> bool:
-        """The common case without numpy: a flat list of floats (or of ints, in an int column)
-        of the column's length."""
-        if type(value) is not list or self.shape != (len(value),) or not value:
+        """The common case without numpy: a list of floats (or of ints, in an int column) of the
+        column's shape, flat or nested (an image's (3, 1, 1))."""
+        if type(value) is not list or not value or not self.shape or len(value) != self.shape[0]:
             return False
+        if len(self.shape) > 1:
+            value = _flattened(value, self.shape)
+            if value is None:
+                return False
         if self.floats is not None:
             # array("d") takes floats and ints (as np.float64 would) and refuses anything else;
             # a refused list may have left a prefix, taken back before the numpy path decides
@@ -215,6 +219,20 @@ class StatColumn:
         for dim in reversed(m.shape[1:]):  # nested lists, as pa.array of the nested values gives
             arr = pa.ListArray.from_arrays(pa.array(np.arange(0, len(arr) + 1, dim, dtype=np.int32)), arr)
         return arr
+
+
+def _flattened(value: list[Any], shape: tuple[int, ...]) -> list[Any] | None:
+    """The items of nested lists of exactly ``shape``, in row-major order (as numpy ravels
+    them), or None; a leaf that is a list is refused by the array it extends."""
+    level = value
+    for n in shape[1:]:
+        inner: list[Any] = []
+        for v in level:
+            if type(v) is not list or len(v) != n:
+                return None
+            inner.extend(v)
+        level = inner
+    return level
 
 
 def stats_column(values: list[Any]) -> pa.Array:
