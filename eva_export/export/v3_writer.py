@@ -112,6 +112,7 @@ class SubsetWriter:
         self.stats = NativeStats(native.dir)
         self.streams: dict[str, _Stream] = {}
         self.reencoded: dict[str, list[int]] = {}
+        self._near: dict[int, PlannedEpisode] = {}  # episodes the probes read and the loop has not passed
 
     # ---- paths and resume -------------------------------------------------------------------
     def shard_path(self, stream: str, chunk: int, file: int) -> Path:
@@ -158,7 +159,7 @@ class SubsetWriter:
             probes[k] = Probes(self.info.fps)
             start = self.streams[k].end
             first = window_start(start, n, probes[k].window)
-            probes[k].stream((i, self.items[i].source.camera_span(k).path) for i in range(first, n))
+            probes[k].stream((i, self._item(i).source.camera_span(k).path) for i in range(first, n))
             for _ in range(first, start):  # passed: the window now holds what it held uninterrupted
                 probes[k].next()
         nonfinite: list[tuple[int, tuple[tuple[str, int], ...]]] = []
@@ -176,7 +177,8 @@ class SubsetWriter:
                     nonfinite.append((i, entry.nonfinite))
                 frames += self.native.rows[i].length
                 reused += was_reused
-                self.on_episode(1 + len(self.keys), self.items[i].source.bytes, was_reused)
+                self.on_episode(1 + len(self.keys), self._item(i).source.bytes, was_reused)
+                del self._near[i]
             data.close()
             self._commit(self.streams[DATA])
             self._close_log()
@@ -190,6 +192,14 @@ class SubsetWriter:
             feed.close()
             shutil.rmtree(tmp, ignore_errors=True)
         return Converted(n, frames, nonfinite, reused)
+
+    def _item(self, i: int) -> PlannedEpisode:
+        """Planned episode ``i``, rebuilt once for every camera's probe and the loop (held from
+        the first probe a window ahead until the loop passes it: memory is the window)."""
+        p = self._near.get(i)
+        if p is None:
+            p = self._near[i] = self.items[i]
+        return p
 
     def _close_log(self) -> None:
         log = self.streams[DATA].log
