@@ -86,7 +86,7 @@ def _export(log_dir: Path, src: Path, native: bool, config: dict[str, Any] | Non
 
 def _eps(n: int) -> list[Ep]:
     return [Ep(frames=5 + (i * 7) % 11, quality="green" if i % 3 else "red",
-               verdict="fail" if i == 4 else "", note="take note" if i == 2 else None,
+               verdict="fail" if i == 4 else "", note="take note: grüße ✓" if i == 2 else None,  # non-ASCII: written as is
                extra={"take_id": f"take-{i:03d}"}) for i in range(n)]
 
 
@@ -201,3 +201,26 @@ def test_a_resumed_camera_stream_opens_its_shards_with_the_uninterrupted_decode_
     pair, job = _export(log_dir, src, False, config)
     assert _tree(pair) == want
     assert job.reused_episodes == 0  # the data shard was open: only the two camera shards were kept
+
+
+def test_statistics_lines_reuse_the_encoded_text_as_the_encoder_writes_them(tmp_path: Path) -> None:
+    """An episode's statistics are encoded once: its record line and its episodes_stats.jsonl
+    line are what encoding the whole line gives (non-ASCII names, NaN, nesting, large ints)."""
+    from eva_export.export.assemble import JsonlStream
+    from eva_export.export.v3_episodes import NativeStats
+    from eva_export.export.v3_records import EpisodeEntry
+
+    stats = {"observation.grüße": {"min": [float("nan"), -0.1, 1e300], "count": [2 ** 70]},
+             "observation.images.cam": {"mean": [[[0.25]], [[0.5]], [[1.0]]]}, "x": {"max": [True, None]}}
+    entry = EpisodeEntry.of(stats, (("observation.grüße", 1),))
+    assert entry.to_json() == json.dumps(entry.to_dict(), ensure_ascii=False)
+    (tmp_path / "a" / "meta").mkdir(parents=True)
+    (tmp_path / "b" / "meta").mkdir(parents=True)
+    mine, theirs = NativeStats(tmp_path / "a"), JsonlStream(tmp_path / "b" / "meta" / "episodes_stats.jsonl")
+    for i in (0, 7):
+        mine.add(i, entry.stats_json)
+        theirs.write({"episode_index": i, "stats": stats})
+    mine.commit()
+    theirs.commit()
+    assert ((tmp_path / "a" / "meta" / "episodes_stats.jsonl").read_bytes()
+            == (tmp_path / "b" / "meta" / "episodes_stats.jsonl").read_bytes())

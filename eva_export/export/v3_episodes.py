@@ -55,12 +55,14 @@ def write_native_meta(out: Path, items: PlanList, info: DatasetInfo, tasks: list
     writes them (statistics follow once the episodes are converted: ``write_stats``)."""
     (out / "meta").mkdir(parents=True, exist_ok=True)
     rows: list[EpisodeRow] = []
-    episodes = JsonlStream(out / EPISODES)
+    episodes = _Lines(out / EPISODES)
     try:
         for p in items:
-            # the split's unit record round trip (JSON) is what its episodes.jsonl row is made of
-            d = json.loads(json.dumps(native_row(p)))
-            episodes.write(d)
+            # the split's unit record round trip (JSON) is what its episodes.jsonl row is made of;
+            # the line is its text (a second encoding of what it decodes to gives the same text)
+            text = json.dumps(native_row(p), ensure_ascii=False)
+            d = json.loads(text)
+            episodes.write_line(text)
             rows.append(EpisodeRow.from_dict(d))
     except BaseException:
         episodes.discard()
