@@ -135,3 +135,19 @@ def test_file_bytes_reads_what_a_file_grew_by_since_its_stat(tmp_path: Path, mon
     assert mp4_index.file_bytes(path) == path.read_bytes()
     monkeypatch.setattr(mp4_index, "MAX_BYTES", 5000)
     assert mp4_index.file_bytes(path) is None  # grown past the bound
+
+
+def test_frame_slots_are_the_fraction_arithmetic_of_lerobots_tolerance() -> None:
+    """probe.frame_slots (integers) against the Fraction form: the nearest frame (halves to even)
+    and |t - i/fps| <= 1/10000 s, on time bases near and off the grid, halves included."""
+    rng = random.Random(5)
+    for tb, fps in [(Fraction(1, 15360), 30), (Fraction(1, 90000), 30), (Fraction(1, 1000), 30),
+                    (Fraction(1, 60), 30), (Fraction(1001, 30000), 30), (Fraction(1, 12800), 25)]:
+        ticks = [rng.randrange(-10**6, 10**7) for _ in range(300)] + [0, 1, -1]
+        ticks += [int(Fraction(2 * k + 1, 2 * fps) / tb) for k in range(5)]  # about halfway
+        want = []
+        for t in ticks:
+            i = round(t * tb * fps)
+            want.append((i, abs(t * tb - Fraction(i, fps)) <= Fraction(1, 10000)))
+        assert v3_probe.frame_slots(ticks, tb, fps) == want, (tb, fps)
+        assert [v3_probe.frame_slot(t, tb, fps) for t in ticks] == want

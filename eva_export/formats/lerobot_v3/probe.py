@@ -22,6 +22,7 @@ import functools
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 from fractions import Fraction
 from itertools import islice
 from pathlib import Path
@@ -49,9 +50,9 @@ class CodecParams:
     extradata: bytes
 
 
-@dataclass(frozen=True)
-class Pkt:
-    """A demuxed packet's bytes and times (stream time base), kept after its file is closed."""
+class Pkt(NamedTuple):
+    """A demuxed packet's bytes and times (stream time base), kept after its file is closed
+    (a tuple: a long episode makes one per frame)."""
 
     data: bytes
     pts: int | None
@@ -89,9 +90,20 @@ def round_div(a: int, b: int) -> int:
 def frame_slot(ticks: int, tb: Fraction, fps: int) -> tuple[int, bool]:
     """The frame number ``ticks`` (since the first frame) is closest to, and whether it is
     within LeRobot's tolerance of that frame's time: |ticks*tb - i/fps| <= 1/10000."""
-    x = ticks * tb.numerator * fps  # the time in frames, times tb.denominator
-    i = round_div(x, tb.denominator)
-    return i, abs(x - i * tb.denominator) * TOLERANCE_DEN <= tb.denominator * fps
+    return frame_slots((ticks,), tb, fps)[0]
+
+
+def frame_slots(ticks: Iterable[int], tb: Fraction, fps: int) -> list[tuple[int, bool]]:
+    """``frame_slot`` of each of ``ticks``, the time base's parts read once (per packet, they
+    were most of placing a long episode)."""
+    num, den = tb.numerator * fps, tb.denominator
+    tolerance = den * fps
+    out: list[tuple[int, bool]] = []
+    for t in ticks:
+        x = t * num  # the time in frames, times den
+        i = round_div(x, den)
+        out.append((i, abs(x - i * den) * TOLERANCE_DEN <= tolerance))
+    return out
 
 
 def lead_of(pts: list[int], tb: Fraction, fps: int) -> int:
@@ -99,7 +111,7 @@ def lead_of(pts: list[int], tb: Fraction, fps: int) -> int:
     if not pts:
         return 0
     base = min(pts)
-    return max(0, max(k - frame_slot(t - base, tb, fps)[0] for k, t in enumerate(pts)))
+    return max(0, max(k - i for k, (i, _) in enumerate(frame_slots([t - base for t in pts], tb, fps))))
 
 
 def open_input(path: Path) -> InputContainer:

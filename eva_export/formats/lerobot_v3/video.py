@@ -25,6 +25,7 @@ import logging
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
+from typing import NamedTuple
 
 import av
 from av.container import OutputContainer
@@ -34,7 +35,7 @@ from ...errors import ExportError, VideoError
 from ..common.provenance import RawNames
 from ..common.video import VideoEncoder, VideoSettings, iter_frames
 from .layout import VIDEO_PATH_V30
-from .probe import CodecParams, Pkt, Probe, codec_params, frame_slot, open_input, packets_of, probe
+from .probe import CodecParams, Pkt, Probe, codec_params, frame_slots, open_input, packets_of, probe
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +95,7 @@ class NotPlaceable(Exception):
     """The episode's packets cannot be put on the shard's grid as they are."""
 
 
-@dataclass(frozen=True)
-class Placed:
+class Placed(NamedTuple):
     data: bytes
     pts: int
     keyframe: bool
@@ -228,8 +228,8 @@ class VideoShards:
             raise NotPlaceable("it does not start with a keyframe")
         base = min(int(p.pts or 0) for p in pkts)
         out: list[Placed] = []
-        for p in pkts:
-            i, on_grid = frame_slot(int(p.pts or 0) - base, tb, self.fps)
+        for p, (i, on_grid) in zip(pkts, frame_slots([int(p.pts or 0) - base for p in pkts], tb, self.fps),
+                                   strict=True):
             if not on_grid:
                 t = (int(p.pts or 0) - base) * tb
                 raise NotPlaceable(f"a frame at {float(t):.6f} s is off the {self.fps} fps grid")
