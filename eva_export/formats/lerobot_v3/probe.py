@@ -22,10 +22,10 @@ import functools
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
 from fractions import Fraction
 from itertools import islice
 from pathlib import Path
+from typing import NamedTuple
 
 import av
 from av.container import InputContainer
