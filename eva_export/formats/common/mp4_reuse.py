@@ -47,6 +47,7 @@ def keeping(on: bool = True) -> Iterator[None]:
     try:
         yield
     finally:
+        _last.key = _last.data = None  # this thread's last read is not held past the job
         with _lock:
             _users -= 1
             if _users == 0:
