@@ -157,6 +157,39 @@ class ShardSpec:
 
 
 @dataclass(frozen=True)
+class ShardRecord:
+    """``shard.json``: the shard's spec, the digest of the source files it came from, the writer
+    options, and each file's SHA-256 (path relative to the shard). A rerun keeps a shard only when
+    all of them still match, so a shard whose files were renamed into place but never reached the
+    disk (a power cut before the job's one sync) is found torn and written again."""
+
+    spec: ShardSpec
+    source_digest: str
+    options: dict[str, object]
+    files: tuple[tuple[str, str], ...]
+
+    def to_dict(self) -> dict[str, object]:
+        return {"spec": self.spec.to_dict(), "source_digest": self.source_digest, "options": self.options,
+                "files": [list(f) for f in self.files]}
+
+    @classmethod
+    def from_dict(cls, d: object) -> ShardRecord:
+        d = as_dict(d, "shard.json")
+        files = tuple((str(rel), str(sha)) for rel, sha in (as_list(f, "a file entry") for f in as_list(d["files"], "files")))
+        for rel, _ in files:
+            if not rel or rel.startswith("/") or "\\" in rel or ".." in rel.split("/") or "\x00" in rel:
+                raise ValueError(f"shard.json: file {confine.short_repr(rel, 80)} is not a path inside the shard")
+        return cls(ShardSpec.from_dict(d["spec"]), str(d["source_digest"]), dict(as_dict(d["options"], "options")), files)
+
+    def write(self, shard_dir: Path) -> None:
+        atomic_write_json(shard_dir / SHARD_FILE, self.to_dict())
+
+    @classmethod
+    def read(cls, shard_dir: Path) -> ShardRecord:
+        return cls.from_dict(read_json(shard_dir / SHARD_FILE))
+
+
+@dataclass(frozen=True)
 class MaterializedBlocks:
     """Store-wide block families; each shard's block specs remain the physical inventory."""
 
