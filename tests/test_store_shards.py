@@ -138,3 +138,25 @@ def test_verify_names_a_damaged_zarr_array_and_a_shape_the_manifest_does_not_sta
     report = verify_export(out)
     assert any("shards/shard-00000/data.zarr/timestamp: shape" in e and "manifest.json says" in e
                for e in report.errors), report.errors
+
+
+def test_the_manifest_takes_shard_digests_from_the_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shard files are hashed as written (or as checked on reuse): the manifest reads none again,
+    and its digests are the files' own."""
+    from eva_export import manifest
+
+    src = make_subset(tmp_path / "src", [Ep(frames=6), Ep(frames=5)], cameras=1)
+    out = tmp_path / "out"
+    hashed: list[Path] = []
+    real = manifest.sha256_file
+    monkeypatch.setattr(manifest, "sha256_file", lambda p: hashed.append(Path(p)) or real(p))
+    for run in ("first", "rerun"):
+        EvaStoreExporter().export(src, out)
+        hashed.clear()
+        built = manifest.build_manifest(out)
+        read_again = [p for p in hashed if "shards" in p.parts]
+        # meta files only; a reused shard's record is read by the manifest (it was parsed, not hashed)
+        assert hashed and read_again == ([] if run == "first" else [p for p in read_again if p.name == SHARD_FILE])
+        assert run == "first" or len(read_again) == 2
+        for e in built.files:
+            assert e.sha256 == hashlib.sha256((out / e.path).read_bytes()).hexdigest(), (run, e.path)

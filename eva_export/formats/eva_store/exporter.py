@@ -21,6 +21,7 @@ ahead of the encoder, a few frames at most), so memory stays flat with episode l
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -29,8 +30,9 @@ import platform
 import random
 import shutil
 import time
+from collections.abc import Generator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -39,6 +41,7 @@ from numpy.typing import NDArray
 from ...confine import confined
 from ...errors import ExportError, UnsafeNameError, VideoError
 from ...fsutil import atomic_write_json, fsync_dir
+from ...manifest import record_written
 from ..common.exporter import Progress, VerifyReport
 from ..common.images import Prefetch
 from ..common.meta import INFO, DatasetMeta
@@ -53,6 +56,7 @@ from .options import EvaStoreOptions
 from .records import (
     KIND_ZARR,
     SAMPLE_INDEX_FILE,
+    SHARD_FILE,
     SHARDS_DIR,
     STORE_VERSION,
     ZARR_GROUP,
@@ -69,6 +73,7 @@ from .verify import verify_store
 
 FORMAT = "eva_store"
 CHUNK_ROWS = 1024  # Zarr rows per chunk: a whole episode of numeric data is one small read
+INLINE_ROWS = 32  # episodes of at most this many frames decode in the writing thread
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,6 +196,8 @@ class EvaStoreExporter:
         if not ok:
             shutil.rmtree(final)  # stale (other source bytes or options) or torn: rewrite it
             return None
+        for rel, sha in rec.files:  # just read and matched: the manifest need not read them again
+            record_written(final / rel, sha)
         return rec.spec
 
     def _write_shard(self, meta: DatasetMeta, ep: EpisodeRow, table: pa.Table, final: Path,
@@ -206,11 +213,14 @@ class EvaStoreExporter:
             for key in meta.info.video_keys:
                 blocks[key] = self._write_camera(tmp, meta, ep, key, table.num_rows, files)
             spec = ShardSpec(sid, f"{SHARDS_DIR}/{sid}", ep.episode_index, 0, table.num_rows, blocks)
-            ShardRecord(spec, digest, self.options.to_dict(), tuple(files.digests)).write(tmp)
+            record = ShardRecord(spec, digest, self.options.to_dict(), tuple(files.digests)).write(tmp)
             os.replace(tmp, final)  # the shard appears whole or not at all
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        for rel, sha in files.digests:  # the manifest takes them instead of reading the shard again
+            record_written(final / rel, sha)
+        record_written(final / SHARD_FILE, hashlib.sha256(record).hexdigest())
         return spec
 
     def _write_numeric(self, tmp: Path, ep: EpisodeRow, table: pa.Table, files: ShardFiles) -> dict[str, BlockSpec]:
@@ -269,7 +279,12 @@ class EvaStoreExporter:
         w = RecordWriter(tmp, key, files)
         shape: tuple[int, ...] | None = None
         try:
-            with Prefetch(iter_frames(meta.video_path(key, ep.episode_index)), self.prefetch) as frames:
+            source = iter_frames(meta.video_path(key, ep.episode_index))
+            # a decoding thread per camera file pays off for long episodes; for a few frames its
+            # start costs more than the decode it overlaps
+            ahead = (Prefetch(source, self.prefetch) if rows > INLINE_ROWS
+                     else contextlib.closing(cast(Generator[NDArray[np.uint8], None, None], source)))
+            with ahead as frames:
                 for frame in frames:
                     if shape is None:
                         shape = tuple(frame.shape)

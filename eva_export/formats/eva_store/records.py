@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from ... import confine
 from ...errors import UnsafeNameError
-from ...fsutil import atomic_write_json, read_json
+from ...fsutil import atomic_write_json, dumps_json, read_json, storage_guard
 from ...jsonbound import as_dict, as_int, as_list
 
 STORE_FORMAT = "eva_store"
@@ -181,8 +181,15 @@ class ShardRecord:
                 raise ValueError(f"shard.json: file {confine.short_repr(rel, 80)} is not a path inside the shard")
         return cls(ShardSpec.from_dict(d["spec"]), str(d["source_digest"]), dict(as_dict(d["options"], "options")), files)
 
-    def write(self, shard_dir: Path) -> None:
-        atomic_write_json(shard_dir / SHARD_FILE, self.to_dict())
+    def write(self, shard_dir: Path) -> bytes:
+        """Into the shard's partial directory (renamed whole into place), not fsynced: the
+        file digests it carries are what a rerun trusts, not the record's own durability.
+        Returns the bytes written."""
+        path = shard_dir / SHARD_FILE
+        data = dumps_json(self.to_dict()).encode("utf-8")
+        with storage_guard(path):
+            path.write_bytes(data)
+        return data
 
     @classmethod
     def read(cls, shard_dir: Path) -> ShardRecord:
