@@ -37,6 +37,7 @@ from eva_export.formats.eva_store import StoreError, open_store
 from eva_export.formats.eva_store.codecs import encode_image
 from eva_export.formats.eva_store.exporter import EvaStoreExporter, split_of_episodes
 from eva_export.formats.eva_store.options import EvaStoreOptions
+from eva_export.formats.eva_store.reader import _read_numeric
 from eva_export.formats.eva_store.records import (
     KIND_RECORDS,
     KIND_ZARR,
@@ -363,6 +364,8 @@ def _check_visible_shards_whole(staging: Path) -> dict[str, int]:
         rep = VerifyReport(path=str(d), dataset_format="eva_store")
         _verify_shard(d.parents[1], spec, rep)
         assert rep.ok, (d, rep.errors)
+        cols = _read_numeric(d, spec)  # every Zarr array whole, as the manifest says
+        assert {n: c.shape for n, c in cols.items()} == {n: b.shape for n, b in spec.blocks.items() if b.kind == KIND_ZARR}
         seen[f"{d.parents[1].name}/{d.name}"] = (d / SHARD_FILE).stat().st_ino
     return seen
 

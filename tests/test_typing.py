@@ -110,6 +110,8 @@ MODULES = [
     "eva_export.formats.eva_store.codecs",
     "eva_export.formats.eva_store.reader",
     "eva_export.formats.eva_store.records",
+    "eva_export.formats.eva_store.shard_files",
+    "eva_export.formats.eva_store.zarr_write",
     "eva_export.formats.common.checks",
     "eva_export.formats.lerobot_v21.episode_files",
     "eva_export.formats.lerobot_v21.episode_stats",

@@ -6,10 +6,13 @@ to its shard and row and to a train/val/all split. The layout and its typed reco
 ``eva_export.formats.eva_store.records``; the reader is ``eva_export.formats.eva_store.open_store``.
 
 Export: one shard per episode, the resumable unit. A shard is written into a hidden
-``shards/.shard-NNNNN.partial`` directory, every file fsynced, then renamed into place, so a
-shard directory that exists is a finished one (never half a shard after a kill). Its
-``shard.json`` records the digest of the source files it came from and the writer options; a
-rerun keeps a shard whose digest and options match and rewrites any other. The sample index,
+``shards/.shard-NNNNN.partial`` directory, then renamed into place, so a shard directory that
+exists is a finished one (never half a shard after a kill). Its ``shard.json`` (ShardRecord)
+records the digest of the source files it came from, the writer options and the SHA-256 of each
+of its files, taken from the bytes as they were written; a rerun keeps a shard whose record
+still matches and rewrites any other. The shards are not fsynced one by one (that was an eighth
+of a short episode's time): the published pair is made durable by the job's one sync, and a
+shard a power cut tore before it is caught by its file digests on the rerun. The sample index,
 manifest.json, meta files and quality_split.json (the marker) are written last.
 
 Frames are decoded from the source MP4s one at a time with PyAV (a background thread decodes
@@ -18,21 +21,27 @@ ahead of the encoder, a few frames at most), so memory stays flat with episode l
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import itertools
 import os
 import platform
 import random
 import shutil
 import time
+from collections.abc import Generator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
+from numpy.typing import NDArray
 
-from ...errors import ExportError, VideoError
-from ...fsutil import atomic_write_json, fsync_dir, read_json
+from ...confine import confined
+from ...errors import ExportError, UnsafeNameError, VideoError
+from ...fsutil import atomic_write_json, fsync_dir
+from ...manifest import record_written
 from ..common.exporter import Progress, VerifyReport
 from ..common.images import Prefetch
 from ..common.meta import INFO, DatasetMeta
@@ -41,6 +50,7 @@ from ..common.video import iter_frames
 from ..lerobot_v21.episode_files import to_plain
 from ..lerobot_v21.episode_stats import dataset_stats
 from ..lerobot_v21.subset import column_numpy, copy_common_meta, load_source, read_episode_table, write_quality_split
+from . import zarr_write
 from .codecs import CODECS, encode_image, pack_record, sniff_codec
 from .options import EvaStoreOptions
 from .records import (
@@ -54,13 +64,16 @@ from .records import (
     IndexRecord,
     Manifest,
     MaterializedBlocks,
+    ShardRecord,
     ShardSpec,
     shard_id_of,
 )
+from .shard_files import RecordWriter, ShardFiles, sha256_file
 from .verify import verify_store
 
 FORMAT = "eva_store"
 CHUNK_ROWS = 1024  # Zarr rows per chunk: a whole episode of numeric data is one small read
+INLINE_ROWS = 32  # episodes of at most this many frames decode in the writing thread
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,48 +102,6 @@ def split_of_episodes(episodes: list[int], val_ratio: float, seed: int) -> dict[
     n_val = min(max(1, round(val_ratio * n)), n - 1) if n >= 2 else 0
     val = set(order[:n_val])
     return {e: "val" if e in val else "train" for e in episodes}
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _fsync_tree(root: Path) -> None:
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fsync_dir(Path(dirpath))
-
-
-class _RecordWriter:
-    """Appends MessagePack records to one payload file and keeps their offsets."""
-
-    def __init__(self, shard_dir: Path, name: str) -> None:
-        self.payload = shard_dir / BlockSpec.msgpack_records_path(name)
-        self.offsets_path = shard_dir / BlockSpec.msgpack_records_offsets_path(name)
-        self.payload.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.payload, "wb")  # noqa: SIM115 - held across add() calls, closed by close()
-        self.offsets = [0]
-
-    def add(self, record: bytes) -> None:
-        self._f.write(record)
-        self.offsets.append(self.offsets[-1] + len(record))
-
-    def close(self) -> None:
-        self._f.close()
-        np.save(self.offsets_path, np.asarray(self.offsets, np.int64), allow_pickle=False)
-
-    @property
-    def rows(self) -> int:
-        return len(self.offsets) - 1
 
 
 def _is_image_column(typ: pa.DataType) -> bool:
@@ -202,27 +173,32 @@ class EvaStoreExporter:
 
     def _source_digest(self, meta: DatasetMeta, ep: EpisodeRow) -> str:
         h = hashlib.sha256(meta.info.data_file(ep.episode_index).encode())
-        h.update(_sha256(meta.data_path(ep.episode_index)).encode())
+        h.update(sha256_file(meta.data_path(ep.episode_index)).encode())
         for key in meta.info.video_keys:
             h.update(key.encode())
-            h.update(_sha256(meta.video_path(key, ep.episode_index)).encode())
+            h.update(sha256_file(meta.video_path(key, ep.episode_index)).encode())
         return h.hexdigest()
 
     def _reusable(self, final: Path, digest: str) -> ShardSpec | None:
-        """The spec of a finished shard from an earlier run with the same source and options."""
+        """The spec of a finished shard from an earlier run with the same source and options,
+        every file still the bytes its record names."""
         if not final.is_dir():
             return None
         try:
-            d = read_json(final / SHARD_FILE)
-            spec = ShardSpec.from_dict(d["spec"])
-            ok = d.get("source_digest") == digest and d.get("options") == self.options.to_dict()
-            ok = ok and all((final / p).exists() for b in spec.blocks.values() for p in b.paths)
-        except (OSError, ValueError, KeyError, TypeError):
+            rec = ShardRecord.read(final)
+            ok = rec.source_digest == digest and rec.options == self.options.to_dict() and bool(rec.files)
+            named = {rel for rel, _ in rec.files}
+            ok = ok and all(p in named or p.startswith(f"{ZARR_GROUP}/") for b in rec.spec.blocks.values()
+                            for p in b.paths)
+            ok = ok and all(sha256_file(confined(final, rel, "shard file")) == sha for rel, sha in rec.files)
+        except (OSError, ValueError, KeyError, TypeError, UnsafeNameError):
             ok = False
         if not ok:
-            shutil.rmtree(final)  # stale (other source bytes or options): rewrite it
+            shutil.rmtree(final)  # stale (other source bytes or options) or torn: rewrite it
             return None
-        return spec
+        for rel, sha in rec.files:  # just read and matched: the manifest need not read them again
+            record_written(final / rel, sha)
+        return rec.spec
 
     def _write_shard(self, meta: DatasetMeta, ep: EpisodeRow, table: pa.Table, final: Path,
                      digest: str) -> ShardSpec:
@@ -230,27 +206,25 @@ class EvaStoreExporter:
         tmp = final.with_name(f".{sid}.partial")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
+        files = ShardFiles()
         try:
-            blocks = self._write_numeric(tmp, ep, table)
-            blocks.update(self._write_table_images(tmp, meta, ep, table))
+            blocks = self._write_numeric(tmp, ep, table, files)
+            blocks.update(self._write_table_images(tmp, meta, ep, table, files))
             for key in meta.info.video_keys:
-                blocks[key] = self._write_camera(tmp, meta, ep, key, table.num_rows)
+                blocks[key] = self._write_camera(tmp, meta, ep, key, table.num_rows, files)
             spec = ShardSpec(sid, f"{SHARDS_DIR}/{sid}", ep.episode_index, 0, table.num_rows, blocks)
-            atomic_write_json(tmp / SHARD_FILE, {"spec": spec.to_dict(), "source_digest": digest,
-                                                 "options": self.options.to_dict()})
-            _fsync_tree(tmp)
+            record = ShardRecord(spec, digest, self.options.to_dict(), tuple(files.digests)).write(tmp)
             os.replace(tmp, final)  # the shard appears whole or not at all
-            fsync_dir(final.parent)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        for rel, sha in files.digests:  # the manifest takes them instead of reading the shard again
+            record_written(final / rel, sha)
+        record_written(final / SHARD_FILE, hashlib.sha256(record).hexdigest())
         return spec
 
-    def _write_numeric(self, tmp: Path, ep: EpisodeRow, table: pa.Table) -> dict[str, BlockSpec]:
-        import zarr
-
-        group = zarr.open_group(str(tmp / ZARR_GROUP), mode="w", zarr_format=3)
-        blocks: dict[str, BlockSpec] = {}
+    def _write_numeric(self, tmp: Path, ep: EpisodeRow, table: pa.Table, files: ShardFiles) -> dict[str, BlockSpec]:
+        arrays: dict[str, NDArray[np.generic]] = {}
         for name in table.column_names:
             typ = table.schema.field(name).type
             if _is_image_column(typ):
@@ -259,15 +233,22 @@ class EvaStoreExporter:
             if arr.dtype.kind not in "biuf":
                 raise ExportError(f"episode {ep.episode_index}: column {name!r} has type {typ}; eva_store "
                                   "stores numeric columns and images only")
-            arr = np.ascontiguousarray(arr)
-            z = group.create_array(name, shape=arr.shape, dtype=arr.dtype,
-                                   chunks=(max(1, min(len(arr), CHUNK_ROWS)),) + arr.shape[1:])
-            z[...] = arr
-            blocks[name] = BlockSpec.for_zarr_array(name, str(arr.dtype), arr.shape)
-        return blocks
+            try:
+                zarr_write.check_name(name)
+            except ValueError as exc:
+                raise ExportError(f"episode {ep.episode_index}: {exc}") from exc
+            arrays[name] = arr
+        group = tmp / ZARR_GROUP
+        written = zarr_write.group_files()
+        for name, arr in arrays.items():
+            written = itertools.chain(written, zarr_write.array_files(name, arr, CHUNK_ROWS))
+        for rel, data in zarr_write.write_files(group, written):
+            files.add(f"{ZARR_GROUP}/{rel}", data)
+        return {name: BlockSpec.for_zarr_array(name, str(arr.dtype.newbyteorder("=")), arr.shape)
+                for name, arr in arrays.items()}
 
     def _write_table_images(self, tmp: Path, meta: DatasetMeta, ep: EpisodeRow,
-                            table: pa.Table) -> dict[str, BlockSpec]:
+                            table: pa.Table, files: ShardFiles) -> dict[str, BlockSpec]:
         """Parquet image columns (LeRobot's dtype "image": struct{bytes, path}) carried as encoded."""
         blocks: dict[str, BlockSpec] = {}
         for name in table.column_names:
@@ -275,7 +256,7 @@ class EvaStoreExporter:
                 continue
             feat = meta.info.features.get(name)
             shape = tuple(feat.shape) if feat is not None else ()
-            w = _RecordWriter(tmp, name)
+            w = RecordWriter(tmp, name, files)
             try:
                 codec = None
                 for i, data in enumerate(table.column(name).combine_chunks().field("bytes").to_pylist()):
@@ -292,12 +273,18 @@ class EvaStoreExporter:
             blocks[name] = BlockSpec.for_indexed_msgpack_records(name, w.rows, shape, codec or "png")
         return blocks
 
-    def _write_camera(self, tmp: Path, meta: DatasetMeta, ep: EpisodeRow, key: str, rows: int) -> BlockSpec:
+    def _write_camera(self, tmp: Path, meta: DatasetMeta, ep: EpisodeRow, key: str, rows: int,
+                      files: ShardFiles) -> BlockSpec:
         codec, quality = self.options.image_codec, self.options.jpeg_quality
-        w = _RecordWriter(tmp, key)
+        w = RecordWriter(tmp, key, files)
         shape: tuple[int, ...] | None = None
         try:
-            with Prefetch(iter_frames(meta.video_path(key, ep.episode_index)), self.prefetch) as frames:
+            source = iter_frames(meta.video_path(key, ep.episode_index))
+            # a decoding thread per camera file pays off for long episodes; for a few frames its
+            # start costs more than the decode it overlaps
+            ahead = (Prefetch(source, self.prefetch) if rows > INLINE_ROWS
+                     else contextlib.closing(cast(Generator[NDArray[np.uint8], None, None], source)))
+            with ahead as frames:
                 for frame in frames:
                     if shape is None:
                         shape = tuple(frame.shape)
@@ -346,9 +333,9 @@ class EvaStoreExporter:
         source: dict[str, object] = {"source_dir": qs.source_dir, "subset": qs.subset,
                                   "source_episode_indices": qs.source_episode_indices,
                                   "codebase_version": meta.info.codebase_version,
-                                  "subset_info_sha256": _sha256(src / INFO)}
+                                  "subset_info_sha256": sha256_file(src / INFO)}
         raw_info = Path(qs.source_dir) / INFO
-        source["info_sha256"] = _sha256(raw_info) if raw_info.is_file() else None
+        source["info_sha256"] = sha256_file(raw_info) if raw_info.is_file() else None
         numeric = tuple(k for k, b in specs[0].blocks.items() if b.kind == KIND_ZARR) if specs else ()
         images = tuple(k for k in meta.info.features if meta.info.features[k].dtype == "image")
         mb = MaterializedBlocks(numeric=numeric, cameras=tuple(meta.info.video_keys), images=images,

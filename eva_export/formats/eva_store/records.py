@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from ... import confine
 from ...errors import UnsafeNameError
-from ...fsutil import atomic_write_json, read_json
+from ...fsutil import atomic_write_json, dumps_json, read_json, storage_guard
 from ...jsonbound import as_dict, as_int, as_list
 
 STORE_FORMAT = "eva_store"
@@ -154,6 +154,46 @@ class ShardSpec:
                 raise UnsafeNameError(f"shard {self.shard_id}: path {confine.short_repr(rel, 80)} is absolute or "
                                       f"has '..'; refused")
             confine.confined(root, rel, f"shard {self.shard_id} path")
+
+
+@dataclass(frozen=True)
+class ShardRecord:
+    """``shard.json``: the shard's spec, the digest of the source files it came from, the writer
+    options, and each file's SHA-256 (path relative to the shard). A rerun keeps a shard only when
+    all of them still match, so a shard whose files were renamed into place but never reached the
+    disk (a power cut before the job's one sync) is found torn and written again."""
+
+    spec: ShardSpec
+    source_digest: str
+    options: dict[str, object]
+    files: tuple[tuple[str, str], ...]
+
+    def to_dict(self) -> dict[str, object]:
+        return {"spec": self.spec.to_dict(), "source_digest": self.source_digest, "options": self.options,
+                "files": [list(f) for f in self.files]}
+
+    @classmethod
+    def from_dict(cls, d: object) -> ShardRecord:
+        d = as_dict(d, "shard.json")
+        files = tuple((str(rel), str(sha)) for rel, sha in (as_list(f, "a file entry") for f in as_list(d["files"], "files")))
+        for rel, _ in files:
+            if not rel or rel.startswith("/") or "\\" in rel or ".." in rel.split("/") or "\x00" in rel:
+                raise ValueError(f"shard.json: file {confine.short_repr(rel, 80)} is not a path inside the shard")
+        return cls(ShardSpec.from_dict(d["spec"]), str(d["source_digest"]), dict(as_dict(d["options"], "options")), files)
+
+    def write(self, shard_dir: Path) -> bytes:
+        """Into the shard's partial directory (renamed whole into place), not fsynced: the
+        file digests it carries are what a rerun trusts, not the record's own durability.
+        Returns the bytes written."""
+        path = shard_dir / SHARD_FILE
+        data = dumps_json(self.to_dict()).encode("utf-8")
+        with storage_guard(path):
+            path.write_bytes(data)
+        return data
+
+    @classmethod
+    def read(cls, shard_dir: Path) -> ShardRecord:
+        return cls.from_dict(read_json(shard_dir / SHARD_FILE))
 
 
 @dataclass(frozen=True)

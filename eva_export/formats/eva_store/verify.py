@@ -60,15 +60,39 @@ def verify_store(root: Path) -> VerifyReport:
 
 
 def _check_values(root: Path, spec: ShardSpec, values: ValueCheck, report: VerifyReport) -> None:
-    """The shard's numeric columns (its episode's) through the store's own reader."""
+    """The shard's numeric columns (its episode's) through the store's own reader: each array's
+    shape and dtype against manifest.json, then the values."""
     from .reader import _read_numeric
 
     try:
         cols = _read_numeric(root / spec.relative_dir, spec)
-    except Exception as exc:  # noqa: BLE001 - zarr raises many kinds; name the shard
-        report.errors.append(f"{spec.relative_dir}: numeric columns unreadable ({type(exc).__name__}: {exc})")
+    except Exception:  # noqa: BLE001 - zarr raises many kinds: the arrays one by one name the bad one
+        _name_unreadable(root, spec, report)
         return
-    values.episode(spec.relative_dir, spec.episode_index, cols)
+    before = len(report.errors)
+    for name, block in spec.blocks.items():
+        arr = cols.get(name)
+        if arr is not None and (tuple(arr.shape) != block.shape or str(arr.dtype) != block.dtype):
+            report.errors.append(f"{spec.relative_dir}/{block.paths[0]}: shape {tuple(arr.shape)} {arr.dtype}, "
+                                 f"manifest.json says {block.shape} {block.dtype}")
+    if len(report.errors) == before:
+        values.episode(spec.relative_dir, spec.episode_index, cols)
+
+
+def _name_unreadable(root: Path, spec: ShardSpec, report: VerifyReport) -> None:
+    """Each Zarr array of the shard opened and read alone, the unreadable ones named."""
+    import zarr
+
+    before = len(report.errors)
+    for block in spec.blocks.values():
+        if block.kind == KIND_ZARR:
+            rel = f"{spec.relative_dir}/{block.paths[0]}"
+            try:
+                zarr.open_array(str(root / rel), mode="r")[...]
+            except Exception as exc:  # noqa: BLE001 - zarr raises many kinds; name the array
+                report.errors.append(f"{rel}: unreadable Zarr array ({type(exc).__name__}: {exc})")
+    if len(report.errors) == before:
+        report.errors.append(f"{spec.relative_dir}: numeric columns unreadable together")
 
 
 def _check_index(root: Path, manifest: Manifest, report: VerifyReport) -> None:
@@ -129,9 +153,7 @@ def _state_action(manifest: Manifest) -> tuple[str | None, str | None]:
 
 
 def _verify_shard(root: Path, spec: ShardSpec, report: VerifyReport) -> None:
-    """Block shapes, dtypes, row counts, offsets monotonic and in bounds; errors name the file."""
-    import zarr
-
+    """Row counts, record offsets monotonic and in bounds; errors name the file."""
     d = root / spec.relative_dir
     if not d.is_dir():
         report.errors.append(f"{spec.relative_dir}: shard directory is missing")
@@ -140,16 +162,7 @@ def _verify_shard(root: Path, spec: ShardSpec, report: VerifyReport) -> None:
         if block.num_rows != spec.num_rows:
             report.errors.append(f"manifest.json: {spec.shard_id} block {name} has {block.num_rows} rows, "
                                  f"the shard {spec.num_rows}")
-        if block.kind == KIND_ZARR:
-            rel = f"{spec.relative_dir}/{block.paths[0]}"
-            try:
-                arr = zarr.open_array(str(d / block.paths[0]), mode="r")
-                if tuple(arr.shape) != block.shape or str(arr.dtype) != block.dtype:
-                    report.errors.append(f"{rel}: shape {tuple(arr.shape)} {arr.dtype}, manifest.json says "
-                                         f"{block.shape} {block.dtype}")
-            except Exception as exc:  # noqa: BLE001 - zarr raises many kinds; name the array
-                report.errors.append(f"{rel}: unreadable Zarr array ({type(exc).__name__}: {exc})")
-        elif block.kind == KIND_RECORDS:
+        if block.kind == KIND_RECORDS:  # Zarr arrays: read and checked by _check_values
             payload, offsets_rel = block.paths
             p_rel, o_rel = f"{spec.relative_dir}/{payload}", f"{spec.relative_dir}/{offsets_rel}"
             try:
