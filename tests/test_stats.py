@@ -91,3 +91,42 @@ def test_image_stats_per_channel_in_unit_range() -> None:
     assert np.isclose(d["mean"][0][0][0], (0 + 51 + 255) / 3 / 255)
     assert d["max"][2][0][0] == 1.0 and d["min"][1][0][0] == 0.0
     assert d["q50"][0][0][0] == 51 / 255 and d["q99"][0][0][0] == 1.0
+
+
+def _finite_per_stat(entry: object) -> bool:
+    """finite_entry's definition: each stat converted to float64 on its own."""
+    if not isinstance(entry, dict):
+        return False
+    try:
+        return all(bool(np.isfinite(np.asarray(v, dtype=np.float64)).all()) for v in entry.values())
+    except (TypeError, ValueError):
+        return False
+
+
+def test_finite_entry_answers_as_each_stat_checked_on_its_own() -> None:
+    """The one-conversion check gives the per-stat answer for plain, camera-shaped, ragged,
+    mixed, non-numeric and non-finite entries alike."""
+    cam = [[[0.5]], [[0.25]], [[0.75]]]
+    entries: list[object] = [
+        {"min": [0.0, 1.0], "max": [2.0, 3.0], "count": [4]},
+        {"min": cam, "max": cam, "mean": cam, "count": [10]},
+        {"min": cam, "max": [[[float("nan")]], [[0.1]], [[0.2]]], "count": [10]},
+        {"min": [0.0, float("inf")], "count": [4]},
+        {"min": [0.0, None], "count": [4]},
+        {"min": ["1.5", 2.0], "count": [4]},
+        {"min": ["x"], "count": [4]},
+        {"min": [[1.0], [2.0, 3.0]], "count": [4]},
+        {"min": [1.0, [2.0]], "count": [4]},
+        {"min": [[1.0, 2.0]], "max": [[[1.0]]], "count": [4]},
+        {"min": [], "count": []},
+        {"min": 1.0, "count": [4]},
+        {"min": {"a": 1}, "count": [4]},
+        {"min": [True, False], "count": [1]},
+        {},
+        [1.0],
+        None,
+    ]
+    for entry in entries:
+        assert S.finite_entry(entry) is _finite_per_stat(entry), entry
+    assert S.entry_count({"count": [7]}) == 7.0 and S.entry_count({"count": [[3]]}) == 3.0
+    assert S.entry_count({"count": ["x"]}) == 0.0 and S.entry_count({"count": []}) == 0.0
