@@ -14,7 +14,7 @@ from ..errors import ExportError
 from ..formats.common.records import DatasetInfo
 from ..formats.common.source import SourceCheck
 from .plan_list import PlanList
-from .units import PlannedEpisode, UnitWork, split_units, unit_is_complete, unit_name, unit_record
+from .units import PlannedEpisode, UnitWork, split_units, unit_is_complete, unit_name, unit_record, units_dir
 
 
 class SplitPlan(Protocol):
@@ -121,12 +121,16 @@ def build_units(plan: SplitPlan, staging: Path, progress: SplitProgress, faults:
     reused = 0
     order = list(plan.subsets)
     todo: tuple[array[int], array[int]] = (array("l"), array("q"))  # (subset, position) of the units to build
+    # a subset without a records directory (a fresh staging) has no record to check or remove
+    held = {name for name in order if units_dir(staging, name).is_dir()}
     for p in plan.in_source_order():
-        if unit_record(staging, p).is_file() and unit_is_complete(staging, p, info):
-            reused += 1
-            progress.on_unit(p, 1 + len(p.source.video_paths), p.source.bytes, True)
-            continue
-        unit_record(staging, p).unlink(missing_ok=True)
+        if p.subset in held:
+            rec = unit_record(staging, p)
+            if rec.is_file() and unit_is_complete(staging, p, info):
+                reused += 1
+                progress.on_unit(p, 1 + len(p.source.video_paths), p.source.bytes, True)
+                continue
+            rec.unlink(missing_ok=True)
         todo[0].append(order.index(p.subset))
         todo[1].append(p.new_index)
     active = pool.active()
