@@ -11,6 +11,7 @@ which needs no list of the episodes).
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -37,12 +38,36 @@ class _Feature:
     quantiles: dict[str, Array] | None = field(default_factory=dict)  # count-weighted sums; None once one lacks it
     shape: tuple[int, ...] | None = None  # of the first entry seen (for empty_stats)
 
+    flat: _FlatSum | None = None  # the running sums as Python floats (``_FlatSum``), until they cannot be
+
     def add(self, st: dict[str, Any]) -> None:
         if self.shape is None:
             self.shape = entry_shape(st)
         if not usable_entry(st):  # no finite row in that episode: it adds nothing (dataset.stats)
             return
         c = float(np.asarray(st["count"]).reshape(-1)[0])
+        if self.mean is None:  # no numpy sums yet: the Python-float ones, while they can be
+            if self.flat is None:
+                self.flat = _FlatSum.first(st, c)
+                if self.flat is not None:
+                    return
+            elif self.flat.add(st, c):
+                return
+            self._from_flat()
+        self._add_arrays(st, c)
+
+    def _from_flat(self) -> None:
+        """The Python-float sums as the arrays the numpy update continues from (the same values)."""
+        f, self.flat = self.flat, None
+        if f is None:
+            return
+
+        def arr(v: list[float]) -> Array:
+            return np.array(v, dtype=np.float64).reshape(f.shape)
+        self.count, self.mean, self.m2, self.low, self.high = f.count, arr(f.mean), arr(f.m2), arr(f.low), arr(f.high)
+        self.quantiles = None if f.quantiles is None else {q: arr(v) for q, v in f.quantiles.items()}
+
+    def _add_arrays(self, st: dict[str, Any], c: float) -> None:
         rows = _stacked(st)
         if rows is not None:  # the same float64 values, converted in one call
             mean, std, low, high = rows[0], rows[1], rows[2], rows[3]
@@ -69,6 +94,7 @@ class _Feature:
                     self.quantiles[q] = self.quantiles[q] + val if q in self.quantiles else val
 
     def result(self) -> dict[str, Any] | None:
+        self._from_flat()
         if self.count <= 0 or self.mean is None or self.m2 is None or self.low is None or self.high is None:
             return None if self.shape is None else empty_stats(self.shape)
         out: dict[str, Any] = {"min": self.low.tolist(), "max": self.high.tolist(), "mean": self.mean.tolist(),
@@ -80,6 +106,93 @@ class _Feature:
 
 
 _STACKED = ("mean", "std", "min", "max", *QUANTILES)
+
+
+def _flat(v: object) -> tuple[tuple[int, ...], list[float]] | None:
+    """A stat's nested lists of plain numbers as (shape, values in C order), or None."""
+    if type(v) is not list or not v:
+        return None
+    if all(type(x) is float or type(x) is int for x in v):
+        return (len(v),), [float(x) for x in v]  # what a float64 conversion gives each
+    parts = [_flat(x) for x in v]
+    first = parts[0]
+    if first is None or any(p is None or p[0] != first[0] for p in parts):
+        return None
+    return (len(v), *first[0]), [x for p in parts if p is not None for x in p[1]]
+
+
+def _flat_stats(st: dict[str, Any]) -> tuple[tuple[int, ...], list[list[float]], list[list[float]] | None] | None:
+    """(shape, [mean, std, min, max], the quantiles when all are there) of one shape, or None."""
+    with_q = st.keys() >= QUANTILE_SET
+    shape: tuple[int, ...] | None = None
+    rows = []
+    for k in _STACKED if with_q else _STACKED[:4]:
+        got = _flat(st[k])
+        if got is None or (shape is not None and got[0] != shape):
+            return None
+        shape = got[0]
+        rows.append(got[1])
+    assert shape is not None
+    return shape, rows[:4], rows[4:] if with_q else None
+
+
+def _pick(old: list[float], new: list[float], lower: bool) -> list[float] | None:
+    """np.minimum / np.maximum of finite values; None at a 0.0 against a -0.0 (numpy's choice)."""
+    out = []
+    for a, b in zip(old, new, strict=True):
+        if a == b:
+            if a == 0.0 and math.copysign(1.0, a) != math.copysign(1.0, b):
+                return None
+            out.append(a)  # equal and not zeros of two signs: the same bits
+        else:
+            out.append((b if b < a else a) if lower else (b if b > a else a))
+    return out
+
+
+class _FlatSum:
+    """A feature's running sums as Python floats, element by element: the same IEEE double
+    operations in the same order as ``_Feature``'s numpy update (``x * x`` for ``** 2``, as
+    numpy squares), so the same bits, without about twenty numpy calls per feature and episode
+    (most of assembly's cost). Kept while every entry has one shape of plain numbers and no
+    min or max meets a 0.0 against a -0.0; then the numpy update takes over from these sums."""
+
+    def __init__(self, shape: tuple[int, ...], count: float, mean: list[float], m2: list[float],
+                 low: list[float], high: list[float], quantiles: dict[str, list[float]] | None) -> None:
+        self.shape, self.count, self.mean, self.m2, self.low, self.high = shape, count, mean, m2, low, high
+        self.quantiles = quantiles
+
+    @classmethod
+    def first(cls, st: dict[str, Any], c: float) -> _FlatSum | None:
+        got = _flat_stats(st)
+        if got is None:
+            return None
+        shape, (mean, std, low, high), qs = got
+        quantiles = None if qs is None else {q: [x * c for x in v] for q, v in zip(QUANTILES, qs, strict=True)}
+        return cls(shape, c, mean, [(x * x) * c for x in std], low, high, quantiles)
+
+    def add(self, st: dict[str, Any], c: float) -> bool:
+        """The entry added (True), or nothing changed (False: the numpy update adds it)."""
+        got = _flat_stats(st)
+        if got is None or got[0] != self.shape:
+            return False
+        _, (mean, std, low, high), qs = got
+        lows, highs = _pick(self.low, low, True), _pick(self.high, high, False)
+        if lows is None or highs is None:
+            return False
+        total = self.count + c
+        if total > 0:
+            w1, w2 = c / total, self.count * c / total
+            deltas = [x - m for x, m in zip(mean, self.mean, strict=True)]
+            self.m2 = [m2 + (s * s) * c + (d * d) * w2 for m2, s, d in zip(self.m2, std, deltas, strict=True)]
+            self.mean = [m + d * w1 for m, d in zip(self.mean, deltas, strict=True)]
+        self.count, self.low, self.high = total, lows, highs
+        if self.quantiles is not None:
+            if qs is None:
+                self.quantiles = None
+            else:
+                self.quantiles = {q: [t + x * c for t, x in zip(self.quantiles[q], v, strict=True)]
+                                  for q, v in zip(QUANTILES, qs, strict=True)}
+        return True
 
 
 def _stacked(st: dict[str, Any]) -> Array | None:
