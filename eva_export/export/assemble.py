@@ -108,32 +108,14 @@ class _Feature:
 _STACKED = ("mean", "std", "min", "max", *QUANTILES)
 
 
-def _flat(v: object) -> tuple[tuple[int, ...], list[float]] | None:
-    """A stat's nested lists of plain numbers as (shape, values in C order), or None."""
-    if type(v) is not list or not v:
-        return None
-    if all(type(x) is float or type(x) is int for x in v):
-        return (len(v),), [float(x) for x in v]  # what a float64 conversion gives each
-    parts = [_flat(x) for x in v]
-    first = parts[0]
-    if first is None or any(p is None or p[0] != first[0] for p in parts):
-        return None
-    return (len(v), *first[0]), [x for p in parts if p is not None for x in p[1]]
-
-
 def _flat_stats(st: dict[str, Any]) -> tuple[tuple[int, ...], list[list[float]], list[list[float]] | None] | None:
-    """(shape, [mean, std, min, max], the quantiles when all are there) of one shape, or None."""
-    with_q = st.keys() >= QUANTILE_SET
-    shape: tuple[int, ...] | None = None
-    rows = []
-    for k in _STACKED if with_q else _STACKED[:4]:
-        got = _flat(st[k])
-        if got is None or (shape is not None and got[0] != shape):
-            return None
-        shape = got[0]
-        rows.append(got[1])
-    assert shape is not None
-    return shape, rows[:4], rows[4:] if with_q else None
+    """(shape, [mean, std, min, max], the quantiles when all are there) as Python floats: the
+    float64 values ``_stacked`` converts (one numpy call, then ``tolist``), or None."""
+    rows = _stacked(st)
+    if rows is None or rows.ndim < 2 or rows.size == 0:
+        return None
+    values: list[list[float]] = rows.reshape(len(rows), -1).tolist()
+    return tuple(rows.shape[1:]), values[:4], values[4:] if len(values) > 4 else None
 
 
 def _pick(old: list[float], new: list[float], lower: bool) -> list[float] | None:
