@@ -193,11 +193,12 @@ def _unit_stats(table: pa.Table, info: DatasetInfo, source_stats: dict[str, Any]
     or whose statistics are missing, lack a quantile, hold a non-finite number or may have taken
     a non-finite value in (``flagged``; dataset.stats: only finite rows go in)."""
     st: dict[str, Any] = {k: v for k, v in source_stats.items() if trusted_stats(v)}
+    names = set(table.column_names)  # a new list per access
     st.update(_recomputed_stats(table, [k for k in info.table_keys if (k in RECOMPUTED_COLUMNS or k not in st
                                                                        or k in flagged)
-                                        and k in table.column_names and not info.features[k].is_visual]))
+                                        and k in names and not info.features[k].is_visual]))
     for k in info.table_keys:  # a camera carried in the table without complete statistics: its frames'
-        if info.features[k].is_visual and k not in st and k in table.column_names:
+        if info.features[k].is_visual and k not in st and k in names:
             st[k] = image_stats_of(iter_table_images(table, k, f"{where}: {k}"))
     return st
 
