@@ -202,7 +202,13 @@ def _check_structure(root: Path, report: VerifyReport, meta: DatasetMeta,
                      tap: TableTap | None = None) -> SourceCheck | None:
     """What a raw v2.1 dataset must satisfy (validate_source, as an export, not a source), the
     marker's episode count, and episode_index / global index columns contiguous per episode
-    (validate_source reads and checks both columns of every table against the running offset)."""
+    (validate_source reads and checks both columns of every table against the running offset).
+
+    Every staged table is read again: the split rewrote it (renumbered columns), and this check
+    is what proves the rewrite. A camera file the split hard-linked is the source's inode, so
+    its (device, inode, size, mtime_ns) key is the one source validation demuxed under;
+    check_video takes that demux's facts while the key still matches (video_facts), since
+    unchanged bytes give the same frames and timing, and demuxes a file whose key moved."""
     try:
         check = validate_source(root, as_source=False, meta=meta, tap=tap)
         marker = QualitySplit.read(root)
