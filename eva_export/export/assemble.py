@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..formats.common.stats import QUANTILE_SET, QUANTILES, empty_stats, entry_shape, usable_entry
+from ..formats.common.stats import QUANTILE_SET, QUANTILES, STAT_SET, empty_stats, entry_shape, usable_entry
 from ..fsutil import set_file_mode
 
 Array = np.ndarray[Any, Any]
@@ -43,18 +43,19 @@ class _Feature:
     def add(self, st: dict[str, Any]) -> None:
         if self.shape is None:
             self.shape = entry_shape(st)
-        if not usable_entry(st):  # no finite row in that episode: it adds nothing (dataset.stats)
+        usable, rows = _usable(st)
+        if not usable:  # no finite row in that episode: it adds nothing (dataset.stats)
             return
         c = float(np.asarray(st["count"]).reshape(-1)[0])
         if self.mean is None:  # no numpy sums yet: the Python-float ones, while they can be
             if self.flat is None:
-                self.flat = _FlatSum.first(st, c)
+                self.flat = _FlatSum.first(rows, c)
                 if self.flat is not None:
                     return
-            elif self.flat.add(st, c):
+            elif self.flat.add(rows, c):
                 return
             self._from_flat()
-        self._add_arrays(st, c)
+        self._add_arrays(st, c, rows)
 
     def _from_flat(self) -> None:
         """The Python-float sums as the arrays the numpy update continues from (the same values)."""
@@ -67,8 +68,7 @@ class _Feature:
         self.count, self.mean, self.m2, self.low, self.high = f.count, arr(f.mean), arr(f.m2), arr(f.low), arr(f.high)
         self.quantiles = None if f.quantiles is None else {q: arr(v) for q, v in f.quantiles.items()}
 
-    def _add_arrays(self, st: dict[str, Any], c: float) -> None:
-        rows = _stacked(st)
+    def _add_arrays(self, st: dict[str, Any], c: float, rows: Array | None) -> None:
         if rows is not None:  # the same float64 values, converted in one call
             mean, std, low, high = rows[0], rows[1], rows[2], rows[3]
         else:
@@ -108,10 +108,21 @@ class _Feature:
 _STACKED = ("mean", "std", "min", "max", *QUANTILES)
 
 
-def _flat_stats(st: dict[str, Any]) -> tuple[tuple[int, ...], list[list[float]], list[list[float]] | None] | None:
+def _usable(st: dict[str, Any]) -> tuple[bool, Array | None]:
+    """``usable_entry`` and the entry's ``_stacked`` rows, from one conversion when the entry is
+    those stats and a count of one plain number (every value it holds checked, as there)."""
+    rows = _stacked(st) if isinstance(st, dict) and st.keys() >= STAT_SET else None
+    count = st.get("count") if rows is not None else None
+    if rows is not None and len(st) == len(rows) + 1 and type(count) is list and len(count) == 1 and (
+            type(count[0]) is float or (type(count[0]) is int and abs(count[0]) < 1 << 53)):
+        n = float(count[0])  # exact: no overflow to raise, as a float64 conversion would
+        return bool(np.isfinite(rows).all()) and math.isfinite(n) and n > 0, rows
+    return usable_entry(st), rows
+
+
+def _flat_stats(rows: Array | None) -> tuple[tuple[int, ...], list[list[float]], list[list[float]] | None] | None:
     """(shape, [mean, std, min, max], the quantiles when all are there) as Python floats: the
-    float64 values ``_stacked`` converts (one numpy call, then ``tolist``), or None."""
-    rows = _stacked(st)
+    float64 values of ``_stacked``'s rows (``tolist``), or None."""
     if rows is None or rows.ndim < 2 or rows.size == 0:
         return None
     values: list[list[float]] = rows.reshape(len(rows), -1).tolist()
@@ -144,17 +155,17 @@ class _FlatSum:
         self.quantiles = quantiles
 
     @classmethod
-    def first(cls, st: dict[str, Any], c: float) -> _FlatSum | None:
-        got = _flat_stats(st)
+    def first(cls, rows: Array | None, c: float) -> _FlatSum | None:
+        got = _flat_stats(rows)
         if got is None:
             return None
         shape, (mean, std, low, high), qs = got
         quantiles = None if qs is None else {q: [x * c for x in v] for q, v in zip(QUANTILES, qs, strict=True)}
         return cls(shape, c, mean, [(x * x) * c for x in std], low, high, quantiles)
 
-    def add(self, st: dict[str, Any], c: float) -> bool:
+    def add(self, rows: Array | None, c: float) -> bool:
         """The entry added (True), or nothing changed (False: the numpy update adds it)."""
-        got = _flat_stats(st)
+        got = _flat_stats(rows)
         if got is None or got[0] != self.shape:
             return False
         _, (mean, std, low, high), qs = got

@@ -22,7 +22,7 @@ from numpy.typing import NDArray
 
 STAT_KEYS = ("min", "max", "mean", "std", "count")
 QUANTILES = {"q01": 0.01, "q10": 0.10, "q50": 0.50, "q90": 0.90, "q99": 0.99}
-_STAT_SET = frozenset(STAT_KEYS)
+STAT_SET = frozenset(STAT_KEYS)
 QUANTILE_SET = frozenset(QUANTILES)
 
 #: One feature's statistics (STAT_KEYS and QUANTILES), each a list as numpy's ``tolist`` gives it:
@@ -32,7 +32,7 @@ StatEntry = dict[str, list[Any]]
 
 def complete_stats(entry: object) -> bool:
     """A feature's entry of an episodes_stats row holds every one of STAT_KEYS."""
-    return isinstance(entry, dict) and entry.keys() >= _STAT_SET
+    return isinstance(entry, dict) and entry.keys() >= STAT_SET
 
 
 def entry_count(entry: object) -> float:
