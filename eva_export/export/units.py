@@ -61,7 +61,12 @@ def units_dir(staging: Path, subset: str) -> Path:
 
 def unit_record(staging: Path, p: PlannedEpisode) -> Path:
     """The unit's commit record: it exists only once the unit's files are complete."""
-    return units_dir(staging, p.subset) / f"ep_{p.new_index:06d}.json"
+    return unit_record_at(staging, p.subset, p.new_index)
+
+
+def unit_record_at(staging: Path, subset: str, new_index: int) -> Path:
+    """``unit_record`` of the subset's episode ``new_index`` (without rebuilding its plan)."""
+    return units_dir(staging, subset) / f"ep_{new_index:06d}.json"
 
 
 def unit_files(staging: Path, p: PlannedEpisode, info: DatasetInfo) -> tuple[Path, dict[str, Path]]:
