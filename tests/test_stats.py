@@ -182,13 +182,12 @@ def test_stats_sum_python_float_path_gives_the_numpy_update_bits(monkeypatch: py
 
 def test_assembly_usable_check_answers_as_usable_entry() -> None:
     """Assembly's one-conversion check of an entry gives usable_entry's answer (or its error)."""
-    from eva_export.export.assemble import _usable
-
     base: dict[str, object] = {"min": [0.0, 1.0], "max": [2.0, 3.0], "mean": [1.0, 2.0], "std": [0.5, 0.5]}
     counts: list[object] = [[4], [0], [-1], [2.5], [float("nan")], [True], [[3]], "x", [10**400], [2**60], []]
     variants: list[dict[str, object]] = [{}, {"mean": [float("inf"), 1.0]}, {"extra": "x"}, {"extra": [1.0]},
                                          {q: [0.0, 1.0] for q in S.QUANTILES}, {"q01": [0.0, 1.0]},
-                                         {"std": [[0.5], [0.5]]}, {"min": "1.5"}]
+                                         {"std": [[0.5], [0.5]]}, {"min": "1.5"}, {"min": [10**400, 1.0]},
+                                         {"max": [float("nan"), 1.0], "min": [10**400, 1.0]}]
     for count in counts:
         for variant in variants:
             for count_first in (False, True):
@@ -196,7 +195,7 @@ def test_assembly_usable_check_answers_as_usable_entry() -> None:
                 if count_first:
                     entry = {"count": count, **{k: v for k, v in entry.items() if k != "count"}}
                 outcomes = []
-                for check in (S.usable_entry, lambda e: _usable(e)[0]):
+                for check in (S.usable_entry, lambda e: S.usable_stacked(e)[0]):
                     try:
                         outcomes.append(check(entry))
                     except OverflowError:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..formats.common.stats import QUANTILE_SET, QUANTILES, STAT_SET, empty_stats, entry_shape, usable_entry
+from ..formats.common.stats import QUANTILES, empty_stats, entry_shape, usable_stacked
 from ..fsutil import set_file_mode
 
 Array = np.ndarray[Any, Any]
@@ -43,7 +43,7 @@ class _Feature:
     def add(self, st: dict[str, Any]) -> None:
         if self.shape is None:
             self.shape = entry_shape(st)
-        usable, rows = _usable(st)
+        usable, rows = usable_stacked(st)
         if not usable:  # no finite row in that episode: it adds nothing (dataset.stats)
             return
         c = float(np.asarray(st["count"]).reshape(-1)[0])
@@ -105,24 +105,9 @@ class _Feature:
         return out
 
 
-_STACKED = ("mean", "std", "min", "max", *QUANTILES)
-
-
-def _usable(st: dict[str, Any]) -> tuple[bool, Array | None]:
-    """``usable_entry`` and the entry's ``_stacked`` rows, from one conversion when the entry is
-    those stats and a count of one plain number (every value it holds checked, as there)."""
-    rows = _stacked(st) if isinstance(st, dict) and st.keys() >= STAT_SET else None
-    count = st.get("count") if rows is not None else None
-    if rows is not None and len(st) == len(rows) + 1 and type(count) is list and len(count) == 1 and (
-            type(count[0]) is float or (type(count[0]) is int and abs(count[0]) < 1 << 53)):
-        n = float(count[0])  # exact: no overflow to raise, as a float64 conversion would
-        return bool(np.isfinite(rows).all()) and math.isfinite(n) and n > 0, rows
-    return usable_entry(st), rows
-
-
 def _flat_stats(rows: Array | None) -> tuple[tuple[int, ...], list[list[float]], list[list[float]] | None] | None:
     """(shape, [mean, std, min, max], the quantiles when all are there) as Python floats: the
-    float64 values of ``_stacked``'s rows (``tolist``), or None."""
+    float64 values of ``stacked_stats``' rows (``tolist``), or None."""
     if rows is None or rows.ndim < 2 or rows.size == 0:
         return None
     values: list[list[float]] = rows.reshape(len(rows), -1).tolist()
@@ -186,18 +171,6 @@ class _FlatSum:
                 self.quantiles = {q: [t + x * c for t, x in zip(self.quantiles[q], v, strict=True)]
                                   for q, v in zip(QUANTILES, qs, strict=True)}
         return True
-
-
-def _stacked(st: dict[str, Any]) -> Array | None:
-    """mean, std, min, max (and the quantiles, when all are there) as the rows of one float64
-    array: ten conversions per feature and episode were most of assembly's statistics cost.
-    None when they are not of one shape (each is then converted on its own, as before)."""
-    keys = _STACKED if st.keys() >= QUANTILE_SET else _STACKED[:4]
-    try:
-        rows: Array = np.array([st[k] for k in keys], dtype=np.float64)
-    except (TypeError, ValueError):
-        return None
-    return rows if rows.dtype == np.float64 and rows.ndim >= 1 and len(rows) == len(keys) else None
 
 
 class StatsSum:

@@ -14,6 +14,7 @@ q01 -1, max and q99 1), so a reader sees finite numbers and the count says none 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -85,6 +86,33 @@ def _finite_lists(values: Iterable[object]) -> bool | None:
 def usable_entry(entry: object) -> bool:
     """An entry that may be pooled: every stat present, finite, and at least one row in."""
     return complete_stats(entry) and finite_entry(entry) and entry_count(entry) > 0
+
+
+_STACKED = ("mean", "std", "min", "max", *QUANTILES)
+
+
+def stacked_stats(entry: Mapping[str, Any]) -> NDArray[np.float64] | None:
+    """mean, std, min, max (and the quantiles, when all are there) as the rows of one float64
+    array, the values each converted alone gives; None when they are not of one shape or do
+    not convert (each is then converted on its own)."""
+    keys = _STACKED if entry.keys() >= QUANTILE_SET else _STACKED[:4]
+    try:
+        rows: NDArray[np.float64] = np.array([entry[k] for k in keys], dtype=np.float64)
+    except Exception:  # noqa: BLE001 - missing, ragged, not numeric, too large: converted alone
+        return None
+    return rows if rows.ndim >= 1 and len(rows) == len(keys) else None
+
+
+def usable_stacked(entry: object) -> tuple[bool, NDArray[np.float64] | None]:
+    """``usable_entry`` and the entry's ``stacked_stats``, from one conversion when the entry
+    holds those stats and a count of one plain number (every value it holds checked, as there)."""
+    rows = stacked_stats(entry) if isinstance(entry, dict) and entry.keys() >= STAT_SET else None
+    count = entry.get("count") if rows is not None and isinstance(entry, dict) else None
+    if rows is not None and isinstance(entry, dict) and len(entry) == len(rows) + 1 and type(count) is list \
+            and len(count) == 1 and (type(count[0]) is float or (type(count[0]) is int and abs(count[0]) < 1 << 53)):
+        n = float(count[0])  # exact: no overflow to raise, as a float64 conversion would
+        return bool(np.isfinite(rows).all()) and math.isfinite(n) and n > 0, rows
+    return usable_entry(entry), rows
 
 
 def empty_stats(shape: tuple[int, ...]) -> StatEntry:
