@@ -183,15 +183,18 @@ def walk_tree(root: Path) -> Iterator[tuple[str, Path, os.stat_result]]:
     not) and regular file of ``root``, sorted; anything else is refused."""
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
-        rel_dir = os.path.relpath(dirpath, root)
+        rel_dir = os.path.relpath(dirpath, root)  # normalised, "/"-separated on POSIX
+        here = Path(dirpath)
         if rel_dir != ".":
-            yield Path(rel_dir).as_posix(), Path(dirpath), os.stat(dirpath)
+            yield rel_dir, here, os.stat(dirpath)
+        prefix = "" if rel_dir == "." else rel_dir + "/"
         for name in sorted(filenames):
-            p = Path(dirpath) / name
-            st = p.stat()
+            # joined as strings: two pathlib parses per file were most of the walk's cost
+            st = os.stat(os.path.join(dirpath, name))
+            p = here / name
             if not stat.S_ISREG(st.st_mode):
                 raise ValueError(f"{p} is not a regular file; a subset holds only files and directories")
-            yield p.relative_to(root).as_posix(), p, st
+            yield prefix + name, p, st
 
 
 def scan_tree(root: Path) -> tuple[list[str], list[tuple[str, Path]]]:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import random
+
 import numpy as np
+import pytest
 
 from eva_export.formats.common import stats as S
 
@@ -91,3 +95,109 @@ def test_image_stats_per_channel_in_unit_range() -> None:
     assert np.isclose(d["mean"][0][0][0], (0 + 51 + 255) / 3 / 255)
     assert d["max"][2][0][0] == 1.0 and d["min"][1][0][0] == 0.0
     assert d["q50"][0][0][0] == 51 / 255 and d["q99"][0][0][0] == 1.0
+
+
+def _finite_per_stat(entry: object) -> bool:
+    """finite_entry's definition: each stat converted to float64 on its own."""
+    if not isinstance(entry, dict):
+        return False
+    try:
+        return all(bool(np.isfinite(np.asarray(v, dtype=np.float64)).all()) for v in entry.values())
+    except (TypeError, ValueError):
+        return False
+
+
+def test_finite_entry_answers_as_each_stat_checked_on_its_own() -> None:
+    """The one-conversion check gives the per-stat answer for plain, camera-shaped, ragged,
+    mixed, non-numeric and non-finite entries alike."""
+    cam = [[[0.5]], [[0.25]], [[0.75]]]
+    entries: list[object] = [
+        {"min": [0.0, 1.0], "max": [2.0, 3.0], "count": [4]},
+        {"min": cam, "max": cam, "mean": cam, "count": [10]},
+        {"min": cam, "max": [[[float("nan")]], [[0.1]], [[0.2]]], "count": [10]},
+        {"min": [0.0, float("inf")], "count": [4]},
+        {"min": [0.0, None], "count": [4]},
+        {"min": ["1.5", 2.0], "count": [4]},
+        {"min": ["x"], "count": [4]},
+        {"min": [[1.0], [2.0, 3.0]], "count": [4]},
+        {"min": [1.0, [2.0]], "count": [4]},
+        {"min": [[1.0, 2.0]], "max": [[[1.0]]], "count": [4]},
+        {"min": [], "count": []},
+        {"min": 1.0, "count": [4]},
+        {"min": {"a": 1}, "count": [4]},
+        {"min": [True, False], "count": [1]},
+        {},
+        [1.0],
+        None,
+    ]
+    for entry in entries:
+        assert S.finite_entry(entry) is _finite_per_stat(entry), entry
+    assert S.entry_count({"count": [7]}) == 7.0 and S.entry_count({"count": [[3]]}) == 3.0
+    assert S.entry_count({"count": ["x"]}) == 0.0 and S.entry_count({"count": []}) == 0.0
+
+
+def _entry(shape: tuple[int, ...], rnd: random.Random, quantiles: bool) -> dict[str, object]:
+    def values() -> list[object]:
+        picks = [0.0, -0.0, 1.0, rnd.randint(-3, 3), rnd.uniform(-5, 5) * 10.0 ** rnd.randint(-3, 3)]
+        flat = [rnd.choice(picks) for _ in range(int(np.prod(shape)))]
+        return np.array(flat, dtype=object).reshape(shape).tolist()  # type: ignore[no-any-return]
+
+    std = np.abs(np.array(values(), dtype=np.float64)).tolist()
+    e: dict[str, object] = {"min": values(), "max": values(), "mean": values(), "std": std,
+                            "count": [rnd.choice([0, 1, 4, 300])]}
+    if quantiles:
+        e.update({q: values() for q in S.QUANTILES})
+    return e
+
+
+def test_stats_sum_python_float_path_gives_the_numpy_update_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """StatsSum's running sums in Python floats give the bytes of its numpy update: signed
+    zeros and equal minima, integers, a missing quantile, a count of 0 and a shape change."""
+    from eva_export.export import assemble
+
+    rnd = random.Random(11)
+    streams = []
+    for _ in range(300):
+        stream = []
+        for _ in range(rnd.randint(1, 8)):
+            shapes = {"s": (6,), "t": (1,), "cam": (3, 1, 1)}
+            if rnd.random() < 0.05:
+                shapes["s"] = (2,)
+            stream.append({k: _entry(sh, rnd, rnd.random() < 0.9) for k, sh in shapes.items()})
+        streams.append(stream)
+
+    def pooled() -> list[str]:
+        out = []
+        for stream in streams:
+            try:
+                out.append(json.dumps(assemble.aggregate_stream(stream)))
+            except ValueError as exc:  # shapes that do not broadcast: refused the same way
+                out.append(str(exc))
+        return out
+
+    fast = pooled()
+    monkeypatch.setattr(assemble._FlatSum, "first", classmethod(lambda cls, st, c: None))
+    assert fast == pooled()
+
+
+def test_assembly_usable_check_answers_as_usable_entry() -> None:
+    """Assembly's one-conversion check of an entry gives usable_entry's answer (or its error)."""
+    base: dict[str, object] = {"min": [0.0, 1.0], "max": [2.0, 3.0], "mean": [1.0, 2.0], "std": [0.5, 0.5]}
+    counts: list[object] = [[4], [0], [-1], [2.5], [float("nan")], [True], [[3]], "x", [10**400], [2**60], []]
+    variants: list[dict[str, object]] = [{}, {"mean": [float("inf"), 1.0]}, {"extra": "x"}, {"extra": [1.0]},
+                                         {q: [0.0, 1.0] for q in S.QUANTILES}, {"q01": [0.0, 1.0]},
+                                         {"std": [[0.5], [0.5]]}, {"min": "1.5"}, {"min": [10**400, 1.0]},
+                                         {"max": [float("nan"), 1.0], "min": [10**400, 1.0]}]
+    for count in counts:
+        for variant in variants:
+            for count_first in (False, True):
+                entry = {**base, **variant, "count": count}
+                if count_first:
+                    entry = {"count": count, **{k: v for k, v in entry.items() if k != "count"}}
+                outcomes = []
+                for check in (S.usable_entry, lambda e: S.usable_stacked(e)[0]):
+                    try:
+                        outcomes.append(check(entry))
+                    except OverflowError:
+                        outcomes.append("overflow")
+                assert outcomes[0] == outcomes[1], entry

@@ -13,8 +13,8 @@ from .. import confine, pool
 from ..errors import ExportError
 from ..formats.common.records import DatasetInfo
 from ..formats.common.source import SourceCheck
-from .plan_list import PlanList
-from .units import PlannedEpisode, UnitWork, split_units, unit_is_complete, unit_name, unit_record
+from .plan_list import PlanList, positions_of
+from .units import PlannedEpisode, UnitWork, split_units, unit_is_complete, unit_name, unit_record, units_dir
 
 
 class SplitPlan(Protocol):
@@ -26,7 +26,6 @@ class SplitPlan(Protocol):
     def subsets(self) -> dict[str, PlanList]: ...
     @property
     def info(self) -> DatasetInfo: ...
-    def in_source_order(self) -> Iterator[PlannedEpisode]: ...
 
 
 class Faults:
@@ -121,14 +120,21 @@ def build_units(plan: SplitPlan, staging: Path, progress: SplitProgress, faults:
     reused = 0
     order = list(plan.subsets)
     todo: tuple[array[int], array[int]] = (array("l"), array("q"))  # (subset, position) of the units to build
-    for p in plan.in_source_order():
-        if unit_record(staging, p).is_file() and unit_is_complete(staging, p, info):
-            reused += 1
-            progress.on_unit(p, 1 + len(p.source.video_paths), p.source.bytes, True)
-            continue
-        unit_record(staging, p).unlink(missing_ok=True)
-        todo[0].append(order.index(p.subset))
-        todo[1].append(p.new_index)
+    # a subset without a records directory (a fresh staging) has no record to check or remove,
+    # and its episodes' plans need not be rebuilt here (their pool tasks rebuild them)
+    held = {name for name in order if units_dir(staging, name).is_dir()}
+    lists = list(plan.subsets.values())
+    for s, n in positions_of(lists):  # source order
+        if order[s] in held:
+            p = lists[s][n]
+            rec = unit_record(staging, p)
+            if rec.is_file() and unit_is_complete(staging, p, info):
+                reused += 1
+                progress.on_unit(p, 1 + len(p.source.video_paths), p.source.bytes, True)
+                continue
+            rec.unlink(missing_ok=True)
+        todo[0].append(s)
+        todo[1].append(n)  # its new index: the subset's episodes are numbered by position
     active = pool.active()
     units = _Units(plan, staging, info, faults, todo, active.workers if active is not None else 1)
     built = 0

@@ -41,7 +41,7 @@ from .units import (
     REENCODED_FIELD,
     PlannedEpisode,
     native_dir,
-    unit_record,
+    unit_record_at,
     write_text,
 )
 
@@ -201,13 +201,13 @@ def assemble_subset(plan: SplitPlan, name: str, staging: Path, marker: QualitySp
     reencoded: list[int] = []
     known = KnownCounts(float_keys(info))
     try:
-        for p in items:
-            u = UnitRecord.from_dict(read_json(unit_record(staging, p)))
-            known.add(p.new_index, u.nonfinite)
+        for new in range(len(items)):  # the episode's new index (its plan is not rebuilt)
+            u = UnitRecord.from_dict(read_json(unit_record_at(staging, name, new)))
+            known.add(new, u.nonfinite)
             episodes.write(u.row)
             if REENCODED_FIELD in u.row:
-                reencoded.append(p.source.index)
-            ep_stats.write({"episode_index": p.new_index, "stats": u.stats})
+                reencoded.append(items.source_index(new))
+            ep_stats.write({"episode_index": new, "stats": u.stats})
             total.add(u.stats)
             frames += u.rows
     except BaseException:

@@ -31,7 +31,7 @@ from ..formats.common.source_rules import SourceEpisode
 from ..formats.common.table import to_numpy
 from ..formats.common.video import iter_frames
 from ..formats.lerobot_v21.episode_stats import image_stats_of
-from ..fsutil import read_json, set_file_mode
+from ..fsutil import FILE_MODE, read_json, set_file_mode
 
 #: Episode row field naming the cameras re-encoded because no exact stream-copy cut existed.
 REENCODED_FIELD = "source_video_reencoded"
@@ -54,9 +54,19 @@ def native_dir(staging: Path, subset: str) -> Path:
     return staging / "native" / subset
 
 
+def units_dir(staging: Path, subset: str) -> Path:
+    """Where a subset's unit records are (absent: none committed yet)."""
+    return staging / "units" / subset
+
+
 def unit_record(staging: Path, p: PlannedEpisode) -> Path:
     """The unit's commit record: it exists only once the unit's files are complete."""
-    return staging / "units" / p.subset / f"ep_{p.new_index:06d}.json"
+    return unit_record_at(staging, p.subset, p.new_index)
+
+
+def unit_record_at(staging: Path, subset: str, new_index: int) -> Path:
+    """``unit_record`` of the subset's episode ``new_index`` (without rebuilding its plan)."""
+    return units_dir(staging, subset) / f"ep_{new_index:06d}.json"
 
 
 def unit_files(staging: Path, p: PlannedEpisode, info: DatasetInfo) -> tuple[Path, dict[str, Path]]:
@@ -71,9 +81,24 @@ def unit_files(staging: Path, p: PlannedEpisode, info: DatasetInfo) -> tuple[Pat
 def write_text(path: Path, text: str) -> None:
     """Write then rename: a killed process leaves the old file or the new one (no fsync)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    set_file_mode(tmp)  # meta files get the data files' mode
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    try:
+        set_file_mode(fd)  # meta files get the data files' mode (whatever the umask)
+        data = text.encode("utf-8")
+        while data:
+            data = data[os.write(fd, data):]
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
+
+
+def _make_dir(path: Path, made: set[Path] | None) -> None:
+    """``path`` and its parents created, once per batch (``made``): the directories are the
+    staging's own, and a batch's units share their chunk and camera directories."""
+    if made is None or path not in made:
+        path.mkdir(parents=True, exist_ok=True)
+        if made is not None:
+            made.add(path)
 
 
 def _camera_stats(path: Path) -> dict[str, Any]:
@@ -122,7 +147,8 @@ def renumbered(p: PlannedEpisode, table: pa.Table) -> pa.Table:
     return table
 
 
-def build_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats: dict[str, Any]) -> int:
+def build_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats: dict[str, Any],
+               made: set[Path] | None = None) -> int:
     """Write one episode's files at their final paths in the native subset, then its record.
 
     The record (renamed into place last) is the commit point; files without a record are
@@ -136,7 +162,7 @@ def build_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats
         raise DatasetError(f"episode {src.index}: {src.data_path} changed during the export "
                            f"({n} rows, validated {src.rows})")
     table = renumbered(p, table)
-    data.parent.mkdir(parents=True, exist_ok=True)
+    _make_dir(data.parent, made)
     tmp = data.with_name(f".{data.name}.tmp")
     with pa.OSFile(str(tmp), "wb") as sink:  # not a path: pyarrow resolves its filesystem per open
         pq.write_table(table, sink)
@@ -161,7 +187,7 @@ def build_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats
     if reencoded:  # provenance: these cameras are not the source's bytes (no exact cut existed)
         row[REENCODED_FIELD] = reencoded
     rec = unit_record(staging, p)
-    rec.parent.mkdir(parents=True, exist_ok=True)
+    _make_dir(rec.parent, made)
     write_text(rec, json.dumps(UnitRecord(src.index, p.new_index, n, p.offset, row, st, sizes, nonfinite).to_dict()))
     return nonfinite.file[2] + sum(sizes.values())
 
@@ -172,18 +198,19 @@ def _unit_stats(table: pa.Table, info: DatasetInfo, source_stats: dict[str, Any]
     or whose statistics are missing, lack a quantile, hold a non-finite number or may have taken
     a non-finite value in (``flagged``; dataset.stats: only finite rows go in)."""
     st: dict[str, Any] = {k: v for k, v in source_stats.items() if trusted_stats(v)}
+    names = set(table.column_names)  # a new list per access
     st.update(_recomputed_stats(table, [k for k in info.table_keys if (k in RECOMPUTED_COLUMNS or k not in st
                                                                        or k in flagged)
-                                        and k in table.column_names and not info.features[k].is_visual]))
+                                        and k in names and not info.features[k].is_visual]))
     for k in info.table_keys:  # a camera carried in the table without complete statistics: its frames'
-        if info.features[k].is_visual and k not in st and k in table.column_names:
+        if info.features[k].is_visual and k not in st and k in names:
             st[k] = image_stats_of(iter_table_images(table, k, f"{where}: {k}"))
     return st
 
 
 def trusted_stats(entry: Any) -> bool:
     """A source's statistics kept as they are: every stat and quantile there, all finite."""
-    return stats_mod.usable_entry(entry) and all(q in entry for q in stats_mod.QUANTILES)
+    return stats_mod.usable_entry(entry) and entry.keys() >= stats_mod.QUANTILE_SET
 
 
 def _recomputed_stats(table: pa.Table, keys: list[str]) -> dict[str, Any]:
@@ -204,11 +231,11 @@ def _recomputed_stats(table: pa.Table, keys: list[str]) -> dict[str, Any]:
 
 
 def split_unit(staging: Path, p: PlannedEpisode, info: DatasetInfo, source_stats: dict[str, Any],
-                fail: bool) -> int:
+                fail: bool, made: set[Path] | None = None) -> int:
     """One native unit, run by eva_export.pool (in this process or in a worker process)."""
     if fail:  # fault injection (Faults "unit:N"), raised where the unit runs
         raise ExportError(f"{unit_name(p)}: injected failure at 'unit:{p.source.index}'")
-    return build_unit(staging, p, info, source_stats)
+    return build_unit(staging, p, info, source_stats, made)
 
 
 @dataclass(frozen=True)
@@ -224,7 +251,8 @@ def split_units(staging: Path, batch: list[UnitWork], info: DatasetInfo) -> int:
     """A batch of units in order, each committed by its own record (a failure keeps the ones
     before it). One pool task per batch: sending ``info`` and a worker round trip per short
     episode cost more than the episode itself."""
-    return sum(split_unit(staging, w.planned, info, w.source_stats, w.fail) for w in batch)
+    made: set[Path] = set()
+    return sum(split_unit(staging, w.planned, info, w.source_stats, w.fail, made) for w in batch)
 
 
 def unit_name(p: PlannedEpisode) -> str:

@@ -14,6 +14,7 @@ q01 -1, max and q99 1), so a reader sees finite numbers and the count says none 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -22,6 +23,8 @@ from numpy.typing import NDArray
 
 STAT_KEYS = ("min", "max", "mean", "std", "count")
 QUANTILES = {"q01": 0.01, "q10": 0.10, "q50": 0.50, "q90": 0.90, "q99": 0.99}
+STAT_SET = frozenset(STAT_KEYS)
+QUANTILE_SET = frozenset(QUANTILES)
 
 #: One feature's statistics (STAT_KEYS and QUANTILES), each a list as numpy's ``tolist`` gives it:
 #: numbers, nested for camera statistics (3, 1, 1); numpy types its items as Any.
@@ -30,13 +33,16 @@ StatEntry = dict[str, list[Any]]
 
 def complete_stats(entry: object) -> bool:
     """A feature's entry of an episodes_stats row holds every one of STAT_KEYS."""
-    return isinstance(entry, dict) and all(k in entry for k in STAT_KEYS)
+    return isinstance(entry, dict) and entry.keys() >= STAT_SET
 
 
 def entry_count(entry: object) -> float:
     """The rows a feature's entry says went in (0 when it says nothing readable)."""
     if not isinstance(entry, dict):
         return 0.0  # indexing it would raise TypeError
+    count = entry.get("count")
+    if type(count) is list and len(count) == 1 and type(count[0]) in (int, float):
+        return float(count[0])  # the usual [n]: what the numpy conversion below gives
     try:
         return float(np.asarray(entry["count"], dtype=np.float64).reshape(-1)[0])
     except (KeyError, TypeError, ValueError, IndexError):
@@ -47,15 +53,66 @@ def finite_entry(entry: object) -> bool:
     """Every number of a feature's entry is finite (a list that is not numeric counts as not)."""
     if not isinstance(entry, dict):
         return False
+    fast = _finite_lists(entry.values())
+    if fast is not None:
+        return fast
     try:
         return all(bool(np.isfinite(np.asarray(v, dtype=np.float64)).all()) for v in entry.values())
     except (TypeError, ValueError):
         return False
 
 
+def _finite_lists(values: Iterable[object]) -> bool | None:
+    """``finite_entry``'s answer from one numpy conversion per nesting depth instead of one per
+    stat (eleven per feature, twice per episode, were most of the split's statistics cost);
+    None when the values are not all lists that stack (the per-stat check then decides).
+
+    The same answer: lists whose concatenation converts to one regular float64 array each
+    convert on their own (every top-level item has the shape and numeric leaves of the rest),
+    and an empty list is finite both ways; anything else falls back.
+    """
+    flat: list[object] = []
+    nested: list[object] = []
+    for v in values:
+        if type(v) is not list:
+            return None
+        (nested if v and type(v[0]) is list else flat).extend(v)
+    try:
+        return all(bool(np.isfinite(np.array(group, dtype=np.float64)).all()) for group in (flat, nested) if group)
+    except Exception:  # noqa: BLE001 - ragged, not numeric, too large: the per-stat check says which
+        return None
+
+
 def usable_entry(entry: object) -> bool:
     """An entry that may be pooled: every stat present, finite, and at least one row in."""
     return complete_stats(entry) and finite_entry(entry) and entry_count(entry) > 0
+
+
+_STACKED = ("mean", "std", "min", "max", *QUANTILES)
+
+
+def stacked_stats(entry: Mapping[str, Any]) -> NDArray[np.float64] | None:
+    """mean, std, min, max (and the quantiles, when all are there) as the rows of one float64
+    array, the values each converted alone gives; None when they are not of one shape or do
+    not convert (each is then converted on its own)."""
+    keys = _STACKED if entry.keys() >= QUANTILE_SET else _STACKED[:4]
+    try:
+        rows: NDArray[np.float64] = np.array([entry[k] for k in keys], dtype=np.float64)
+    except Exception:  # noqa: BLE001 - missing, ragged, not numeric, too large: converted alone
+        return None
+    return rows if rows.ndim >= 1 and len(rows) == len(keys) else None
+
+
+def usable_stacked(entry: object) -> tuple[bool, NDArray[np.float64] | None]:
+    """``usable_entry`` and the entry's ``stacked_stats``, from one conversion when the entry
+    holds those stats and a count of one plain number (every value it holds checked, as there)."""
+    rows = stacked_stats(entry) if isinstance(entry, dict) and entry.keys() >= STAT_SET else None
+    count = entry.get("count") if rows is not None and isinstance(entry, dict) else None
+    if rows is not None and isinstance(entry, dict) and len(entry) == len(rows) + 1 and type(count) is list \
+            and len(count) == 1 and (type(count[0]) is float or (type(count[0]) is int and abs(count[0]) < 1 << 53)):
+        n = float(count[0])  # exact: no overflow to raise, as a float64 conversion would
+        return bool(np.isfinite(rows).all()) and math.isfinite(n) and n > 0, rows
+    return usable_entry(entry), rows
 
 
 def empty_stats(shape: tuple[int, ...]) -> StatEntry:
