@@ -15,6 +15,7 @@ exactly, since FFmpeg reads past a short box into the next one.
 from __future__ import annotations
 
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from itertools import pairwise
@@ -80,6 +81,28 @@ def file_bytes(path: Path) -> bytes | None:
         return None
     mp4_reuse.read_done(st, data)  # a second reader of the unchanged file may reuse its parse
     return data if len(data) <= MAX_BYTES else None  # grown past the bound since the stat
+
+
+def whole_file(path: Path, bound: int) -> bytes | None:
+    """Every byte of a regular file of at most ``bound`` bytes, else None (also when unreadable):
+    validation's read-ahead of a small table. Opened without blocking and checked regular by
+    its descriptor (a FIFO swapped in for the file cannot hang a reading thread); read into a
+    bytes object of the file's own size."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        with open(fd, "rb", closefd=True) as fh:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > bound:
+                return None
+            data = fh.read(st.st_size + 1)
+            if len(data) > st.st_size:  # grown since the fstat: the rest, still bounded
+                data += fh.read(bound + 1 - len(data))
+    except OSError:
+        return None
+    return data if len(data) <= bound else None
 
 
 def parse(data: bytes) -> Mp4Facts | None:
