@@ -129,6 +129,7 @@ MODULES = [
     "eva_export.formats.common.stats_index",
     "eva_export.formats.common.source_rules",
     "eva_export.formats.lerobot_v21.validate_media",
+    "eva_export.formats.lerobot_v21.read_ahead",
     "eva_export.formats.common.mp4_index",
     "eva_export.formats.common.mp4_reuse",
     "eva_export.formats.common.mp4_sps",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +78,18 @@ def in_memory(fh: pa.NativeFile) -> pa.NativeFile:
     a larger one as it is."""
     size = fh.size()
     return pa.BufferReader(fh.read_buffer(size)) if size <= IN_MEMORY_BYTES else fh
+
+
+@contextlib.contextmanager
+def parquet_file(path: Path, data: bytes | None = None) -> Iterator[pq.ParquetFile]:
+    """The Parquet file at ``path`` open for reading, a small one parsed in memory
+    (``in_memory``); ``data``: its every byte, read already (validation's read-ahead)."""
+    if data is not None:
+        with pq.ParquetFile(pa.BufferReader(data)) as pf:
+            yield pf
+        return
+    with pa.OSFile(str(path)) as fh, pq.ParquetFile(in_memory(fh)) as pf:
+        yield pf
 
 
 def read_parquet(path: Path, columns: list[str] | None = None) -> pa.Table:

@@ -98,6 +98,11 @@ def file_key(path: Path) -> FileKey | None:
         st = os.stat(path)
     except OSError:
         return None
+    return key_of(st)
+
+
+def key_of(st: os.stat_result) -> FileKey | None:
+    """``file_key`` of a stat just taken (None when the file is too fresh to be remembered)."""
     if st.st_mtime_ns > time.time_ns() - RACY_MARGIN_NS:
         return None
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
@@ -240,3 +245,15 @@ def digest_read(key: FileKey | None, data: bytes) -> None:
     digests = _digests.get()
     if digests is not None and key is not None:
         digests.add(key, data)
+
+
+def digests_wanted() -> bool:
+    """Whether a ``digests_of_reads`` block asks for the SHA-256 of camera files read here (a
+    reader on another thread hashes what it reads, and ``digest_known`` stores it)."""
+    return _digests.get() is not None
+
+
+def digest_known(key: FileKey | None, sha256: str) -> None:
+    """``digest_read`` of a file hashed where it was read: its SHA-256 (hex) stored as given."""
+    if _digests.get() is not None and key is not None:
+        index_put(key, SHA256_KIND, sha256)

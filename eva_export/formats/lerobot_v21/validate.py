@@ -17,10 +17,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ... import confine
-from ...errors import DatasetError, UnsafeNameError
+from ...errors import DatasetError
 from ..common.episode_list import EpisodeList
 from ..common.meta import (
     EPISODES,
@@ -37,12 +36,14 @@ from ..common.records import CODEBASE_V21, FORMAT_V21, EpisodeRow, EpisodeStats
 from ..common.source_rules import SMALL_COLUMNS, SourceEpisode, check_columns, check_info, cut, raw_info
 from ..common.stats import complete_stats
 from ..common.stats_index import StatsIndex
-from ..common.table import in_memory
+from ..common import video_facts
+from ..common.table import parquet_file
 from ..common.facts_index import FileKey
 from ..common.sidecar import SIDECAR
 from ..common.source import SourceCheck
+from .read_ahead import EpisodeFiles, ReadAhead, episode_paths, regular
 from .validate_media import check_images, check_video
-from .validate_tables import TableFacts, known_table, remember_table, table_key, table_kind
+from .validate_tables import TableFacts, known_table, remember_table, table_kind
 
 REQUIRED_COLUMNS = ("episode_index", "index")
 
@@ -124,25 +125,28 @@ def _check_episodes(check: SourceCheck, kind: str, camera_stats_computed: bool, 
     episodes = check.episodes
     assert isinstance(episodes, EpisodeList)
     stats = meta.episodes_stats
-    for row in meta.episodes:
-        # the stats row's checks from the digest read_meta took as it parsed the row; without
-        # one, the row parsed once here for both checks (it was three parses a check)
-        digest = stats.digest_of(row.episode_index) if isinstance(stats, StatsIndex) else None
-        ep_stats = stats.get(row.episode_index) if digest is None else None
-        ep, known, tkey = _check_episode(root, meta, row, task_text, task_ids, offset, camera_stats_computed, kind,
-                                         ep_stats, digest, tap)
-        if digest is not None and digest & SHAPE_FAULT:
-            check_row_shapes(meta, stats[row.episode_index])  # raises, naming the row's line
-        elif ep_stats is not None:
-            check_row_shapes(meta, ep_stats)
-        ep = shared.adopt(ep)
-        if known is None:  # read (not proved by the index): its images decoded, then remembered
-            check_images(meta, ep.index, ep.data_path)
-            remember_table(tkey, ep, offset, kind)
-        for key, vp in ep.video_paths.items():
-            check_video(meta, ep.index, ep.rows, ep.data_path, key, vp)
-        offset += ep.rows
-        episodes.append(ep)
+    with ReadAhead(meta, kind) as ahead:  # the next episodes' files read while one is checked
+        for n, row in enumerate(meta.episodes):  # episode_index == n: checked above
+            files = ahead.take(n)
+            # the stats row's checks from the digest read_meta took as it parsed the row; without
+            # one, the row parsed once here for both checks (it was three parses a check)
+            digest = stats.digest_of(row.episode_index) if isinstance(stats, StatsIndex) else None
+            ep_stats = stats.get(row.episode_index) if digest is None else None
+            ep, known, tkey = _check_episode(root, meta, row, task_text, task_ids, offset, camera_stats_computed,
+                                             kind, ep_stats, digest, tap, files)
+            if digest is not None and digest & SHAPE_FAULT:
+                check_row_shapes(meta, stats[row.episode_index])  # raises, naming the row's line
+            elif ep_stats is not None:
+                check_row_shapes(meta, ep_stats)
+            ep = shared.adopt(ep)
+            if known is None:  # read (not proved by the index): its images decoded, then remembered
+                check_images(meta, ep.index, ep.data_path)
+                remember_table(tkey, ep, offset, kind)
+            for key, vp in ep.video_paths.items():
+                check_video(meta, ep.index, ep.rows, ep.data_path, key, vp,
+                            files.videos.get(key) if files is not None else None)
+            offset += ep.rows
+            episodes.append(ep)
 
 
 @dataclass(frozen=True)
@@ -257,46 +261,51 @@ def _episode_tasks(root: Path, row: EpisodeRow, data: Path, task_values: Any, ta
 def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: dict[int, str],
                    task_ids: dict[str, int], offset: int = 0, camera_stats_computed: bool = False,
                    kind: str = "", ep_stats: EpisodeStats | None = None, digest: int | None = None,
-                   tap: TableTap | None = None) -> tuple[SourceEpisode, TableFacts | None, FileKey | None]:
-    """The episode's files and table checked; with the facts the index proved (None: read)."""
-    info = meta.info
+                   tap: TableTap | None = None, files: EpisodeFiles | None = None
+                   ) -> tuple[SourceEpisode, TableFacts | None, FileKey | None]:
+    """The episode's files and table checked; with the facts the index proved (None: read).
+    ``files``: its paths as the read-ahead confined them, and what it looked up and read."""
     ep = row.episode_index
     if row.length <= 0:
         raise DatasetError(f"{root / EPISODES}: episode {ep} is empty (length {row.length}); "
                            f"remove it from episodes.jsonl before exporting")
-    try:
-        data = meta.data_path(ep)
-        video_paths = {key: meta.video_path(key, ep) for key in info.video_keys}
-    except (UnsafeNameError, ValueError) as exc:
-        raise DatasetError(f"episode {ep}: {exc}") from exc
-    if not data.is_file():
+    data, video_paths = (files.data, files.video_paths) if files is not None else episode_paths(meta, ep)
+    data_st = regular(data)
+    if data_st is None:
         raise DatasetError(f"episode {ep}: Parquet file {data} is missing")
-    videos = {}
+    videos, sts = {}, {}
     for key, vp in video_paths.items():
-        if not vp.is_file():
+        if (st := regular(vp)) is None:
             raise DatasetError(f"episode {ep}: camera file {vp} ({key}) is missing")
-        videos[key] = vp
-    tkey = table_key(data, kind)  # before the read: a file changed after it is not remembered
-    known = known_table(tkey, row, offset, kind, meta)
+        videos[key], sts[key] = vp, st
+    if files is not None:
+        files.confirm(data_st, sts)  # a file changed since it was looked up: looked up again
+    seen = files.table if files is not None else None
+    if seen is not None:
+        tkey, known = seen.key, seen.known
+    else:  # the identity before the read: a file changed after it is not remembered
+        tkey = video_facts.key_of(data_st) if kind else None
+        known = known_table(tkey, row, offset, kind, meta)
     if known is not None:
         nrows, columns, tasks, schema = known.rows, known.columns, known.tasks, None
     else:
+        ahead = seen.read() if seen is not None else None
         nrows, columns, tasks, schema = _check_table(root, meta, row, data, videos, task_text, task_ids, offset,
-                                                     tap)
+                                                     tap, ahead.data if ahead is not None else None)
     _check_stats_present(root, meta, ep, columns, camera_stats_computed, ep_stats, digest)
-    size = data.stat().st_size + sum(v.stat().st_size for v in videos.values())
+    size = data_st.st_size + sum(st.st_size for st in sts.values())
     return SourceEpisode(row=row, data_path=data, video_paths=videos, rows=nrows, task_indices=tasks,
                          columns=columns, bytes=size, schema=schema), known, tkey
 
 
 def _check_table(root: Path, meta: DatasetMeta, row: EpisodeRow, data: Path, videos: dict[str, Path],
-                 task_text: dict[int, str], task_ids: dict[str, int], offset: int, tap: TableTap | None = None
-                 ) -> tuple[int, list[str], list[int], pa.Schema]:
-    """The episode's Parquet footer and small columns read and checked against the row."""
+                 task_text: dict[int, str], task_ids: dict[str, int], offset: int, tap: TableTap | None = None,
+                 whole: bytes | None = None) -> tuple[int, list[str], list[int], pa.Schema]:
+    """The episode's Parquet footer and small columns read and checked against the row
+    (``whole``: the file's every byte, read ahead)."""
     info, ep = meta.info, row.episode_index
     try:
-        # pa.OSFile: a path's filesystem is resolved per open; a small file parsed in memory
-        with pa.OSFile(str(data)) as fh, pq.ParquetFile(in_memory(fh)) as pf:
+        with parquet_file(data, whole) as pf:  # a small file parsed in memory
             schema = pf.schema_arrow
             columns = list(schema.names)
             nrows = pf.metadata.num_rows

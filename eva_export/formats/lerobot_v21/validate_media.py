@@ -24,25 +24,31 @@ from ..common.video import (
     stream_timing,
     timing_problems,
 )
+from .read_ahead import Planned
 
 
-def check_video(meta: DatasetMeta, e: int, rows: int, data_path: Path, key: str, path: Path) -> None:
+def check_video(meta: DatasetMeta, e: int, rows: int, data_path: Path, key: str, path: Path,
+                seen: Planned[video_facts.VideoFacts] | None = None) -> None:
     """Frame count against the rows, frame size against info.json, and every frame's decode and
     presentation time (demuxed, not decoded) against the table's frame i at i / fps.
 
     The count comes from the container index (the MP4 sample table, exact) when present, else
     from demuxing the packets; a truncated or garbage file is refused from its box structure.
     A file already demuxed in this process, unchanged since (video_facts), is not read again.
+    ``seen``: the file as validation's read-ahead looked it up (and maybe read it), unchanged since.
     """
     feat = meta.info.features[key]
-    fkey = video_facts.file_key(path)
-    facts = video_facts.lookup(fkey)
+    if seen is not None:
+        fkey, facts = seen.key, seen.known
+    else:
+        fkey = video_facts.file_key(path)
+        facts = video_facts.lookup(fkey)
     timing: StreamTiming | Exception | None = None
     if facts is not None and facts.fps == meta.info.fps:
         width, height, frames = facts.width, facts.height, facts.frames
     else:
         facts = None
-        width, height, frames, timing = _demux_size(e, key, path, fkey)
+        width, height, frames, timing = _demux_size(e, key, path, fkey, seen)
     if frames != rows:
         raise DatasetError(f"episode {e}: {path} ({key}) has {frames} frames but {data_path} has "
                            f"{rows} rows")
@@ -65,19 +71,23 @@ def check_video(meta: DatasetMeta, e: int, rows: int, data_path: Path, key: str,
                            f"(frame i at i / {meta.info.fps} s from 0): {'; '.join(facts.timing)}")
 
 
-def _demux_size(e: int, key: str, path: Path, fkey: FileKey | None = None
+def _demux_size(e: int, key: str, path: Path, fkey: FileKey | None = None,
+                seen: Planned[video_facts.VideoFacts] | None = None
                 ) -> tuple[int, int, int, StreamTiming | Exception | None]:
     """(width, height, frames, timing) of the file's first video stream; DatasetError naming it
     if unreadable. When the frames come from the index (no packet demuxed yet) the packet timing
     is read in the same open: its failure is returned, for check_video to raise in its turn."""
     # a small file read once for both the box tiling and the index (two opens an MP4 were
     # a tenth of a short episode's validation)
-    data = mp4_index.file_bytes(path)
+    ahead = seen.read() if seen is not None else None  # read ahead: whole, at the size looked up
+    data = ahead.data if ahead is not None else mp4_index.file_bytes(path)
     why = mp4_truncation(path) if data is None else mp4_truncation_of(data)
     if why:
         raise DatasetError(f"episode {e}: {path} ({key}) is not a complete MP4 (truncated, empty or "
                            f"garbage: {why})")
-    if data is not None:  # its digest too, for a job that links the file (fkey: before the read)
+    if ahead is not None and ahead.sha256 is not None:  # hashed by the thread that read it
+        video_facts.digest_known(fkey, ahead.sha256)
+    elif data is not None:  # its digest too, for a job that links the file (fkey: before the read)
         video_facts.digest_read(fkey, data)
     plain = mp4_index.parse(data) if data is not None else None  # None: over mp4_index's bound
     if plain is not None:  # the writer's plain shape, read from its boxes: no PyAV open
