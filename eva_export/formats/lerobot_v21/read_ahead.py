@@ -43,6 +43,9 @@ BYTES = 64 << 20
 EPISODES = 8
 #: Reading threads (each also hashes the camera files it read when the job asks for it).
 THREADS = 2
+#: An episode whose reads are smaller is read by its check: handing a few small files to a
+#: thread (and the GIL back and forth with it) cost more than reading them (600 x 4 frames).
+SMALL_BYTES = 512 << 10
 
 Ident = tuple[int, int, int, int]  # (st_dev, st_ino, st_size, st_mtime_ns), whatever its age
 T = TypeVar("T")
@@ -133,8 +136,10 @@ class ReadAhead:
     """The files of episodes ``n + 1 ..`` read while episode n is checked (``take(n)``, n in
     order); a context manager that shuts its pool down on exit."""
 
-    def __init__(self, meta: DatasetMeta, kind: str, budget: int = BYTES, window: int = EPISODES) -> None:
-        self.meta, self.kind, self.budget, self.window = meta, kind, budget, window
+    def __init__(self, meta: DatasetMeta, kind: str, budget: int | None = None, window: int | None = None) -> None:
+        self.meta, self.kind = meta, kind
+        self.budget = BYTES if budget is None else budget
+        self.window = EPISODES if window is None else window
         self.rows: list[EpisodeRow] = meta.episodes
         self.next = 0  # the first episode not planned
         self.offset = 0  # its global frame offset (the rows before it, as their checks will count them)
@@ -206,34 +211,41 @@ class ReadAhead:
         return Planned(st, key, video_facts.lookup(key))
 
     def _start(self, files: EpisodeFiles) -> bool:
-        """The reads of the files its checks would read, if the budget allows (else False)."""
+        """The reads of the files its checks would read, if the budget allows (else False: it
+        is started once the episodes before it are checked)."""
+        wanted = self._wanted(files)
+        size = sum(planned.size for planned, _, _ in wanted)
+        if size >= SMALL_BYTES and self.held and self.held + size > self.budget:
+            return False
         files.started = True
+        if size < SMALL_BYTES:
+            return True  # read by its check
+        take: list[_Wanted] = []
+        total = 0
+        for planned, path, mp4 in wanted:  # nothing else held: as much as the budget allows
+            if total + planned.size > self.budget and take:
+                break  # the rest of this episode is read by its check
+            take.append((planned, path, mp4))
+            total += planned.size
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(THREADS, thread_name_prefix="eva-read-ahead")
+        job = self.pool.submit(_read_all, [(path, p.size, mp4, self.digest and mp4) for p, path, mp4 in take],
+                               self.stop)
+        for slot, (planned, _path, _mp4) in enumerate(take):
+            planned._job, planned._slot = job, slot
+        files.held, self.held = total, self.held + total
+        return True
+
+    def _wanted(self, files: EpisodeFiles) -> list[_Wanted]:
+        """The files the episode's checks would read whole: not proved by the index, in bounds."""
         wanted: list[_Wanted] = []
         if files.table is not None and files.table.known is None and files.table.size <= IN_MEMORY_BYTES:
             wanted.append((files.table, files.data, False))
         fps = self.meta.info.fps
-        for key, seen in files.videos.items():
+        for key, seen in files.videos.items():  # check_video reads unless the facts hold at this fps
             if seen is not None and (seen.known is None or seen.known.fps != fps) and seen.size <= mp4_index.MAX_BYTES:
                 wanted.append((seen, files.video_paths[key], True))
-        take: list[_Wanted] = []
-        total = 0
-        for planned, path, mp4 in wanted:
-            if self.held + total + planned.size > self.budget and (self.held or take):
-                break  # the rest of this episode is read by its check
-            take.append((planned, path, mp4))
-            total += planned.size
-        if wanted and not take:
-            files.started = False
-            return False
-        if take:
-            if self.pool is None:
-                self.pool = ThreadPoolExecutor(THREADS, thread_name_prefix="eva-read-ahead")
-            job = self.pool.submit(_read_all, [(path, p.size, mp4, self.digest and mp4) for p, path, mp4 in take],
-                                   self.stop)
-            for slot, (planned, _path, _mp4) in enumerate(take):
-                planned._job, planned._slot = job, slot
-            files.held, self.held = total, self.held + total
-        return True
+        return wanted
 
 
 def _read_all(files: list[tuple[Path, int, bool, bool]], stop: threading.Event) -> list[Read | None]:
