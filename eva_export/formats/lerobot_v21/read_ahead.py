@@ -37,8 +37,9 @@ from ..common.records import EpisodeRow
 from ..common.table import IN_MEMORY_BYTES
 from .validate_tables import TableFacts, known_table
 
-#: Bytes read for episodes not yet checked (a single larger file is read alone).
-BYTES = 64 << 20
+#: Bytes read for episodes not yet checked (a single larger file is read alone): what the
+#: camera files' hashing held before (video_facts.DIGESTS_PENDING_BYTES), now held here.
+BYTES = 32 << 20
 #: Episodes read ahead of the one being checked, at most.
 EPISODES = 8
 #: Reading threads (each also hashes the camera files it read when the job asks for it).
@@ -91,24 +92,22 @@ class Planned(Generic[T]):
     """One file as the plan saw it: its identity, its facts index key (None: not kept), what
     the index proved of it (None: nothing, the check reads it) and the read started for it."""
 
-    __slots__ = ("_job", "_slot", "ident", "key", "known", "size")
+    __slots__ = ("_job", "ident", "key", "known", "size")
 
     def __init__(self, st: os.stat_result, key: FileKey | None, known: T | None) -> None:
         self.ident, self.key, self.known, self.size = ident(st), key, known, st.st_size
-        self._job: Future[list[Read | None]] | None = None
-        self._slot = 0
+        self._job: Future[Read | None] | None = None
 
     def read(self) -> Read | None:
         """The bytes read ahead (given once); None: not read ahead, or the read failed."""
         if self._job is None:
             return None
         try:
-            reads = self._job.result()
+            return self._job.result()
         except Exception:  # noqa: BLE001 - cancelled: the check reads the file itself
             return None
-        got, reads[self._slot] = reads[self._slot], None
-        self._job = None
-        return got
+        finally:
+            self._job = None  # the bytes are the check's now
 
 
 @dataclass
@@ -229,10 +228,8 @@ class ReadAhead:
             total += planned.size
         if self.pool is None:
             self.pool = ThreadPoolExecutor(THREADS, thread_name_prefix="eva-read-ahead")
-        job = self.pool.submit(_read_all, [(path, p.size, mp4, self.digest and mp4) for p, path, mp4 in take],
-                               self.stop)
-        for slot, (planned, _path, _mp4) in enumerate(take):
-            planned._job, planned._slot = job, slot
+        for planned, path, mp4 in take:  # a file each: the two threads share a long episode's files
+            planned._job = self.pool.submit(_read_one, path, planned.size, mp4, self.digest and mp4, self.stop)
         files.held, self.held = total, self.held + total
         return True
 
@@ -248,19 +245,16 @@ class ReadAhead:
         return wanted
 
 
-def _read_all(files: list[tuple[Path, int, bool, bool]], stop: threading.Event) -> list[Read | None]:
-    """Each file's bytes (hashed when asked), in order; None for any that cannot be read whole
-    at its planned size. Never raises: the check reads such a file itself."""
-    out: list[Read | None] = []
-    for path, size, mp4, digest in files:
-        if stop.is_set():
-            out.append(None)
-            continue
-        try:
-            # the MP4 through file_bytes (as the check reads it); the table within its bound
-            data = mp4_index.file_bytes(path) if mp4 else mp4_index.whole_file(path, IN_MEMORY_BYTES)
-            out.append(Read(data, hashlib.sha256(data).hexdigest() if digest else None)
-                       if data is not None and len(data) == size else None)
-        except Exception:  # noqa: BLE001 - left to the check, which says what is wrong
-            out.append(None)
-    return out
+def _read_one(path: Path, size: int, mp4: bool, digest: bool, stop: threading.Event) -> Read | None:
+    """The file's every byte (hashed when asked); None when it cannot be read whole at its
+    planned size, or the validation has ended. Never raises: the check reads such a file itself."""
+    if stop.is_set():
+        return None
+    try:
+        # the MP4 through file_bytes (as the check reads it); the table within its bound
+        data = mp4_index.file_bytes(path) if mp4 else mp4_index.whole_file(path, IN_MEMORY_BYTES)
+        if data is None or len(data) != size:
+            return None
+        return Read(data, hashlib.sha256(data).hexdigest() if digest else None)
+    except Exception:  # noqa: BLE001 - left to the check, which says what is wrong
+        return None
