@@ -98,6 +98,10 @@ class Planned(Generic[T]):
         self.ident, self.key, self.known, self.size = ident(st), key, known, st.st_size
         self._job: Future[Read | None] | None = None
 
+    def started(self) -> bool:
+        """Whether a read of it was started (and not yet given to the check)."""
+        return self._job is not None
+
     def read(self) -> Read | None:
         """The bytes read ahead (given once); None: not read ahead, or the read failed."""
         if self._job is None:

@@ -3,7 +3,9 @@
 ``validate_source`` reads metadata, Parquet footers and the small index columns, demuxes every
 MP4 (its timing against the table) and decodes embedded images (validate_media), so what a
 consumer's reader would fail on is refused before an export starts. Each failure is a
-``DatasetError`` naming the raw file and the raw episode index at fault.
+``DatasetError`` naming the raw file and the raw episode index at fault. The episodes are
+checked in order on the calling thread while the next ones' files are read on a small pool
+(read_ahead): the first fault is the first episode's, whatever was read ahead.
 """
 
 from __future__ import annotations

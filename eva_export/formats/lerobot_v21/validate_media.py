@@ -38,11 +38,11 @@ def check_video(meta: DatasetMeta, e: int, rows: int, data_path: Path, key: str,
     ``seen``: the file as validation's read-ahead looked it up (and maybe read it), unchanged since.
     """
     feat = meta.info.features[key]
-    if seen is not None:
+    if seen is not None and seen.started():  # its key and lookup from before the read ahead
         fkey, facts = seen.key, seen.known
-    else:
+    else:  # read here, if at all: the identity taken now, just before the read
         fkey = video_facts.file_key(path)
-        facts = video_facts.lookup(fkey)
+        facts = seen.known if seen is not None and fkey == seen.key else video_facts.lookup(fkey)
     timing: StreamTiming | Exception | None = None
     if facts is not None and facts.fps == meta.info.fps:
         width, height, frames = facts.width, facts.height, facts.frames
