@@ -143,8 +143,8 @@ def _gone_after_read_ahead(monkeypatch: pytest.MonkeyPatch, target: Path, then: 
             read.set()
         return out
 
-    def take(self: ReadAhead, n: int) -> EpisodeFiles | None:
-        files = real_take(self, n)
+    def take(self: ReadAhead, n: int, before: int | None = None) -> EpisodeFiles | None:
+        files = real_take(self, n, before)
         if n == 3:
             assert read.wait(60), "the pool never read the file"
             then()
@@ -253,3 +253,25 @@ def test_an_error_leaves_no_thread_reading(source: Path, ahead: None, monkeypatc
         validate_source(source)
     assert threads() == []
     assert {1} <= started <= {1, 2, 3}  # never more than the window ahead of the episode checked
+
+
+def test_small_episodes_are_read_by_their_checks_and_soon_not_planned(source: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under SMALL_BYTES an episode's files are read by its check; after a small episode checked,
+    the next ones are not even planned (a plan would only cost)."""
+    plain = summary(validate_source(source))
+    video_facts.forget_all()
+    monkeypatch.setattr(read_ahead, "EPISODES", 2)
+    reads = Reads(monkeypatch)
+    planned: list[int] = []
+    real_plan = ReadAhead._plan
+
+    def plan(self: ReadAhead) -> EpisodeFiles | None:
+        planned.append(self.next)
+        return real_plan(self)
+
+    monkeypatch.setattr(ReadAhead, "_plan", plan)
+    assert summary(validate_source(source)) == plain
+    assert planned == [0, 1, 2]  # the first episode and its window, before any was checked
+    assert reads.tables == [] and all(name == threading.current_thread().name for _, name in reads.mp4s)
+    assert len(reads.mp4s) == 2 * N

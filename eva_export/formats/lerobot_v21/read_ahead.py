@@ -164,15 +164,22 @@ class ReadAhead:
             self.pool.shutdown(wait=True, cancel_futures=True)
         self.planned.clear()
 
-    def take(self, n: int) -> EpisodeFiles | None:
-        """Episode n's files as planned (None: its paths are refused; the check says why), after
-        starting the reads of the next ones."""
-        if self.next == n:  # not planned ahead (the first): planned now, read by the check
+    def take(self, n: int, before: int | None = None) -> EpisodeFiles | None:
+        """Episode n's files as planned, after starting the reads of the next ones (None:
+        nothing planned, or its paths are refused; the check finds and reads them itself).
+        ``before``: the bytes of episode n - 1. After a small episode nothing more is planned
+        (the next is likely small too, and read by its check: a plan would only cost)."""
+        small = before is not None and before < SMALL_BYTES
+        if self.next == n:  # not planned ahead: planned now (read by the check), or not at all
+            if small:
+                self.next, self.offset = n + 1, self.offset + self.rows[n].length
+                return None
             self.planned.append(self._plan())
         files = self.planned.popleft()
         if files is not None:
             self.held -= files.held
-        self._fill(n)
+        if not small:
+            self._fill(n)
         return files
 
     def _fill(self, n: int) -> None:

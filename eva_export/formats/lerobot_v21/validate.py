@@ -127,9 +127,10 @@ def _check_episodes(check: SourceCheck, kind: str, camera_stats_computed: bool, 
     episodes = check.episodes
     assert isinstance(episodes, EpisodeList)
     stats = meta.episodes_stats
+    before: int | None = None  # the bytes of the episode checked last
     with ReadAhead(meta, kind) as ahead:  # the next episodes' files read while one is checked
         for n, row in enumerate(meta.episodes):  # episode_index == n: checked above
-            files = ahead.take(n)
+            files = ahead.take(n, before)
             # the stats row's checks from the digest read_meta took as it parsed the row; without
             # one, the row parsed once here for both checks (it was three parses a check)
             digest = stats.digest_of(row.episode_index) if isinstance(stats, StatsIndex) else None
@@ -147,7 +148,7 @@ def _check_episodes(check: SourceCheck, kind: str, camera_stats_computed: bool, 
             for key, vp in ep.video_paths.items():
                 check_video(meta, ep.index, ep.rows, ep.data_path, key, vp,
                             files.videos.get(key) if files is not None else None)
-            offset += ep.rows
+            offset, before = offset + ep.rows, ep.bytes
             episodes.append(ep)
 
 
