@@ -44,10 +44,16 @@ def source(built: Path, tmp_path: Path) -> Iterator[Path]:
     video_facts.forget_all()
 
 
+def force(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every episode read ahead, however small, hashed or not (by default tiny files, and any
+    file not hashed, are left to the check)."""
+    monkeypatch.setattr(read_ahead, "SMALL_BYTES", 0)
+    monkeypatch.setattr(read_ahead, "SMALL_UNHASHED_BYTES", 0)
+
+
 @pytest.fixture()
 def ahead(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every episode read ahead, however small (by default tiny files are left to the check)."""
-    monkeypatch.setattr(read_ahead, "SMALL_BYTES", 0)
+    force(monkeypatch)
 
 
 def mp4(root: Path, ep: int, cam: int = 0) -> Path:
@@ -91,7 +97,7 @@ def threads() -> list[str]:
 def test_read_ahead_or_not_the_same_check(source: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     plain = summary(validate_source(source))
     video_facts.forget_all()
-    monkeypatch.setattr(read_ahead, "SMALL_BYTES", 0)
+    force(monkeypatch)
     reads = Reads(monkeypatch)
     assert summary(validate_source(source)) == plain
     # episode 0 is read by the check itself, every later one ahead on the pool, each file once
@@ -124,7 +130,7 @@ def test_the_first_broken_episode_is_named_with_the_same_message(source: Path, f
     with pytest.raises(DatasetError) as plain:
         validate_source(source)
     video_facts.forget_all()
-    monkeypatch.setattr(read_ahead, "SMALL_BYTES", 0)
+    force(monkeypatch)
     with pytest.raises(DatasetError) as ahead:
         validate_source(source)
     assert str(ahead.value) == str(plain.value)
@@ -275,3 +281,17 @@ def test_small_episodes_are_read_by_their_checks_and_soon_not_planned(source: Pa
     assert planned == [0, 1, 2]  # the first episode and its window, before any was checked
     assert reads.tables == [] and all(name == threading.current_thread().name for _, name in reads.mp4s)
     assert len(reads.mp4s) == 2 * N
+
+
+def test_only_files_the_job_hashes_are_read_ahead(source: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain read is cheap on the validating thread: without hashing nothing is read ahead."""
+    monkeypatch.setattr(read_ahead, "SMALL_BYTES", 0)  # the hashed threshold only
+    reads = Reads(monkeypatch)
+    validate_source(source)
+    assert reads.tables == [] and {name for _, name in reads.mp4s} == {threading.current_thread().name}
+    reads.mp4s.clear()
+    validated(source, tmp_path / "jobs")  # hashed for the index: read ahead
+    assert {p for p, name in reads.mp4s if name.startswith("eva-read-ahead")} == \
+        {mp4(source, e, c) for e in range(1, N) for c in (0, 1)}
+    assert reads.tables == [table(source, e) for e in range(1, N)]
