@@ -290,13 +290,15 @@ IMPORT_SOURCES = {
     "pyarrow": "pip", "av": "pip", "mcap": "pip", "mcap_ros2": "pip", "zarr": "pip", "simplejpeg": "pip",
     # mcap's own compressors, called directly by formats/mcap_eva/chunks.py (so pinned, not left to mcap)
     "lz4": "pip", "zstandard": "pip",
+    # zarr's own zstd codec, called directly by formats/eva_store/zarr_write.py (so pinned, not left to zarr)
+    "numcodecs": "pip",
     # the mcap_foxglove format: the Foxglove camera schemas and the protobuf decoder of its verifier
     "foxglove_schemas_protobuf": "pip", "mcap_protobuf": "pip",
     # `pip install .[ray]`: only eva-export batch --ray imports it, never a node (test_core_imports)
     "ray": "optional",
 }
 PIP_NAMES = {"pyarrow": "pyarrow", "av": "av", "mcap": "mcap", "mcap_ros2": "mcap-ros2-support", "zarr": "zarr",
-             "simplejpeg": "simplejpeg", "lz4": "lz4", "zstandard": "zstandard",
+             "simplejpeg": "simplejpeg", "lz4": "lz4", "zstandard": "zstandard", "numcodecs": "numcodecs",
              "foxglove_schemas_protobuf": "foxglove-schemas-protobuf", "mcap_protobuf": "mcap-protobuf-support"}
 
 
