@@ -20,6 +20,7 @@ import struct
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
+from typing import BinaryIO
 
 from . import mp4_reuse
 from .mp4_sps import avcc_size
@@ -73,10 +74,7 @@ def file_bytes(path: Path) -> bytes | None:
         if st.st_size > MAX_BYTES:
             return None
         with open(path, "rb") as fh:
-            # read(n) allocates n bytes first: the stated size, then anything it grew by since
-            data = fh.read(st.st_size + 1)
-            if len(data) > st.st_size:
-                data += fh.read(MAX_BYTES + 1 - len(data))
+            data = _read_to_end(fh, st.st_size, MAX_BYTES)
     except OSError:
         return None
     mp4_reuse.read_done(st, data)  # a second reader of the unchanged file may reuse its parse
@@ -97,12 +95,19 @@ def whole_file(path: Path, bound: int) -> bytes | None:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_size > bound:
                 return None
-            data = fh.read(st.st_size + 1)
-            if len(data) > st.st_size:  # grown since the fstat: the rest, still bounded
-                data += fh.read(bound + 1 - len(data))
+            data = _read_to_end(fh, st.st_size, bound)
     except OSError:
         return None
     return data if len(data) <= bound else None
+
+
+def _read_to_end(fh: BinaryIO, size: int, bound: int) -> bytes:
+    """The rest of a file stated to hold ``size`` bytes, at most ``bound`` + 1 of them. read(n)
+    allocates n bytes first: the stated size, then anything the file grew by since its stat."""
+    data = fh.read(size + 1)
+    if len(data) > size:
+        data += fh.read(bound + 1 - len(data))
+    return data
 
 
 def parse(data: bytes) -> Mp4Facts | None:

@@ -17,19 +17,18 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
+from .facts_index import FileKey
+from .video_facts import key_of
+
 BUDGET = 4 << 20  # estimated bytes of kept parses
 MAX_FILE = 1 << 20  # the v3 probe keeps the packets of files up to this size (probe.KEEP_FILE_BYTES)
-RACY_MARGIN_NS = 2_000_000_000  # video_facts': a file modified this recently may change unseen
-
-Key = tuple[int, int, int, int]  # (st_dev, st_ino, st_size, st_mtime_ns)
 
 _lock = threading.Lock()
 _users = 0
-_kept: dict[Key, tuple[Any, int]] = {}  # parse, its estimated bytes
+_kept: dict[FileKey, tuple[Any, int]] = {}  # parse, its estimated bytes
 _used = 0
 _last = threading.local()  # this thread's last read: .key, .data
 
@@ -57,23 +56,20 @@ def keeping(on: bool = True) -> Iterator[None]:
 
 def read_done(st: os.stat_result, data: bytes) -> None:
     """``data`` was read whole from the file whose stat before the read was ``st``."""
-    if (_users and len(data) == st.st_size and len(data) <= MAX_FILE
-            and st.st_mtime_ns <= time.time_ns() - RACY_MARGIN_NS):
-        _last.key, _last.data = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), data
-    else:
-        _last.key = _last.data = None
+    key = key_of(st) if _users and len(data) == st.st_size and len(data) <= MAX_FILE else None
+    _last.key, _last.data = (key, data) if key is not None else (None, None)
 
 
-def _of(data: bytes) -> Key | None:
+def _of(data: bytes) -> FileKey | None:
     """The identity of the file ``data`` was read from, if this thread's last read."""
     if getattr(_last, "data", None) is not data:
         return None
-    key: Key | None = _last.key
+    key: FileKey | None = _last.key
     _last.key = _last.data = None
     return key
 
 
-def taken(data: bytes) -> tuple[Key | None, Any]:
+def taken(data: bytes) -> tuple[FileKey | None, Any]:
     """(the file's identity, its kept parse or None) for ``data`` just read by this thread."""
     global _used
     key = _of(data)
@@ -87,7 +83,7 @@ def taken(data: bytes) -> tuple[Key | None, Any]:
         return None, found[0]
 
 
-def keep(key: Key | None, parsed: Any, frames: int) -> None:
+def keep(key: FileKey | None, parsed: Any, frames: int) -> None:
     """Keep ``parsed`` (of ``frames`` samples) for ``key``'s second reader, if there is room."""
     global _used
     if key is None:
