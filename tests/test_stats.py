@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import json
-import random
-
 import numpy as np
-import pytest
 
 from eva_export.formats.common import stats as S
 
@@ -134,50 +130,6 @@ def test_finite_entry_answers_as_each_stat_checked_on_its_own() -> None:
         assert S.finite_entry(entry) is _finite_per_stat(entry), entry
     assert S.entry_count({"count": [7]}) == 7.0 and S.entry_count({"count": [[3]]}) == 3.0
     assert S.entry_count({"count": ["x"]}) == 0.0 and S.entry_count({"count": []}) == 0.0
-
-
-def _entry(shape: tuple[int, ...], rnd: random.Random, quantiles: bool) -> dict[str, object]:
-    def values() -> list[object]:
-        picks = [0.0, -0.0, 1.0, rnd.randint(-3, 3), rnd.uniform(-5, 5) * 10.0 ** rnd.randint(-3, 3)]
-        flat = [rnd.choice(picks) for _ in range(int(np.prod(shape)))]
-        return np.array(flat, dtype=object).reshape(shape).tolist()  # type: ignore[no-any-return]
-
-    std = np.abs(np.array(values(), dtype=np.float64)).tolist()
-    e: dict[str, object] = {"min": values(), "max": values(), "mean": values(), "std": std,
-                            "count": [rnd.choice([0, 1, 4, 300])]}
-    if quantiles:
-        e.update({q: values() for q in S.QUANTILES})
-    return e
-
-
-def test_stats_sum_python_float_path_gives_the_numpy_update_bits(monkeypatch: pytest.MonkeyPatch) -> None:
-    """StatsSum's running sums in Python floats give the bytes of its numpy update: signed
-    zeros and equal minima, integers, a missing quantile, a count of 0 and a shape change."""
-    from eva_export.export import assemble
-
-    rnd = random.Random(11)
-    streams = []
-    for _ in range(300):
-        stream = []
-        for _ in range(rnd.randint(1, 8)):
-            shapes = {"s": (6,), "t": (1,), "cam": (3, 1, 1)}
-            if rnd.random() < 0.05:
-                shapes["s"] = (2,)
-            stream.append({k: _entry(sh, rnd, rnd.random() < 0.9) for k, sh in shapes.items()})
-        streams.append(stream)
-
-    def pooled() -> list[str]:
-        out = []
-        for stream in streams:
-            try:
-                out.append(json.dumps(assemble.aggregate_stream(stream)))
-            except ValueError as exc:  # shapes that do not broadcast: refused the same way
-                out.append(str(exc))
-        return out
-
-    fast = pooled()
-    monkeypatch.setattr(assemble._FlatSum, "first", classmethod(lambda cls, st, c: None))
-    assert fast == pooled()
 
 
 def test_assembly_usable_check_answers_as_usable_entry() -> None:

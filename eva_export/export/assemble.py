@@ -11,7 +11,6 @@ which needs no list of the episodes).
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -38,8 +37,6 @@ class _Feature:
     quantiles: dict[str, Array] | None = field(default_factory=dict)  # count-weighted sums; None once one lacks it
     shape: tuple[int, ...] | None = None  # of the first entry seen (for empty_stats)
 
-    flat: _FlatSum | None = None  # the running sums as Python floats (``_FlatSum``), until they cannot be
-
     def add(self, st: dict[str, Any]) -> None:
         if self.shape is None:
             self.shape = entry_shape(st)
@@ -47,26 +44,7 @@ class _Feature:
         if not usable:  # no finite row in that episode: it adds nothing (dataset.stats)
             return
         c = float(np.asarray(st["count"]).reshape(-1)[0])
-        if self.mean is None:  # no numpy sums yet: the Python-float ones, while they can be
-            if self.flat is None:
-                self.flat = _FlatSum.first(rows, c)
-                if self.flat is not None:
-                    return
-            elif self.flat.add(rows, c):
-                return
-            self._from_flat()
         self._add_arrays(st, c, rows)
-
-    def _from_flat(self) -> None:
-        """The Python-float sums as the arrays the numpy update continues from (the same values)."""
-        f, self.flat = self.flat, None
-        if f is None:
-            return
-
-        def arr(v: list[float]) -> Array:
-            return np.array(v, dtype=np.float64).reshape(f.shape)
-        self.count, self.mean, self.m2, self.low, self.high = f.count, arr(f.mean), arr(f.m2), arr(f.low), arr(f.high)
-        self.quantiles = None if f.quantiles is None else {q: arr(v) for q, v in f.quantiles.items()}
 
     def _add_arrays(self, st: dict[str, Any], c: float, rows: Array | None) -> None:
         if rows is not None:  # the same float64 values, converted in one call
@@ -94,7 +72,6 @@ class _Feature:
                     self.quantiles[q] = self.quantiles[q] + val if q in self.quantiles else val
 
     def result(self) -> dict[str, Any] | None:
-        self._from_flat()
         if self.count <= 0 or self.mean is None or self.m2 is None or self.low is None or self.high is None:
             return None if self.shape is None else empty_stats(self.shape)
         out: dict[str, Any] = {"min": self.low.tolist(), "max": self.high.tolist(), "mean": self.mean.tolist(),
@@ -103,74 +80,6 @@ class _Feature:
         for q, total in (self.quantiles or {}).items():
             out[q] = (total / self.count).tolist()
         return out
-
-
-def _flat_stats(rows: Array | None) -> tuple[tuple[int, ...], list[list[float]], list[list[float]] | None] | None:
-    """(shape, [mean, std, min, max], the quantiles when all are there) as Python floats: the
-    float64 values of ``stacked_stats``' rows (``tolist``), or None."""
-    if rows is None or rows.ndim < 2 or rows.size == 0:
-        return None
-    values: list[list[float]] = rows.reshape(len(rows), -1).tolist()
-    return tuple(rows.shape[1:]), values[:4], values[4:] if len(values) > 4 else None
-
-
-def _pick(old: list[float], new: list[float], lower: bool) -> list[float] | None:
-    """np.minimum / np.maximum of finite values; None at a 0.0 against a -0.0 (numpy's choice)."""
-    out = []
-    for a, b in zip(old, new, strict=True):
-        if a == b:
-            if a == 0.0 and math.copysign(1.0, a) != math.copysign(1.0, b):
-                return None
-            out.append(a)  # equal and not zeros of two signs: the same bits
-        else:
-            out.append((b if b < a else a) if lower else (b if b > a else a))
-    return out
-
-
-class _FlatSum:
-    """A feature's running sums as Python floats, element by element: the same IEEE double
-    operations in the same order as ``_Feature``'s numpy update (``x * x`` for ``** 2``, as
-    numpy squares), so the same bits, without about twenty numpy calls per feature and episode
-    (most of assembly's cost). Kept while every entry has one shape of plain numbers and no
-    min or max meets a 0.0 against a -0.0; then the numpy update takes over from these sums."""
-
-    def __init__(self, shape: tuple[int, ...], count: float, mean: list[float], m2: list[float],
-                 low: list[float], high: list[float], quantiles: dict[str, list[float]] | None) -> None:
-        self.shape, self.count, self.mean, self.m2, self.low, self.high = shape, count, mean, m2, low, high
-        self.quantiles = quantiles
-
-    @classmethod
-    def first(cls, rows: Array | None, c: float) -> _FlatSum | None:
-        got = _flat_stats(rows)
-        if got is None:
-            return None
-        shape, (mean, std, low, high), qs = got
-        quantiles = None if qs is None else {q: [x * c for x in v] for q, v in zip(QUANTILES, qs, strict=True)}
-        return cls(shape, c, mean, [(x * x) * c for x in std], low, high, quantiles)
-
-    def add(self, rows: Array | None, c: float) -> bool:
-        """The entry added (True), or nothing changed (False: the numpy update adds it)."""
-        got = _flat_stats(rows)
-        if got is None or got[0] != self.shape:
-            return False
-        _, (mean, std, low, high), qs = got
-        lows, highs = _pick(self.low, low, True), _pick(self.high, high, False)
-        if lows is None or highs is None:
-            return False
-        total = self.count + c
-        if total > 0:
-            w1, w2 = c / total, self.count * c / total
-            deltas = [x - m for x, m in zip(mean, self.mean, strict=True)]
-            self.m2 = [m2 + (s * s) * c + (d * d) * w2 for m2, s, d in zip(self.m2, std, deltas, strict=True)]
-            self.mean = [m + d * w1 for m, d in zip(self.mean, deltas, strict=True)]
-        self.count, self.low, self.high = total, lows, highs
-        if self.quantiles is not None:
-            if qs is None:
-                self.quantiles = None
-            else:
-                self.quantiles = {q: [t + x * c for t, x in zip(self.quantiles[q], v, strict=True)]
-                                  for q, v in zip(QUANTILES, qs, strict=True)}
-        return True
 
 
 class StatsSum:
