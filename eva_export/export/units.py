@@ -81,14 +81,9 @@ def unit_files(staging: Path, p: PlannedEpisode, info: DatasetInfo) -> tuple[Pat
 def write_text(path: Path, text: str) -> None:
     """Write then rename: a killed process leaves the old file or the new one (no fsync)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-    try:
-        set_file_mode(fd)  # meta files get the data files' mode (whatever the umask)
-        data = text.encode("utf-8")
-        while data:
-            data = data[os.write(fd, data):]
-    finally:
-        os.close(fd)
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE), "wb") as fh:
+        set_file_mode(fh.fileno())  # meta files get the data files' mode (whatever the umask)
+        fh.write(text.encode("utf-8"))
     os.replace(tmp, path)
 
 
