@@ -113,7 +113,11 @@ class JsonlStream:
         self._fh = open(self.tmp, "w", encoding="utf-8")  # noqa: SIM115 - closed by commit
 
     def write(self, row: dict[str, Any]) -> None:
-        self._fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+        self.write_line(json.dumps(row, ensure_ascii=False))
+
+    def write_line(self, text: str) -> None:
+        """A row's JSON text, already encoded as ``write`` encodes it."""
+        self._fh.write(text + "\n")
 
     def commit(self) -> None:
         self._fh.close()

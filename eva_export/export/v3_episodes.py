@@ -55,7 +55,7 @@ def write_native_meta(out: Path, items: PlanList, info: DatasetInfo, tasks: list
     writes them (statistics follow once the episodes are converted: ``write_stats``)."""
     (out / "meta").mkdir(parents=True, exist_ok=True)
     rows: list[EpisodeRow] = []
-    episodes = _Lines(out / EPISODES)
+    episodes = JsonlStream(out / EPISODES)
     try:
         for p in items:
             # the split's unit record round trip (JSON) is what its episodes.jsonl row is made of;
@@ -86,7 +86,7 @@ class NativeStats:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.lines = _Lines(root / EPISODES_STATS)
+        self.lines = JsonlStream(root / EPISODES_STATS)
 
     def add(self, episode_index: int, stats_json: str) -> None:
         """The line ``{"episode_index": i, "stats": stats}`` as JsonlStream.write encodes it,
@@ -106,11 +106,6 @@ class NativeStats:
 
     def discard(self) -> None:
         self.lines.discard()
-
-
-class _Lines(JsonlStream):
-    def write_line(self, text: str) -> None:
-        self._fh.write(text + "\n")
 
 
 def native_row(p: PlannedEpisode) -> dict[str, Any]:
