@@ -41,7 +41,7 @@ from numpy.typing import NDArray
 from ...confine import confined
 from ...errors import ExportError, UnsafeNameError, VideoError
 from ...fsutil import atomic_write_json, fsync_dir
-from ...manifest import record_written
+from ...manifest import record_written, sha256_file
 from ..common.exporter import Progress, VerifyReport
 from ..common.images import Prefetch
 from ..common.meta import INFO, DatasetMeta
@@ -68,7 +68,7 @@ from .records import (
     ShardSpec,
     shard_id_of,
 )
-from .shard_files import RecordWriter, ShardFiles, sha256_file
+from .shard_files import RecordWriter, ShardFiles
 from .verify import verify_store
 
 FORMAT = "eva_store"

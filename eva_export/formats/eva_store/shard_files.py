@@ -13,14 +13,6 @@ import numpy as np
 from .records import BlockSpec
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 class ShardFiles:
     """The SHA-256 of each file a shard writes, in write order (its ShardRecord's ``files``)."""
 
@@ -28,7 +20,11 @@ class ShardFiles:
         self.digests: list[tuple[str, str]] = []
 
     def add(self, rel: str, data: bytes) -> None:
-        self.digests.append((rel, hashlib.sha256(data).hexdigest()))
+        self.hashed(rel, hashlib.sha256(data).hexdigest())
+
+    def hashed(self, rel: str, sha256: str) -> None:
+        """A file hashed as it was written, in parts."""
+        self.digests.append((rel, sha256))
 
 
 class RecordWriter:
@@ -56,7 +52,7 @@ class RecordWriter:
         np.save(buf, np.asarray(self.offsets, np.int64), allow_pickle=False)
         with open(self.offsets_path, "wb") as fh:
             fh.write(buf.getvalue())
-        self.files.digests.append((self.rel, self._sha.hexdigest()))
+        self.files.hashed(self.rel, self._sha.hexdigest())
         self.files.add(self.offsets_rel, buf.getvalue())
 
     @property
