@@ -150,4 +150,3 @@ def test_frame_slots_are_the_fraction_arithmetic_of_lerobots_tolerance() -> None
             i = round(t * tb * fps)
             want.append((i, abs(t * tb - Fraction(i, fps)) <= Fraction(1, 10000)))
         assert v3_probe.frame_slots(ticks, tb, fps) == want, (tb, fps)
-        assert [v3_probe.frame_slot(t, tb, fps) for t in ticks] == want

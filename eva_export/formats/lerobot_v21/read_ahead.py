@@ -38,7 +38,7 @@ from ..common.facts_index import FileKey
 from ..common.meta import DatasetMeta
 from ..common.records import EpisodeRow
 from ..common.table import IN_MEMORY_BYTES
-from .validate_tables import TableFacts, known_table
+from .validate_tables import TableFacts, known_table, table_key
 
 #: Bytes read for episodes not yet checked (a single larger file is read alone): what the
 #: camera files' hashing held before (video_facts.DIGESTS_PENDING_BYTES), now held here.
@@ -218,7 +218,7 @@ class ReadAhead:
         st = regular(data)
         if st is None:
             return None
-        key = video_facts.key_of(st) if self.kind else None  # validate_tables.table_key's
+        key = table_key(st, self.kind)
         return Planned(st, key, known_table(key, row, offset, self.kind, self.meta))
 
     def _video(self, path: Path) -> Planned[video_facts.VideoFacts] | None:

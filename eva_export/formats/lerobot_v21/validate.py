@@ -38,14 +38,13 @@ from ..common.records import CODEBASE_V21, FORMAT_V21, EpisodeRow, EpisodeStats
 from ..common.source_rules import SMALL_COLUMNS, SourceEpisode, check_columns, check_info, cut, raw_info
 from ..common.stats import complete_stats
 from ..common.stats_index import StatsIndex
-from ..common import video_facts
 from ..common.table import parquet_file
 from ..common.facts_index import FileKey
 from ..common.sidecar import SIDECAR
 from ..common.source import SourceCheck
 from .read_ahead import EpisodeFiles, ReadAhead, episode_paths, regular
 from .validate_media import check_images, check_video
-from .validate_tables import TableFacts, known_table, remember_table, table_kind
+from .validate_tables import TableFacts, known_table, remember_table, table_key, table_kind
 
 REQUIRED_COLUMNS = ("episode_index", "index")
 
@@ -287,7 +286,7 @@ def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: di
     if seen is not None:
         tkey, known = seen.key, seen.known
     else:  # the identity before the read: a file changed after it is not remembered
-        tkey = video_facts.key_of(data_st) if kind else None
+        tkey = table_key(data_st, kind)
         known = known_table(tkey, row, offset, kind, meta)
     if known is not None:
         nrows, columns, tasks, schema = known.rows, known.columns, known.tasks, None

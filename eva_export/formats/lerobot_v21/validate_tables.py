@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..common import video_facts
 from ..common.facts_index import FileKey
@@ -63,9 +63,10 @@ def _kind(base: str, row: EpisodeRow, offset: int) -> str:
     return f"{base}:{row.episode_index}:{row.length}:{offset}:{tasks}"
 
 
-def table_key(data: Path, kind: str) -> FileKey | None:
-    """The table's identity, taken before it is read (None: no index, or too fresh to keep)."""
-    return video_facts.file_key(data) if kind else None
+def table_key(st: os.stat_result, kind: str) -> FileKey | None:
+    """The table's identity from its stat taken before it is read (None: no index, or too
+    fresh to keep)."""
+    return video_facts.key_of(st) if kind else None
 
 
 def known_table(key: FileKey | None, row: EpisodeRow, offset: int, kind: str,

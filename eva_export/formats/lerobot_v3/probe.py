@@ -87,15 +87,10 @@ def round_div(a: int, b: int) -> int:
     return q
 
 
-def frame_slot(ticks: int, tb: Fraction, fps: int) -> tuple[int, bool]:
-    """The frame number ``ticks`` (since the first frame) is closest to, and whether it is
-    within LeRobot's tolerance of that frame's time: |ticks*tb - i/fps| <= 1/10000."""
-    return frame_slots((ticks,), tb, fps)[0]
-
-
 def frame_slots(ticks: Iterable[int], tb: Fraction, fps: int) -> list[tuple[int, bool]]:
-    """``frame_slot`` of each of ``ticks``, the time base's parts read once (per packet, they
-    were most of placing a long episode)."""
+    """For each of ``ticks`` (since the first frame): the frame number it is closest to, and
+    whether it is within LeRobot's tolerance of that frame's time: |ticks*tb - i/fps| <= 1/10000.
+    The time base's parts are read once (per packet, they were most of placing a long episode)."""
     num, den = tb.numerator * fps, tb.denominator
     tolerance = den * fps
     out: list[tuple[int, bool]] = []
