@@ -129,3 +129,13 @@ def complete_stats(root: Path) -> None:
         rows.append({"episode_index": ep.episode_index, "stats": st})
     (root / "meta/episodes_stats.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (root / "meta/stats.json").write_text(json.dumps(S.aggregate(r["stats"] for r in rows)))
+
+
+def without_keys(value: Any, keys: set[str]) -> Any:
+    """A decoded JSON value with the members named ``keys`` dropped at every depth (the values
+    that differ between two runs of one export: job ids, times)."""
+    if isinstance(value, dict):
+        return {k: without_keys(x, keys) for k, x in value.items() if k not in keys}
+    if isinstance(value, list):
+        return [without_keys(x, keys) for x in value]
+    return value

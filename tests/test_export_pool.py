@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 import pytest
-from dsfactory import Ep, make_dataset
+from dsfactory import Ep, make_dataset, without_keys
 from export_faults import faulty_service
 
 from eva_export import pool
@@ -52,14 +52,6 @@ def _service(log_dir: Path, workers: int, **kw: Any) -> ExportService:
     return faulty_service(cfg, background=False, recover=False, **kw)
 
 
-def _strip(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {k: _strip(x) for k, x in v.items() if k not in VOLATILE}
-    if isinstance(v, list):
-        return [_strip(x) for x in v]
-    return v
-
-
 def _content(root: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for p in sorted(root.rglob("*")):
@@ -78,9 +70,9 @@ def _content(root: Path) -> dict[str, Any]:
                     text = text.replace(str(marker[key]), f"<{key}>")
             out[rel] = text
         elif p.suffix == ".json":
-            out[rel] = _strip(json.loads(p.read_text()))
+            out[rel] = without_keys(json.loads(p.read_text()), VOLATILE)
         elif p.suffix == ".jsonl":
-            out[rel] = [_strip(json.loads(line)) for line in p.read_text().splitlines() if line]
+            out[rel] = [without_keys(json.loads(line), VOLATILE) for line in p.read_text().splitlines() if line]
         else:
             out[rel] = p.read_bytes()
     return out

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from dsfactory import Ep, make_dataset
+from dsfactory import Ep, make_dataset, without_keys
 from export_faults import faulty_service
 
 from eva_export.config import parse_config
@@ -33,14 +33,6 @@ from eva_export.manifest import MANIFEST_FILE
 pytestmark = pytest.mark.timeout(600)
 
 VOLATILE = {"job_id", "created_at"}
-
-
-def _strip(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {k: _strip(x) for k, x in v.items() if k not in VOLATILE}
-    if isinstance(v, list):
-        return [_strip(x) for x in v]
-    return v
 
 
 def _tree(root: Path) -> dict[str, Any]:
@@ -62,7 +54,7 @@ def _tree(root: Path) -> dict[str, Any]:
                 text = text.replace(str(marker[key]), f"<{key}>")
             out[rel] = text
         elif rel.endswith("quality_split.json"):
-            out[rel] = _strip(json.loads(p.read_text()))
+            out[rel] = without_keys(json.loads(p.read_text()), VOLATILE)
         else:
             out[rel] = p.read_bytes()
         out[rel + " (mode)"] = p.stat().st_mode
