@@ -220,6 +220,31 @@ def projected_rest_s(wall_s: float, waited_s: float, done: int, left: int) -> fl
     return max(0.0, wall_s - waited_s) / max(1, done) * left
 
 
+class SerialMeter:
+    """Auto mode's measure of units run in the caller: after each, whether the rest, projected
+    from the ones done, stays under the serial budget."""
+
+    def __init__(self) -> None:
+        self.done = 0
+        self._mark()
+
+    def _mark(self) -> None:
+        self.t0, self.w0, self.c0 = time.perf_counter(), run_delay_s(), time.thread_time()
+
+    def still_cheap(self, left: int) -> bool:
+        """One more unit done, ``left`` to go: keep running them in the caller?"""
+        self.done += 1
+        wall, waited = time.perf_counter() - self.t0, run_delay_s() - self.w0
+        rest = projected_rest_s(wall, waited, max(1, self.done - 1), left)
+        budget = serial_budget_s(wall - waited, time.thread_time() - self.c0)  # a wait for a core is not I/O
+        if self.done == 1:
+            # The first unit pays the cold start (lazy imports, caches): it only decides when it
+            # is clearly heavy; the units after it are the measure.
+            self._mark()
+            return rest <= 4 * budget
+        return rest <= budget
+
+
 class LocalPool:
     """``workers`` worker processes on this machine, started on first use, reused across
     units and subsets of one export (a worker starts in ~0.3-1 s: the imports).
@@ -239,25 +264,21 @@ class LocalPool:
         self._spawner = ThreadPoolExecutor(1, thread_name_prefix="pool-spawner")
         self.serial_units = 0  # units the auto mode ran in the caller (tests, benchmarks)
 
+    @property
+    def serial_first(self) -> bool:
+        """Auto mode with no worker started yet: units run in the caller while cheap."""
+        return self.auto and not self._procs
+
     def _run_serial_while_cheap(self, units: Sequence[Unit], on_done: Done) -> int:
         """Run units in the caller while the projected rest is cheap; returns how many ran."""
-        t0, w0, c0 = time.perf_counter(), run_delay_s(), time.thread_time()
+        meter = SerialMeter()
         done = 0
         while done < len(units):
             u = units[done]
             on_done(u, u.fn(*u.args))  # as serial mode: exceptions propagate unchanged
             done += 1
             self.serial_units += 1
-            wall, waited = time.perf_counter() - t0, run_delay_s() - w0
-            rest = projected_rest_s(wall, waited, max(1, done - 1), len(units) - done)
-            budget = serial_budget_s(wall - waited, time.thread_time() - c0)  # a wait for a core is not I/O
-            if done == 1:
-                # The first unit pays the cold start (lazy imports, caches): it only decides when
-                # it is clearly heavy; the units after it are the measure.
-                t0, w0, c0 = time.perf_counter(), run_delay_s(), time.thread_time()
-                if rest > 4 * budget:
-                    break
-            elif rest > budget:
+            if not meter.still_cheap(len(units) - done):
                 break
         return done
 
@@ -269,8 +290,9 @@ class LocalPool:
         while len(self._procs) < n:
             self._procs.append(self._spawner.submit(_Worker, env).result())
 
-    def prestart(self) -> None:
-        self._start(self.workers)
+    def prestart(self, n: int | None = None) -> None:
+        """Start ``n`` workers (default: all) now, before any unit asks for them."""
+        self._start(self.workers if n is None else max(1, min(n, self.workers)))
 
     def run(self, units: Sequence[Unit], on_done: Done) -> None:
         # Units are taken by position as workers free up, never listed: a lazy sequence

@@ -21,6 +21,7 @@ import pytest
 from dsfactory import Ep, make_dataset, without_keys
 from export_faults import faulty_service
 
+from eva_export import pool
 from eva_export.config import parse_config
 from eva_export.export.paths import ExportPaths
 from eva_export.formats.common.card import CARD_FILE
@@ -117,6 +118,31 @@ def test_direct_job_publishes_what_the_native_path_publishes(tmp_path: Path, sha
     if shards:  # small shards: several files of each stream
         assert len(list((pair / "accepted/data").rglob("*.parquet"))) > 2
         assert len(list((pair / "accepted/videos").rglob("*.mp4"))) > 4
+
+
+@pytest.mark.parametrize("cheap", [True, False], ids=["read-by-the-writer", "handed-to-workers"])
+def test_direct_job_on_an_auto_pool_reads_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   cheap: bool) -> None:
+    """export.workers 0 (auto): the writer reads the episodes' batches itself while the pool's
+    measure calls the rest cheap, and hands the rest to worker processes once it does not (the
+    measure is fixed here, not timed): the same published pair either way, and workers started
+    only in the second case."""
+    started: list[int] = []
+    start = pool.LocalPool._start
+
+    def counted(self: pool.LocalPool, n: int) -> None:
+        started.append(n)
+        start(self, n)
+
+    monkeypatch.setattr(pool, "default_workers", lambda: 2)  # a pool on a one-core machine too
+    monkeypatch.setattr(pool.LocalPool, "_start", counted)
+    monkeypatch.setattr(pool.SerialMeter, "still_cheap", lambda self, left: cheap)
+    old, _, new, new_job, _ = _both(tmp_path, _eps(14), {"v3_data_file_mb": 0.002, "v3_video_file_mb": 0.002,
+                                                         "direct_workers": 0})
+    assert sorted(old) == sorted(new)
+    assert [k for k in old if old[k] != new[k]] == []
+    assert new_job.episodes_done == 14
+    assert (max(started, default=0) > 0) == (not cheap)
 
 
 def test_direct_job_video_frames_decode_as_the_source(tmp_path: Path) -> None:
