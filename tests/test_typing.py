@@ -131,7 +131,7 @@ MODULES = [
     "eva_export.formats.lerobot_v21.validate_media",
     "eva_export.formats.lerobot_v21.read_ahead",
     "eva_export.formats.common.mp4_index",
-    "eva_export.formats.common.mp4_reuse",
+    "eva_export.formats.common.reuse",
     "eva_export.formats.common.mp4_sps",
     "eva_export.formats.common.video_facts",
     "eva_export.formats.common.facts_index",

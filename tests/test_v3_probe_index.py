@@ -15,7 +15,7 @@ from av.video.stream import VideoStream
 from short_videos import encode_bframes, textured
 from test_mp4_index import SHAPES, mutations, without_edit_list, write
 
-from eva_export.formats.common import mp4_index, mp4_reuse
+from eva_export.formats.common import mp4_index, reuse
 from eva_export.formats.common.video import VideoSettings
 from eva_export.formats.lerobot_v3 import probe as v3_probe
 from eva_export.formats.lerobot_v3.probe import Probe, index_probe
@@ -92,7 +92,7 @@ def test_other_files_go_to_pyav(tmp_path: Path) -> None:
 
 def test_a_second_read_of_an_unchanged_file_reuses_its_parse_within_a_bound(
         originals: list[tuple[bytes, int]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """mp4_reuse: validation's parse answers the writer's probe of the same unchanged file (once,
+    """reuse: validation's parse answers the writer's probe of the same unchanged file (once,
     the same probe as a fresh parse), never a changed file's, and only while there is room."""
     parsed: list[int] = []
     real = mp4_index._parse
@@ -103,9 +103,11 @@ def test_a_second_read_of_an_unchanged_file_reuses_its_parse_within_a_bound(
         p.write_bytes(data)
         os.utime(p, ns=(1_000_000_000, 1_000_000_000))  # old enough to be trusted unchanged
     fresh = index_probe(paths[0], fps)
-    one = mp4_reuse.keeping
-    monkeypatch.setattr(mp4_reuse, "BUDGET", 2 * (512 + 160 * len(fresh.packets or ())))  # room for two
-    with one():
+    monkeypatch.setitem(reuse.BUDGETS, reuse.PARSE, 2 * (512 + 160 * len(fresh.packets or ())))  # room for two
+    with reuse.keeping():  # tables and statistics rows only: no MP4 parse kept
+        assert mp4_index.parse(mp4_index.file_bytes(paths[0]) or b"") is not None
+        assert not reuse._kept
+    with reuse.keeping(parses=True):
         for p in paths:  # validation's reads
             assert mp4_index.parse(mp4_index.file_bytes(p) or b"") is not None
         parsed.clear()
@@ -116,8 +118,8 @@ def test_a_second_read_of_an_unchanged_file_reuses_its_parse_within_a_bound(
         index_probe(paths[2], fps)
         assert len(parsed) == 2  # over the bound: never kept
         assert index_probe(paths[0], fps) == fresh and len(parsed) == 3  # handed out once
-    with one():
-        assert not mp4_reuse._kept  # dropped when the job ended
+    with reuse.keeping(parses=True):
+        assert not reuse._kept  # dropped when the job ended
 
 
 def test_file_bytes_reads_what_a_file_grew_by_since_its_stat(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

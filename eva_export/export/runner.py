@@ -32,7 +32,7 @@ from .. import confine
 from ..config import Config
 from ..confine import resolve_in_roots
 from ..errors import ConfigError, EvaError, ExportError
-from ..formats.common import mp4_reuse, video_facts
+from ..formats.common import reuse, video_facts
 from ..formats.common.exporter import Exporter, Progress
 from ..formats.common.facts_index import FactsIndex
 from ..formats.common.nonfinite import NonFinitePolicy, check_accepted, record_kept, scan_subset
@@ -199,9 +199,10 @@ class ExportService:
         # it; a dataset's export tree is not touched by a refused source.
         index = FactsIndex(self.config.export.jobs_dir)
         try:
-            # the direct v3 writer's probes reuse validation's parse of each small camera MP4
+            # the writers take validation's reads of the first episodes (tables, statistics rows;
+            # the direct v3 writer's probes each small camera MP4's parse) instead of reading again
             with (self._unit_pool(), video_facts.use_index(index), confine.checked_dirs(),
-                  mp4_reuse.keeping(request.spec.name == "lerobot_v3")):
+                  reuse.keeping(parses=request.spec.name == "lerobot_v3")):
                 return self._export_job(job_id, request)
         finally:
             index.close()

@@ -99,9 +99,9 @@ def _scan(path: Path, required: bool, parse: Callable[[dict[str, object]], T], k
 
 
 def _stats_index(path: Path, digest: Callable[[EpisodeStats], int] | None = None,
-                 limit: int | None = None) -> StatsIndex:
+                 limit: int | None = None, keep: bool = False) -> StatsIndex:
     """episodes_stats.jsonl checked line by line, kept as spans (an empty index when absent)."""
-    index = StatsIndex(digest)
+    index = StatsIndex(digest, keep)
     _scan(path, False, EpisodeStats.from_dict, index.note, lambda: index.scan(path, limit))
     return index
 
@@ -181,16 +181,17 @@ def _size(value: object) -> int:
         return -1  # ragged or not numeric: never the declared size
 
 
-def read_meta(root: Path, stats: bool = True, digest: bool = False) -> DatasetMeta:
+def read_meta(root: Path, stats: bool = True, digest: bool = False, keep_rows: bool = False) -> DatasetMeta:
     """Load info, episodes, tasks and per-episode stats; each failure names its file.
 
     ``stats=False``: episodes_stats.jsonl is not read (``episodes_stats`` empty), for a reader
     of the rows and tables only: its every line parsed and checked is most of read_meta's cost.
-    ``digest``: each stats row's ``stats_digest`` kept (for validate_source)."""
+    ``digest``: each stats row's ``stats_digest`` kept (for validate_source); ``keep_rows``: the
+    parsed rows kept for an export job's one reader of each (stats_index.StatsIndex)."""
     root = Path(root)
     info = read_info(root)
     episodes = [r for _, r in _rows(root / EPISODES, True, EpisodeRow.from_dict)]
     tasks = [r for _, r in _rows(root / TASKS, False, TaskRow.from_dict)]
     return DatasetMeta(root=root, info=info, episodes=episodes, tasks=tasks,
                        episodes_stats=_stats_index(root / EPISODES_STATS, stats_digest(info) if digest else None,
-                                                   stats_line_limit(info)) if stats else {})
+                                                   stats_line_limit(info), keep_rows) if stats else {})

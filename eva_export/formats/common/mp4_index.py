@@ -22,7 +22,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import BinaryIO
 
-from . import mp4_reuse
+from . import reuse
 from .mp4_sps import avcc_size
 
 #: Larger files take PyAV's path (this one reads the whole file into memory).
@@ -77,7 +77,7 @@ def file_bytes(path: Path) -> bytes | None:
             data = _read_to_end(fh, st.st_size, MAX_BYTES)
     except OSError:
         return None
-    mp4_reuse.read_done(st, data)  # a second reader of the unchanged file may reuse its parse
+    reuse.read_done(st, data)  # a second reader of the unchanged file may reuse its parse
     return data if len(data) <= MAX_BYTES else None  # grown past the bound since the stat
 
 
@@ -118,14 +118,14 @@ def parse(data: bytes) -> Mp4Facts | None:
 
 def samples(data: bytes) -> Mp4Samples | None:
     """``parse`` with the samples' places and key frames and the avcC, or None."""
-    key, kept = mp4_reuse.taken(data)
+    key, kept = reuse.taken(data)
     if isinstance(kept, Mp4Samples):
         return kept
     try:
         found = _parse(data)
     except (_Unusual, struct.error, IndexError, ValueError):
         return None
-    mp4_reuse.keep(key, found, found.facts.frames)
+    reuse.keep(key, found, found.facts.frames)
     return found
 
 

@@ -15,6 +15,7 @@ import pyarrow as pa
 from ... import confine
 from ...errors import DatasetError
 from ...fsutil import read_json
+from . import reuse
 from .meta import INFO, DatasetMeta
 from .records import DatasetInfo, EpisodeRow, Feature
 from .table import arrow_type, read_parquet
@@ -64,7 +65,10 @@ class SourceEpisode:
         return self.row.episode_index
 
     def read_table(self, columns: list[str] | None = None) -> pa.Table:
-        """The episode's rows (only ``columns`` when given); DatasetError names the file."""
+        """The episode's rows (only ``columns`` when given); DatasetError names the file. The
+        whole table is validation's read when it kept it and the file is unchanged (reuse.py)."""
+        if columns is None and (kept := reuse.take_table(self.data_path)) is not None:
+            return kept
         try:
             return read_parquet(self.data_path, columns)
         except (OSError, pa.ArrowException) as exc:

@@ -23,13 +23,17 @@ from typing import Any
 
 from ...errors import DatasetError
 from ...fsutil import iter_jsonl_spans, jsonl_object
+from . import reuse
 from .records import EpisodeStats
+
+#: Estimated bytes of a parsed row per byte of its line (floats and lists: 28 KB for 4.5 KB)
+ROW_BYTES_PER_LINE_BYTE = 7
 
 
 class StatsIndex(MutableMapping[int, EpisodeStats]):
     """episode_index -> EpisodeStats, parsed on demand from the indexed (open) file."""
 
-    def __init__(self, digest: Callable[[EpisodeStats], int] | None = None) -> None:
+    def __init__(self, digest: Callable[[EpisodeStats], int] | None = None, keep: bool = False) -> None:
         self.path: Path | None = None
         # what a caller asks of every row, taken from the scan's parse (meta.stats_digest)
         self._digest = digest
@@ -41,6 +45,10 @@ class StatsIndex(MutableMapping[int, EpisodeStats]):
         self._where: dict[int, int] = {}
         self._spans = array("q")  # offset, length, line of slot n at 3n, 3n+1, 3n+2
         self._held: dict[int, EpisodeStats] | None = {}  # rows in memory (no file, or after a change)
+        # ``keep``: rows as the scan parsed them, for an export job's one reader of each (within
+        # reuse.py's budget, while a job keeps); a source's index, not a verifier's
+        self._keep = keep
+        self._kept: dict[int, tuple[EpisodeStats, int, int]] = {}
 
     def scan(self, path: Path, limit: int | None = None) -> Iterator[tuple[int, dict[str, object]]]:
         """Open ``path`` and yield (line, object) of every row; the caller parses each and
@@ -65,6 +73,16 @@ class StatsIndex(MutableMapping[int, EpisodeStats]):
         else:
             self._spans[3 * slot:3 * slot + 3] = array("q", (*self._line, lineno))
             self._digests[slot] = digest
+        if self._keep:
+            self._drop(row.episode_index)  # a later duplicate wins
+            size = ROW_BYTES_PER_LINE_BYTE * self._line[1]
+            if ticket := reuse.admit(reuse.ROW, size):
+                self._kept[row.episode_index] = (row, size, ticket)
+
+    def _drop(self, episode: int) -> None:
+        kept = self._kept.pop(episode, None)
+        if kept is not None:
+            reuse.release(reuse.ROW, kept[1], kept[2])
 
     def digest_of(self, episode: int) -> int | None:
         """The digest of the episode's row as scanned (None: no digest taken, no such row, or
@@ -88,6 +106,10 @@ class StatsIndex(MutableMapping[int, EpisodeStats]):
             st = os.fstat(self._fh.fileno())
             if (st.st_size, st.st_mtime_ns) != self._stamp:
                 raise DatasetError(f"{self.path} was changed in place after it was read; run again")
+            kept = self._kept.pop(episode, None)
+            if kept is not None:  # the file is still the one scanned: its row as parsed then
+                reuse.release(reuse.ROW, kept[1], kept[2])
+                return kept[0]
             raw = os.pread(self._fh.fileno(), length, offset)
             obj = jsonl_object(self.path, raw, lineno)
             if obj is None:
@@ -110,6 +132,9 @@ class StatsIndex(MutableMapping[int, EpisodeStats]):
         return self._held
 
     def close(self) -> None:
+        kept, self._kept = self._kept, {}
+        for _, size, ticket in kept.values():
+            reuse.release(reuse.ROW, size, ticket)
         if self._fh is not None:
             self._fh.close()
             self._fh = None

@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from ... import confine
 from ...errors import DatasetError
+from ..common import reuse
 from ..common.episode_list import EpisodeList
 from ..common.meta import (
     EPISODES,
@@ -85,7 +86,8 @@ def validate_source(root: Path, *, allow_empty_dataset: bool = True, as_source: 
         if not (root / name).is_file():
             raise DatasetError(f"{root / name} is missing: {root} is not a LeRobot v2.1 dataset")
     raw = raw_info(root)
-    meta = read_meta(root, digest=True) if meta is None else meta
+    # a source's stats rows and small tables are kept for the export job's writer (common/reuse.py)
+    meta = read_meta(root, digest=True, keep_rows=as_source) if meta is None else meta
     info = meta.info
     if info.codebase_version != codebase:
         raise DatasetError(f"{root / INFO}: codebase_version is {info.codebase_version!r}, expected "
@@ -110,15 +112,17 @@ def validate_source(root: Path, *, allow_empty_dataset: bool = True, as_source: 
     _check_stray_files(root, meta)
     _check_tasks(root, meta)
     check = SourceCheck(root=root, meta=meta, source_hash=source_hash(root), episodes=EpisodeList(root, info))
-    _check_episodes(check, table_kind(raw, meta, camera_stats_computed), camera_stats_computed, tap)
+    _check_episodes(check, table_kind(raw, meta, camera_stats_computed), camera_stats_computed, tap, as_source)
     # the rows of unlisted episodes (the listed ones were checked each after its own table, so a
     # declared-vs-stored mismatch names the Parquet file first); indices are 0..n-1 by now
     check_stats_shapes(meta, done=range(len(meta.episodes)))
     return check
 
 
-def _check_episodes(check: SourceCheck, kind: str, camera_stats_computed: bool, tap: TableTap | None = None) -> None:
-    """Every episode's files, table and media, in order (``kind``: the facts-index context)."""
+def _check_episodes(check: SourceCheck, kind: str, camera_stats_computed: bool, tap: TableTap | None = None,
+                    keep: bool = False) -> None:
+    """Every episode's files, table and media, in order (``kind``: the facts-index context;
+    ``keep``: small tables kept for the export job's writer)."""
     root, meta = check.root, check.meta
     task_text, task_ids = meta.task_text, meta.task_index
     offset = 0
@@ -135,7 +139,7 @@ def _check_episodes(check: SourceCheck, kind: str, camera_stats_computed: bool, 
             digest = stats.digest_of(row.episode_index) if isinstance(stats, StatsIndex) else None
             ep_stats = stats.get(row.episode_index) if digest is None else None
             ep, known, tkey = _check_episode(root, meta, row, task_text, task_ids, offset, camera_stats_computed,
-                                             kind, ep_stats, digest, tap, files)
+                                             kind, ep_stats, digest, tap, files, keep)
             if digest is not None and digest & SHAPE_FAULT:
                 check_row_shapes(meta, stats[row.episode_index])  # raises, naming the row's line
             elif ep_stats is not None:
@@ -263,7 +267,7 @@ def _episode_tasks(root: Path, row: EpisodeRow, data: Path, task_values: Any, ta
 def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: dict[int, str],
                    task_ids: dict[str, int], offset: int = 0, camera_stats_computed: bool = False,
                    kind: str = "", ep_stats: EpisodeStats | None = None, digest: int | None = None,
-                   tap: TableTap | None = None, files: EpisodeFiles | None = None
+                   tap: TableTap | None = None, files: EpisodeFiles | None = None, keep: bool = False
                    ) -> tuple[SourceEpisode, TableFacts | None, FileKey | None]:
     """The episode's files and table checked; with the facts the index proved (None: read).
     ``files``: its paths as the read-ahead confined them, and what it looked up and read."""
@@ -293,7 +297,8 @@ def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: di
     else:
         ahead = seen.read() if seen is not None else None
         nrows, columns, tasks, schema = _check_table(root, meta, row, data, videos, task_text, task_ids, offset,
-                                                     tap, ahead.data if ahead is not None else None)
+                                                     tap, ahead.data if ahead is not None else None,
+                                                     reuse.wants_table(data_st) if keep else None)
     _check_stats_present(root, meta, ep, columns, camera_stats_computed, ep_stats, digest)
     size = data_st.st_size + sum(st.st_size for st in sts.values())
     return SourceEpisode(row=row, data_path=data, video_paths=videos, rows=nrows, task_indices=tasks,
@@ -302,9 +307,10 @@ def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: di
 
 def _check_table(root: Path, meta: DatasetMeta, row: EpisodeRow, data: Path, videos: dict[str, Path],
                  task_text: dict[int, str], task_ids: dict[str, int], offset: int, tap: TableTap | None = None,
-                 whole: bytes | None = None) -> tuple[int, list[str], list[int], pa.Schema]:
+                 whole: bytes | None = None, keep: FileKey | None = None) -> tuple[int, list[str], list[int], pa.Schema]:
     """The episode's Parquet footer and small columns read and checked against the row
-    (``whole``: the file's every byte, read ahead)."""
+    (``whole``: the file's every byte, read ahead; ``keep``: every column read, and the table
+    kept under that key for the job's writer once it passed its checks)."""
     info, ep = meta.info, row.episode_index
     try:
         with parquet_file(data, whole) as pf:  # a small file parsed in memory
@@ -313,7 +319,9 @@ def _check_table(root: Path, meta: DatasetMeta, row: EpisodeRow, data: Path, vid
             nrows = pf.metadata.num_rows
             # One read of the small columns every check needs (not the vectors or images).
             extra = [c for c in tap.columns if c in columns and c not in SMALL_COLUMNS] if tap is not None else []
-            small = pf.read(columns=[c for c in SMALL_COLUMNS if c in columns] + extra, use_threads=False)
+            wanted = [c for c in SMALL_COLUMNS if c in columns] + extra
+            table = pf.read(use_threads=False) if keep is not None else None
+            small = table.select(wanted) if table is not None else pf.read(columns=wanted, use_threads=False)
             task_values = small.column("task_index").to_numpy() if "task_index" in columns else None
     except Exception as exc:  # noqa: BLE001 - any Arrow error means an unreadable table
         raise DatasetError(f"episode {ep}: cannot read {data}: {exc}") from exc
@@ -331,6 +339,8 @@ def _check_table(root: Path, meta: DatasetMeta, row: EpisodeRow, data: Path, vid
     check_columns(root, meta, SourceEpisode(row, data, videos, nrows, tasks, columns, 0, schema), offset, small)
     if tap is not None:
         tap.seen(ep, data, small)
+    if table is not None:
+        reuse.keep_table(keep, table)
     return nrows, columns, tasks, schema
 
 
