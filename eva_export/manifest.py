@@ -168,6 +168,13 @@ def record_written(path: Path, sha256: str) -> None:
         del _WRITTEN[next(iter(_WRITTEN))]
 
 
+def record_hashed(path: Path, before: os.stat_result, sha256: str) -> None:
+    """``record_written`` for a file hashed after the stat ``before``: only while the file is
+    still the one stated then (unchanged during the hash)."""
+    if _written_key(path) == _KEY.pack(before.st_dev, before.st_ino, before.st_size, before.st_mtime_ns):
+        record_written(path, sha256)
+
+
 def recorded_digest(path: Path) -> str | None:
     """The digest ``record_written`` holds for ``path`` as it is now, or None."""
     return _text(_WRITTEN.get(_written_key(path)))

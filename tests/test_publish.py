@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -16,13 +17,15 @@ from export_faults import faulty_service
 from test_split import CopyExporter
 
 from eva_export.config import parse_config
+from eva_export.export import publish
 from eva_export.export.paths import ExportPaths
-from eva_export.export.publish import PUBLISH_STEPS, recover_pair
+from eva_export.export.publish import PUBLISH_STEPS, hashed_meanwhile, recover_pair
 from eva_export.export.records import QualitySplit
 from eva_export.export.runner import ExportService
 from eva_export.formats.lerobot_v21.exporter import verify_v21
 from eva_export.fsutil import atomic_write_jsonl, iter_jsonl
 from eva_export.jobs import COMPLETED, FAILED
+from eva_export.manifest import build_manifest, recorded_digest, sha256_file, write_manifest
 
 STEPS_NATIVE = ["validate", "unit:0", "unit:3", "split_units", "assemble_accepted", "assemble_rejected",
                 *[s for s in PUBLISH_STEPS if s != "cleanup"]]
@@ -156,3 +159,73 @@ def test_a_refused_concurrent_export_does_not_name_the_winners_staging(tmp_path:
         assert job.staging_dir == "" and job.staging_bytes == 0, job.staging_dir
         assert svc(tmp_path).store.get(job.job_id).staging_dir == ""  # nor does its record
     assert paths.staging.is_dir()  # the winner's staging is untouched
+
+
+def _tree(root: Path) -> Path:
+    """A staged subset: files the job wrote, one hard link of a source file, a nested folder."""
+    (root / "meta").mkdir(parents=True)
+    (root / "data" / "chunk-000").mkdir(parents=True)
+    for i in range(5):
+        (root / "data" / "chunk-000" / f"file-{i:03d}.parquet").write_bytes(os.urandom(4096 + 1000 * i))
+    (root / "meta" / "info.json").write_text('{"fps": 30}\n')
+    outside = root.parent / "source.mp4"
+    outside.write_bytes(os.urandom(8192))
+    os.link(outside, root / "data" / "linked.mp4")
+    return root
+
+
+def test_the_pair_hashed_beside_verification_gives_the_same_manifest(tmp_path: Path) -> None:
+    """hashed_meanwhile hashes the files the job wrote (not a hard link of a source file) while
+    the block runs; the manifest written then takes those digests and is byte for byte the one
+    written by hashing every file itself; a file changed after its hash is hashed again."""
+    sub = _tree(tmp_path / "pair" / "accepted")
+    with hashed_meanwhile(tmp_path / "pair"):
+        pass
+    wrote = [p for p in sub.rglob("*") if p.is_file() and p.stat().st_nlink == 1]
+    assert all(recorded_digest(p) == sha256_file(p) for p in wrote)
+    assert recorded_digest(sub / "data" / "linked.mp4") is None
+    changed = sub / "data" / "chunk-000" / "file-002.parquet"
+    with open(changed, "ab") as fh:
+        fh.write(b"more")  # after its hash: its identity no longer the recorded one
+    write_manifest(sub)
+    with_recorded = (sub / "meta" / "manifest.json").read_bytes()
+    assert all(recorded_digest(p) is None for p in wrote)  # each taken by the manifest
+    write_manifest(sub)  # every file hashed now
+    assert (sub / "meta" / "manifest.json").read_bytes() == with_recorded
+    assert build_manifest(sub).by_path()["data/chunk-000/file-002.parquet"].sha256 == sha256_file(changed)
+
+
+def test_a_failed_verification_stops_the_pair_hashing(tmp_path: Path) -> None:
+    """The block's failure is raised as it is, once the hashing thread has stopped; a pair the
+    hashing cannot walk (a FIFO in it) leaves the fault to the manifest, which names it."""
+    sub = _tree(tmp_path / "pair" / "accepted")
+    os.mkfifo(sub / "meta" / "odd")
+    with pytest.raises(RuntimeError, match="verification failed"), hashed_meanwhile(tmp_path / "pair"):
+        raise RuntimeError("verification failed")
+    assert not [t for t in threading.enumerate() if t.name in ("pair-hashes", "pair-sync")]
+    with hashed_meanwhile(tmp_path / "pair"):
+        pass
+    with pytest.raises(ValueError, match="not a regular file"):
+        write_manifest(sub)
+
+
+def test_a_file_changed_while_it_is_hashed_is_not_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The digest is kept only for the file as stated before its hash (a hook changes it mid-hash)."""
+    sub = _tree(tmp_path / "pair" / "accepted")
+    target = sub / "data" / "chunk-000" / "file-001.parquet"
+    real = publish.sha256_file
+
+    def changing(path: Path, limit: int | None = None) -> str:
+        digest = real(path, limit)
+        if path == target:
+            with open(path, "ab") as fh:
+                fh.write(b"grown while hashed")
+        return digest
+
+    monkeypatch.setattr(publish, "sha256_file", changing)
+    with hashed_meanwhile(tmp_path / "pair"):
+        pass
+    assert recorded_digest(target) is None
+    assert recorded_digest(sub / "data" / "chunk-000" / "file-000.parquet") is not None
+    write_manifest(sub)
+    assert build_manifest(sub).by_path()["data/chunk-000/file-001.parquet"].sha256 == real(target)

@@ -4,6 +4,7 @@ of the staged pair before the rename that publishes it."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,7 @@ def test_the_manifest_reads_no_linked_camera_file_again(source: Path, monkeypatc
         return sha256_file(path, limit)
 
     monkeypatch.setattr(manifest, "sha256_file", counting)
+    monkeypatch.setattr(publish, "sha256_file", counting)  # the pair hashed beside its verification
     job = service(source).run(source, "lerobot_v21")
     assert job.state == "completed", job.error
     assert hashed and not [p for p in hashed if p.suffix == ".mp4"]
@@ -111,21 +113,24 @@ def test_the_verifier_opens_each_staged_table_once(source: Path, monkeypatch: py
     assert episodes >= 2 and len(opened) <= episodes + 1  # + the sample read of one episode
 
 
-def test_the_staged_pair_is_synced_once_before_it_is_published(source: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_staged_pair_is_synced_after_its_manifests_before_it_is_published(
+        source: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One syncfs of the staged pair once its manifests are written, before the publishing rename
+    (the durability guarantee); the only other one is the early write-back beside verification."""
     paths = ExportPaths.of(source, "lerobot_v21")
-    calls: list[tuple[Path, bool]] = []
+    calls: list[tuple[Path, bool, bool, str]] = []
     real = publish.sync_filesystem
 
     def recording(path: Path) -> None:
-        calls.append((Path(path), paths.pair_dir.exists()))
+        manifests = all((Path(path) / s / "meta" / "manifest.json").is_file() for s in ("accepted", "rejected"))
+        calls.append((Path(path), paths.pair_dir.exists(), manifests, threading.current_thread().name))
         real(path)
 
     monkeypatch.setattr(publish, "sync_filesystem", recording)
     assert service(source).run(source, "lerobot_v21").state == "completed"
-    assert len(calls) == 1
-    synced, published_then = calls[0]
-    assert synced.parent == paths.staging and not published_then  # the staged pair, before the rename
+    assert [c[3] for c in calls] == ["pair-sync", "MainThread"]
+    assert all(synced.parent == paths.staging and not published_then for synced, published_then, _, _ in calls)
+    assert calls[-1][2]  # the last one after the manifests
     assert (paths.accepted / "meta" / "manifest.json").is_file()
 
 

@@ -24,6 +24,8 @@ import functools
 import logging
 import os
 import shutil
+import stat
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,7 +33,7 @@ from pathlib import Path
 from ..errors import ExportError, PublicationError
 from ..formats.common import video_facts
 from ..fsutil import fsync_dir, sync_filesystem
-from ..manifest import write_manifest, written_digest
+from ..manifest import record_hashed, recorded_digest, sha256_file, walk_tree, write_manifest, written_digest
 from .build import Faults
 from .paths import SUBSETS, ExportPaths
 from .records import QualitySplit
@@ -112,6 +114,59 @@ def check_staged(pair: Path, fmt: str, job_id: str) -> None:
     extra = sorted(p.name for p in pair.iterdir() if p.name not in SUBSETS)
     if extra:
         raise ExportError(f"staged pair {pair} holds unexpected entries {extra}")
+
+
+class _PairHashes:
+    """The files of a staged pair the job wrote itself (one link each: a hard-linked source file
+    is answered from the facts index), hashed on a thread of their own while the pair is
+    verified, for its content manifest (manifest.record_hashed), and a syncfs of it on another
+    thread: hashlib and the kernel release the interpreter, so both run beside verification,
+    which is Python. The manifest hashes whatever is not recorded, and the sync before the
+    publishing rename stays: this only moves work earlier."""
+
+    def __init__(self, pair: Path) -> None:
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=fn, args=(pair,), name=name, daemon=True)
+                         for fn, name in ((self._hash, "pair-hashes"), (self._sync, "pair-sync"))]
+        for t in self._threads:
+            t.start()
+
+    def _hash(self, pair: Path) -> None:
+        try:
+            for _rel, path, st in walk_tree(pair):
+                if self._stop.is_set():
+                    return
+                if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and recorded_digest(path) is None:
+                    record_hashed(path, st, sha256_file(path))
+        except (OSError, ValueError):
+            pass  # the manifest hashes what is not recorded, and names any fault itself
+
+    @staticmethod
+    def _sync(pair: Path) -> None:
+        """The pair's bytes written back while it is read (the publishing sync is then short)."""
+        try:
+            sync_filesystem(pair)
+        except OSError:
+            pass  # the publishing sync reports it
+
+    def join(self, stop: bool = False) -> None:
+        if stop:
+            self._stop.set()
+        for t in self._threads:
+            t.join()
+
+
+@contextmanager
+def hashed_meanwhile(pair: Path) -> Iterator[None]:
+    """Hash (and sync) the staged ``pair`` beside the work of the block (its verification);
+    returns once the hashing is done, or, when the block fails, once it stopped."""
+    hashes = _PairHashes(pair)
+    try:
+        yield
+    except BaseException:
+        hashes.join(stop=True)
+        raise
+    hashes.join()
 
 
 def publish_pair(paths: ExportPaths, staged_pair: Path, job_id: str, faults: Faults | None = None) -> None:

@@ -47,7 +47,7 @@ from .build import Faults, SplitProgress
 from .finite_runs import write_runs
 from .merge import check_agree, check_infos, combined_hash
 from .paths import SUBSETS, ExportPaths
-from .publish import export_lock, lock_held, publish_pair, recover_pair
+from .publish import export_lock, hashed_meanwhile, lock_held, publish_pair, recover_pair
 from .records import ACCEPTED, REJECTED
 from .request import ExportRequest
 from .split import NativeSplit, SubsetResult, prepare_staging
@@ -267,7 +267,8 @@ class ExportService:
             try:
                 pair = (self._move_native(exporter, paths.staging, checkpoints, dirs) if moved
                         else self._convert(job_id, exporter, paths.staging, checkpoints, not spec.native, dirs))
-                verify_staged(fmt, pair, exporter)  # publish only what verifies
+                with hashed_meanwhile(pair):  # the content manifest's hashing on another core
+                    verify_staged(fmt, pair, exporter)  # publish only what verifies
                 checkpoints.check("verified")
                 publish_pair(paths, pair, job_id, checkpoints)
             except BaseException:
