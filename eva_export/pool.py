@@ -95,6 +95,13 @@ def active() -> Executor | None:
     return _active.get()
 
 
+def reads_here() -> bool:
+    """Whether this thread's unit loops may run their units here: serial, or an auto pool (which
+    runs them here while they are cheap), not workers started up front or Ray tasks."""
+    ex = _active.get()
+    return ex is None or ex.workers <= 1 or (isinstance(ex, LocalPool) and ex.auto)
+
+
 def run_units(units: Sequence[Unit], on_done: Done) -> None:
     """Run units on the active executor, or serially in this thread when there is none."""
     ex = _active.get()

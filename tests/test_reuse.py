@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from dsfactory import Ep, make_dataset
 
+from eva_export import pool
 from eva_export.errors import DatasetError
 from eva_export.formats.common import reuse, source_rules, stats_index
 from eva_export.formats.common.table import read_parquet
@@ -135,3 +136,19 @@ def test_a_release_after_the_job_ended_does_not_count_against_the_next(tmp_path:
         assert reuse._used[reuse.ROW] == 100
         reuse.release(reuse.ROW, 100, ticket)
         assert reuse._used[reuse.ROW] == 0
+
+
+def test_tables_are_not_kept_for_writers_in_worker_processes(tmp_path: Path) -> None:
+    """Units on workers started up front read their tables themselves: only statistics rows
+    (read by the unit loop's own process) are kept; an auto pool reads here while cheap."""
+    src = _source(tmp_path)
+    with reuse.keeping(tables=False):
+        check = validate_source(src)
+        assert not reuse._tables and check.meta.episodes_stats._kept  # type: ignore[attr-defined]
+    assert pool.reads_here()  # no executor: serial
+    with pool.LocalPool(2, auto=True) as auto, pool.using(auto):
+        assert pool.reads_here()
+    with pool.LocalPool(2) as fixed, pool.using(fixed):
+        assert not pool.reads_here()
+    with pool.LocalPool(1) as one, pool.using(one):
+        assert pool.reads_here()

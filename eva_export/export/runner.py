@@ -28,7 +28,7 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from .. import confine
+from .. import confine, pool
 from ..config import Config
 from ..confine import resolve_in_roots
 from ..errors import ConfigError, EvaError, ExportError
@@ -187,8 +187,6 @@ class ExportService:
     def _unit_pool(self) -> contextlib.AbstractContextManager[object]:
         """Episode units of this job run in worker processes (eva_export.pool), unless the caller
         already chose an executor (``eva-export batch`` on Ray)."""
-        from .. import pool
-
         if pool.active() is not None:
             return contextlib.nullcontext()
         return pool.local_pool(self.config.export.workers)
@@ -202,7 +200,7 @@ class ExportService:
             # the writers take validation's reads of the first episodes (tables, statistics rows;
             # the direct v3 writer's probes each small camera MP4's parse) instead of reading again
             with (self._unit_pool(), video_facts.use_index(index), confine.checked_dirs(),
-                  reuse.keeping(parses=request.spec.name == "lerobot_v3")):
+                  reuse.keeping(parses=request.spec.name == "lerobot_v3", tables=pool.reads_here())):
                 return self._export_job(job_id, request)
         finally:
             index.close()

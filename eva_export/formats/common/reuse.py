@@ -41,6 +41,7 @@ MAX_TABLE_FILE = 1 << 20  # tables read whole for the second reader up to this s
 _lock = threading.Lock()
 _users = 0
 _parse_users = 0  # jobs whose writer probes the MP4s again (the direct v3 job)
+_table_users = 0  # jobs whose writer reads the tables in this process
 _kept: dict[FileKey, tuple[Any, int, int]] = {}  # MP4 parse, its estimated bytes, its ticket
 _tables: dict[FileKey, tuple[pa.Table, int, int]] = {}
 _used = dict.fromkeys(BUDGETS, 0)
@@ -49,14 +50,16 @@ _last = threading.local()  # this thread's last MP4 read: .key, .data
 
 
 @contextlib.contextmanager
-def keeping(parses: bool = False) -> Iterator[None]:
+def keeping(parses: bool = False, tables: bool = True) -> Iterator[None]:
     """Keep validation's reads for a second reader while active (nested and concurrent jobs
-    share them), MP4 parses too with ``parses``; everything kept is dropped when the last user
-    leaves."""
-    global _users, _parse_users, _generation
+    share them): statistics rows; tables unless ``tables`` is False (the writer reads them in
+    worker processes); MP4 parses too with ``parses``. Everything kept is dropped when the last
+    user leaves."""
+    global _users, _parse_users, _table_users, _generation
     with _lock:
         _users += 1
         _parse_users += int(parses)
+        _table_users += int(tables)
     try:
         yield
     finally:
@@ -64,6 +67,7 @@ def keeping(parses: bool = False) -> Iterator[None]:
         with _lock:
             _users -= 1
             _parse_users -= int(parses)
+            _table_users -= int(tables)
             if _users == 0:
                 _kept.clear()
                 _tables.clear()
@@ -139,7 +143,7 @@ def keep(key: FileKey | None, parsed: Any, frames: int) -> None:
 def wants_table(st: os.stat_result) -> FileKey | None:
     """The key to keep the table of the file stated ``st`` under, if it is worth reading whole
     for a second reader now (a job keeps, the file is small and not too fresh); else None."""
-    if not _users or st.st_size > MAX_TABLE_FILE:
+    if not _table_users or st.st_size > MAX_TABLE_FILE:
         return None
     return key_of(st)
 
