@@ -96,7 +96,7 @@ def test_the_budget_bounds_what_is_kept(tmp_path: Path, monkeypatch: pytest.Monk
         assert not reuse._tables and not check.meta.episodes_stats._kept  # type: ignore[attr-defined]
         assert [ep.read_table().num_rows for ep in check.episodes] == [5 + i for i in range(6)]
         assert len(disk_reads) == 6
-    first_three = sum(read_parquet(ep.data_path).nbytes + 1024 for ep in check.episodes[:3])
+    first_three = sum(reuse.table_bytes(read_parquet(ep.data_path)) for ep in check.episodes[:3])
     monkeypatch.setitem(reuse.BUDGETS, reuse.TABLE, first_three + 10)  # the first three tables
     with reuse.keeping():
         check = validate_source(src)
