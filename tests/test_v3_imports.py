@@ -22,7 +22,10 @@ pytestmark = pytest.mark.timeout(300)
 NOT_FOR_V3 = ("paramiko", "h5py", "mcap", "zarr", "ray", "msgpack", "lz4", "pandas", "torch",
               "eva_export.formats.hdf5.exporter", "eva_export.formats.mcap_eva.exporter", "eva_export.formats.eva_store.exporter",
               "eva_export.export.batch", "eva_export.upload.connection", "eva_export.upload.runner",
-              "eva_export.formats.eva_store.reader")
+              "eva_export.formats.eva_store.reader",
+              # the quality rules run by ``check`` and the finite-runs cut: not in every export job
+              "eva_export.quality.rules", "eva_export.quality.offline", "eva_export.quality.judge",
+              "eva_export.export.finite_runs")
 
 SCRIPT = """
 import json, sys

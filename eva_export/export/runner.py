@@ -44,7 +44,6 @@ from ..fsutil import storage_guard, tree_size
 from ..jobs import Job, JobEngine, JobKind, JobStore, QueuePolicy, ServiceStatus
 from . import faults
 from .build import Faults, SplitProgress
-from .finite_runs import write_runs
 from .merge import check_agree, check_infos, combined_hash
 from .paths import SUBSETS, ExportPaths
 from .publish import export_lock, hashed_meanwhile, lock_held, publish_pair, recover_pair
@@ -307,6 +306,8 @@ class ExportService:
                     f"{len(found)} accepted episode(s) hold NaN/inf values kept as recorded (export.nonfinite = "
                     f"{policy}): the accepted subset will not train as is; see meta/quality_split.json"))
             return dirs, (int(acc.episodes), int(acc.frames))
+        from .finite_runs import write_runs  # only for an accepted subset cut into finite runs
+
         runs = write_runs(dirs[ACCEPTED], runs_dir, found, self.config.export.nonfinite_min_run)
         dropped = sum(c.dropped_frames for c in runs.cut)
         self.jobs.update(job_id, nonfinite_cut_episodes=len(runs.cut), nonfinite_dropped_frames=dropped)

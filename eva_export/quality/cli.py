@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import EvaError
-from .rules import RULE_VERSION
 
 if TYPE_CHECKING:  # the rules' modules load when `check` runs, not with every command's parser
     from .offline import DatasetCheck, EpisodeCheck
@@ -42,6 +41,8 @@ def episode_lines(ep: EpisodeCheck, stored: str = "") -> list[str]:
 
 
 def to_json(check: DatasetCheck) -> dict[str, object]:
+    from .rules import RULE_VERSION  # the rules load with the check that runs them, not with every command
+
     return {"root": str(check.root), "source_kind": str(check.kind), "rule_version": RULE_VERSION,
             "red": sum(e.quality == "red" for e in check.episodes),
             "green": sum(e.quality == "green" for e in check.episodes),
@@ -51,6 +52,7 @@ def to_json(check: DatasetCheck) -> dict[str, object]:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from .rules import RULE_VERSION
     from .store import write_rows, write_sidecar
 
     root = Path(args.dir)

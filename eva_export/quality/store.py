@@ -19,12 +19,14 @@ import json
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..formats.common import sidecar
 from ..formats.common.records import EpisodeRow, Quality, QualityIssue, Severity, present_with
-from .offline import DatasetCheck, EpisodeCheck
-from .rules import RULE_VERSION
+
+if TYPE_CHECKING:  # the rules and their judge load only where verdicts are written (``check``),
+    # not in every export job, which only reads them (quality_for, read_sidecar)
+    from .offline import DatasetCheck, EpisodeCheck
 
 SIDECAR = sidecar.SIDECAR
 PROVENANCE_KEY = "quality_rules"  # extra key of an episode row
@@ -69,6 +71,8 @@ class QualityRecord:
 
     @classmethod
     def of(cls, ep: EpisodeCheck, checked_at: str) -> QualityRecord:
+        from .rules import RULE_VERSION
+
         return cls(ep.episode_index, ep.quality, tuple(ep.issues), ep.stream_stats, RULE_VERSION, checked_at)
 
 
@@ -119,6 +123,8 @@ def merge(row: EpisodeRow, ep: EpisodeCheck) -> EpisodeRow:
     for name, st in ep.stream_stats.items():
         stats.setdefault(name, {})["offline"] = st  # capture's transport statistics stay
     out.stream_stats = stats
+    from .rules import RULE_VERSION
+
     out.extra[PROVENANCE_KEY] = Provenance(RULE_VERSION, sources, live_quality).to_dict()
     out.present = present_with(out.present, "quality", "quality_issues", "stream_stats")
     return out
