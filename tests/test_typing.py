@@ -132,6 +132,8 @@ MODULES = [
     "eva_export.formats.lerobot_v21.read_ahead",
     "eva_export.formats.common.mp4_index",
     "eva_export.formats.common.reuse",
+    "eva_export.formats.common.mp4_boxes",
+    "eva_export.formats.common.mp4_timing",
     "eva_export.formats.common.mp4_sps",
     "eva_export.formats.common.video_facts",
     "eva_export.formats.common.facts_index",

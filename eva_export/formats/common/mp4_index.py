@@ -20,15 +20,25 @@ import struct
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 from . import reuse
+from .mp4_boxes import Box
+from .mp4_boxes import Unusual as _Unusual
+from .mp4_boxes import boxes as _boxes
+from .mp4_boxes import full as _full
+from .mp4_boxes import need as _need
+from .mp4_boxes import one as _one
+from .mp4_boxes import only as _only
+from .mp4_boxes import table as _table
+from .mp4_boxes import text as _text
+from .mp4_boxes import u32 as _u32
 from .mp4_sps import avcc_size
 
 #: Larger files take PyAV's path (this one reads the whole file into memory).
 MAX_BYTES = 64 << 20
 _FORBIDDEN_NALS = frozenset((7, 8, 13, 15))  # parameter sets: FFmpeg's size would follow them
-_TOP = frozenset((b"ftyp", b"free", b"mdat", b"moov"))
+TOP_BOXES = frozenset((b"ftyp", b"free", b"mdat", b"moov"))
 _STBL = frozenset((b"stsd", b"stts", b"stss", b"stsc", b"stsz", b"stco", b"co64"))
 
 
@@ -52,13 +62,6 @@ class Mp4Samples:
     avcc: bytes  # the avcC payload: the stream's extradata as FFmpeg reports it
     spans: tuple[tuple[int, int], ...]  # each sample's (file offset, size), in decode order
     keyframes: frozenset[int] | None  # 0-based samples stss names; None: no stss, every one is
-
-
-class _Unusual(Exception):
-    """Outside the plain shape: PyAV decides."""
-
-
-Box = tuple[bytes, int, int]  # (kind, payload start, box end)
 
 
 def read(path: Path) -> Mp4Facts | None:
@@ -129,56 +132,36 @@ def samples(data: bytes) -> Mp4Samples | None:
     return found
 
 
-def _boxes(data: bytes, start: int, end: int) -> list[Box]:
-    """The boxes tiling data[start:end] exactly (32-bit sizes only)."""
-    out: list[Box] = []
-    pos = start
-    while pos < end:
-        if end - pos < 8:
-            raise _Unusual("cut box header")
-        size, kind = struct.unpack_from(">I4s", data, pos)
-        if size < 8 or pos + size > end:
-            raise _Unusual("box size")
-        out.append((kind, pos + 8, pos + size))
-        pos += size
-    return out
-
-
-def _one(boxes: list[Box], kind: bytes, optional: bool = False) -> Box | None:
-    found = [b for b in boxes if b[0] == kind]
-    if len(found) > 1 or (not found and not optional):
-        raise _Unusual(f"{kind!r} count")
-    return found[0] if found else None
-
-
-def _need(boxes: list[Box], kind: bytes) -> Box:
-    box = _one(boxes, kind)
-    assert box is not None
-    return box
-
-
-def _only(boxes: list[Box], allowed: frozenset[bytes]) -> None:
-    if any(b[0] not in allowed for b in boxes):
-        raise _Unusual("unknown box")
-
-
-def _full(data: bytes, box: Box, sizes: tuple[int, ...], any_flags: bool = False) -> int:
-    """A full box of version 0 or 1 (flags 0 unless ``any_flags``) whose payload has
-    sizes[version] bytes."""
-    _, start, end = box
-    version, flags = data[start], int.from_bytes(data[start + 1:start + 4], "big")
-    if (flags != 0 and not any_flags) or version >= len(sizes) or end - start != sizes[version]:
-        raise _Unusual("full box")
-    return version
-
-
 def _parse(data: bytes) -> Mp4Samples:
     top = _boxes(data, 0, len(data))
-    _only(top, _TOP)
-    ftyp = data[top[0][1]:top[0][2]]  # its brands are container metadata strings
-    if top[0][0] != b"ftyp" or ftyp[:4] != b"isom" or len(ftyp) % 4 or not _text(ftyp[:4] + ftyp[8:]):
+    _only(top, TOP_BOXES)
+    if top[0][0] != b"ftyp" or not plain_brand(data[top[0][1]:top[0][2]]):
         raise _Unusual("brand")
-    mdat, moov = _need(top, b"mdat"), _need(top, b"moov")
+    mdat = _need(top, b"mdat")
+    t = _track(data, _need(top, b"moov"))
+    sizes = _sample_sizes(data, t.stbl, len(t.dts))
+    spans, keys = _check_samples(data, t.stbl, sizes, mdat)
+    return Mp4Samples(Mp4Facts(t.width, t.height, len(t.dts), t.scale, t.dts), t.avcc, spans, keys)
+
+
+def plain_brand(ftyp: bytes) -> bool:
+    """An ftyp payload of the plain shape (its brands are container metadata strings)."""
+    return ftyp[:4] == b"isom" and not len(ftyp) % 4 and _text(ftyp[:4] + ftyp[8:])
+
+
+class _Track(NamedTuple):
+    width: int
+    height: int
+    avcc: bytes
+    dts: tuple[int, ...]
+    total: int  # the samples' summed durations (ticks)
+    scale: int
+    stated: int  # mdhd's duration (ticks)
+    stbl: list[Box]
+
+
+def _track(data: bytes, moov: Box) -> _Track:
+    """The one video track of the moov box ``moov`` of ``data``, checked (not its samples)."""
     children = _boxes(data, moov[1], moov[2])
     _only(children, frozenset((b"mvhd", b"trak", b"udta")))
     mvhd = _need(children, b"mvhd")
@@ -192,7 +175,9 @@ def _parse(data: bytes) -> Mp4Samples:
     mdia = _boxes(data, *_need(trak, b"mdia")[1:])
     _only(mdia, frozenset((b"mdhd", b"hdlr", b"minf")))
     mdhd = _need(mdia, b"mdhd")
-    scale = _u32(data, mdhd[1] + (20 if _full(data, mdhd, (24, 36)) else 12))
+    wide = _full(data, mdhd, (24, 36))
+    scale = _u32(data, mdhd[1] + (20 if wide else 12))
+    stated = int.from_bytes(data[mdhd[1] + 24:mdhd[1] + 32], "big") if wide else _u32(data, mdhd[1] + 16)
     hdlr = _need(mdia, b"hdlr")
     name = data[hdlr[1] + 24:hdlr[2]]  # a stream metadata string: PyAV decodes it as UTF-8
     if data[hdlr[1]:hdlr[1] + 12] != bytes(8) + b"vide" or not _text(name[:-1]) or name[-1:] != b"\0":
@@ -209,25 +194,25 @@ def _parse(data: bytes) -> Mp4Samples:
     edts = _one(trak, b"edts", optional=True)
     if edts is not None:
         _check_edit(data, edts, movie_scale, scale, total)
-    sizes = _sample_sizes(data, stbl, len(dts))
-    spans, keys = _check_samples(data, stbl, sizes, mdat)
-    return Mp4Samples(Mp4Facts(width, height, len(dts), scale, dts), avcc, spans, keys)
+    return _Track(width, height, avcc, dts, total, scale, stated, stbl)
 
 
-def _u32(data: bytes, at: int) -> int:
-    return int.from_bytes(data[at:at + 4], "big")
-
-
-def _table(data: bytes, box: Box, entry: int, head: int = 0) -> tuple[int, int]:
-    """(first entry's offset, count) of a version-0 table box that fills its box exactly."""
-    _, start, end = box
-    if data[start:start + 4] != bytes(4):
-        raise _Unusual("table version")
-    count = _u32(data, start + 4 + head)
-    first = start + 8 + head
-    if first + count * entry != end:
-        raise _Unusual("table size")
-    return first, count
+def moov_timing(moov: bytes, mdat: tuple[int, int]) -> tuple[Mp4Facts, int] | None:
+    """The facts of a plain file's track from its moov box alone (``moov``: the whole box; every
+    sample placed inside ``mdat``, the file's (payload start, end)), and its duration in ticks;
+    None when not of the plain shape, or when mdhd states a duration other than its samples'
+    (which one FFmpeg reports would then depend on its edit handling)."""
+    try:
+        box = _boxes(moov, 0, len(moov))
+        if [b[0] for b in box] != [b"moov"]:
+            return None
+        t = _track(moov, box[0])
+        _check_samples(moov, t.stbl, _sample_sizes(moov, t.stbl, len(t.dts)), (b"mdat", *mdat), nals=False)
+    except (_Unusual, struct.error, IndexError, ValueError):
+        return None
+    if t.stated != t.total:
+        return None
+    return Mp4Facts(t.width, t.height, len(t.dts), t.scale, t.dts), t.total
 
 
 def _check_udta(data: bytes, udta: Box) -> None:
@@ -248,11 +233,6 @@ def _check_udta(data: bytes, udta: Box) -> None:
         raise _Unusual("ilst data")
     if not _text(data[value[0][1] + 8:value[0][2]]):
         raise _Unusual("ilst text")
-
-
-def _text(raw: bytes) -> bool:
-    """Printable ASCII: a metadata string PyAV decodes as it stands."""
-    return all(0x20 <= c < 0x7F for c in raw)
 
 
 def _check_dinf(data: bytes, dinf: Box) -> None:
@@ -338,11 +318,11 @@ def _chunk_offsets(data: bytes, stbl: list[Box]) -> list[int]:
     return [v for (v,) in struct.iter_unpack(">Q" if wide else ">I", data[first:box[2]])]
 
 
-def _check_samples(data: bytes, stbl: list[Box], sizes: list[int], mdat: Box
+def _check_samples(data: bytes, stbl: list[Box], sizes: list[int], mdat: Box, nals: bool = True
                    ) -> tuple[tuple[tuple[int, int], ...], frozenset[int] | None]:
     """Every sample inside the mdat payload (stsc/stco), its NAL units tiling it, none a
-    parameter set; and stss naming samples that exist, in order. Returns each sample's
-    (offset, size) and the 0-based key frames (None: no stss)."""
+    parameter set (``nals``: the samples are in ``data``); and stss naming samples that exist,
+    in order. Returns each sample's (offset, size) and the 0-based key frames (None: no stss)."""
     chunks = _chunk_offsets(data, stbl)
     first, count = _table(data, _need(stbl, b"stsc"), 12)
     runs = list(struct.iter_unpack(">III", data[first:first + 12 * count]))
@@ -358,7 +338,8 @@ def _check_samples(data: bytes, stbl: list[Box], sizes: list[int], mdat: Box
             for _ in range(spc):
                 if sample >= len(sizes) or pos < mdat[1] or pos + sizes[sample] > mdat[2]:
                     raise _Unusual("sample place")
-                _check_nals(data, pos, pos + sizes[sample])
+                if nals:
+                    _check_nals(data, pos, pos + sizes[sample])
                 spans.append((pos, sizes[sample]))
                 pos += sizes[sample]
                 sample += 1

@@ -153,7 +153,7 @@ def wants_table(st: os.stat_result) -> FileKey | None:
 
 def table_bytes(table: pa.Table) -> int:
     """A kept table's estimated share of the process's memory."""
-    return int(table.nbytes) + TABLE_COLUMN_BYTES * table.num_columns
+    return int(table.nbytes) + TABLE_COLUMN_BYTES * int(table.num_columns)
 
 
 def keep_table(key: FileKey | None, table: pa.Table) -> None:

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..common import mp4_timing
 from ..common.video import stream_timing, timing_problems
 
 
 def shard_timing_problems(path: Path, fps: int, frames: int) -> list[str]:
-    """Why a consumer reading ``frames`` frames at ``i / fps`` from ``path`` would fail ([] if not)."""
-    return timing_problems(stream_timing(path), fps, frames)
+    """Why a consumer reading ``frames`` frames at ``i / fps`` from ``path`` would fail ([] if not).
+    A shard of the plain shape is timed from its moov box (mp4_timing), any other by PyAV."""
+    timing = mp4_timing.stream_timing(path)
+    return timing_problems(timing if timing is not None else stream_timing(path), fps, frames)
