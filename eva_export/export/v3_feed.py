@@ -106,10 +106,8 @@ class Feed:
                 self._hand_over(0)
 
     def _hand_over(self, first: int) -> None:
-        """Batches ``first`` on read by the pool, from a thread of their own."""
+        """Batches ``first`` on (at least one) read by the pool, from a thread of their own."""
         self._meter = None
-        if first >= len(self.bounds):
-            return
         assert self.executor is not None
         if isinstance(self.executor, pool.LocalPool):
             self.executor.prestart(len(self.bounds) - first)  # the pool's own check would run them here again
@@ -123,12 +121,16 @@ class Feed:
         if i not in self._ready:
             lo, hi = self.bounds[self._next]
             for k in range(self.start + lo, self.start + hi):
-                p = self.items[k]
-                self._ready[k] = episode_rows(p, self.info, self.source_stats(p), self.float_keys)
+                self._ready[k] = self._read(k)
             self._next += 1
-            if not self._meter.still_cheap(len(self.bounds) - self._next):
+            left = len(self.bounds) - self._next
+            if left and not self._meter.still_cheap(left):
                 self._hand_over(self._next)
         return self._ready.pop(i)
+
+    def _read(self, i: int) -> Read:
+        p = self.items[i]
+        return episode_rows(p, self.info, self.source_stats(p), self.float_keys)
 
     def _produce(self) -> None:
         assert self.executor is not None
@@ -157,11 +159,8 @@ class Feed:
     def get(self, i: int) -> Read:
         if self._meter is not None:  # an auto pool with no worker: read here while cheap
             return self._read_here(i)
-        if self._thread is None:  # no executor, or every batch was read here
-            if i in self._ready:
-                return self._ready.pop(i)
-            p = self.items[i]
-            return episode_rows(p, self.info, self.source_stats(p), self.float_keys)
+        if self._thread is None:  # no executor: read here
+            return self._read(i)
         with self._cond:
             self._want = i
             self._cond.notify_all()

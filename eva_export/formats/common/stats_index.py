@@ -74,15 +74,18 @@ class StatsIndex(MutableMapping[int, EpisodeStats]):
             self._spans[3 * slot:3 * slot + 3] = array("q", (*self._line, lineno))
             self._digests[slot] = digest
         if self._keep:
-            self._drop(row.episode_index)  # a later duplicate wins
+            self._take(row.episode_index)  # a later duplicate wins
             size = ROW_BYTES_PER_LINE_BYTE * self._line[1]
             if ticket := reuse.admit(reuse.ROW, size):
                 self._kept[row.episode_index] = (row, size, ticket)
 
-    def _drop(self, episode: int) -> None:
+    def _take(self, episode: int) -> EpisodeStats | None:
+        """The episode's kept row, out of the keeping (its bytes back to reuse.py's budget)."""
         kept = self._kept.pop(episode, None)
-        if kept is not None:
-            reuse.release(reuse.ROW, kept[1], kept[2])
+        if kept is None:
+            return None
+        reuse.release(reuse.ROW, kept[1], kept[2])
+        return kept[0]
 
     def digest_of(self, episode: int) -> int | None:
         """The digest of the episode's row as scanned (None: no digest taken, no such row, or
@@ -106,10 +109,9 @@ class StatsIndex(MutableMapping[int, EpisodeStats]):
             st = os.fstat(self._fh.fileno())
             if (st.st_size, st.st_mtime_ns) != self._stamp:
                 raise DatasetError(f"{self.path} was changed in place after it was read; run again")
-            kept = self._kept.pop(episode, None)
+            kept = self._take(episode)
             if kept is not None:  # the file is still the one scanned: its row as parsed then
-                reuse.release(reuse.ROW, kept[1], kept[2])
-                return kept[0]
+                return kept
             raw = os.pread(self._fh.fileno(), length, offset)
             obj = jsonl_object(self.path, raw, lineno)
             if obj is None:
@@ -132,9 +134,8 @@ class StatsIndex(MutableMapping[int, EpisodeStats]):
         return self._held
 
     def close(self) -> None:
-        kept, self._kept = self._kept, {}
-        for _, size, ticket in kept.values():
-            reuse.release(reuse.ROW, size, ticket)
+        for episode in list(self._kept):
+            self._take(episode)
         if self._fh is not None:
             self._fh.close()
             self._fh = None
