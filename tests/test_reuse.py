@@ -57,7 +57,7 @@ def test_a_kept_table_is_the_file_as_read_and_handed_out_once(tmp_path: Path, di
         assert check.episodes[0].read_table().equals(read_parquet(first))
         assert disk_reads == [first]  # handed out once: read from the file again
     with reuse.keeping():
-        assert not reuse._tables and not any(reuse._used.values())  # dropped when the job ended
+        assert not reuse.held(reuse.TABLE) and not any(reuse._used.values())  # dropped when the job ended
 
 
 def test_a_table_changed_after_validation_is_read_from_its_file(tmp_path: Path, disk_reads: list[Path]) -> None:
@@ -76,14 +76,14 @@ def test_a_table_changed_after_validation_is_read_from_its_file(tmp_path: Path, 
 def test_nothing_is_kept_outside_a_job_by_a_verifier_or_for_a_fresh_file(tmp_path: Path) -> None:
     src = _source(tmp_path)
     check = validate_source(src)  # no job keeping
-    assert not reuse._tables and not check.meta.episodes_stats._kept  # type: ignore[attr-defined]
+    assert not reuse.held(reuse.TABLE) and not check.meta.episodes_stats._kept  # type: ignore[attr-defined]
     with reuse.keeping():
         check = validate_source(src, as_source=False)  # a verifier's pass over a staged subset
-        assert not reuse._tables and not check.meta.episodes_stats._kept  # type: ignore[attr-defined]
+        assert not reuse.held(reuse.TABLE) and not check.meta.episodes_stats._kept  # type: ignore[attr-defined]
         fresh = check.episodes[0].data_path
         os.utime(fresh)  # modified just now: its identity is not trusted yet
         check = validate_source(src)
-        assert len(reuse._tables) == len(check.episodes) - 1
+        assert reuse.held(reuse.TABLE) == len(check.episodes) - 1
 
 
 def test_the_budget_bounds_what_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -93,14 +93,14 @@ def test_the_budget_bounds_what_is_kept(tmp_path: Path, monkeypatch: pytest.Monk
         monkeypatch.setitem(reuse.BUDGETS, kind, 1)  # no room for anything
     with reuse.keeping():
         check = validate_source(src)
-        assert not reuse._tables and not check.meta.episodes_stats._kept  # type: ignore[attr-defined]
+        assert not reuse.held(reuse.TABLE) and not check.meta.episodes_stats._kept  # type: ignore[attr-defined]
         assert [ep.read_table().num_rows for ep in check.episodes] == [5 + i for i in range(6)]
         assert len(disk_reads) == 6
     first_three = sum(reuse.table_bytes(read_parquet(ep.data_path)) for ep in check.episodes[:3])
     monkeypatch.setitem(reuse.BUDGETS, reuse.TABLE, first_three + 10)  # the first three tables
     with reuse.keeping():
         check = validate_source(src)
-        assert len(reuse._tables) == 3 and reuse._used[reuse.TABLE] <= reuse.BUDGETS[reuse.TABLE]
+        assert reuse.held(reuse.TABLE) == 3 and reuse._used[reuse.TABLE] <= reuse.BUDGETS[reuse.TABLE]
         for ep in check.episodes:
             ep.read_table()
         assert len(disk_reads) == 6 + 3 and reuse._used[reuse.TABLE] == 0  # handed out: left the budget
@@ -144,7 +144,7 @@ def test_tables_are_not_kept_for_writers_in_worker_processes(tmp_path: Path) -> 
     src = _source(tmp_path)
     with reuse.keeping(tables=False):
         check = validate_source(src)
-        assert not reuse._tables and check.meta.episodes_stats._kept  # type: ignore[attr-defined]
+        assert not reuse.held(reuse.TABLE) and check.meta.episodes_stats._kept  # type: ignore[attr-defined]
     assert pool.reads_here()  # no executor: serial
     with pool.LocalPool(2, auto=True) as auto, pool.using(auto):
         assert pool.reads_here()

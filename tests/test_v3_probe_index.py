@@ -106,7 +106,7 @@ def test_a_second_read_of_an_unchanged_file_reuses_its_parse_within_a_bound(
     monkeypatch.setitem(reuse.BUDGETS, reuse.PARSE, 2 * (512 + 160 * len(fresh.packets or ())))  # room for two
     with reuse.keeping():  # tables and statistics rows only: no MP4 parse kept
         assert mp4_index.parse(mp4_index.file_bytes(paths[0]) or b"") is not None
-        assert not reuse._kept
+        assert not reuse.held(reuse.PARSE)
     with reuse.keeping(parses=True):
         for p in paths:  # validation's reads
             assert mp4_index.parse(mp4_index.file_bytes(p) or b"") is not None
@@ -119,7 +119,7 @@ def test_a_second_read_of_an_unchanged_file_reuses_its_parse_within_a_bound(
         assert len(parsed) == 2  # over the bound: never kept
         assert index_probe(paths[0], fps) == fresh and len(parsed) == 3  # handed out once
     with reuse.keeping(parses=True):
-        assert not reuse._kept  # dropped when the job ended
+        assert not reuse.held(reuse.PARSE)  # dropped when the job ended
 
 
 def test_file_bytes_reads_what_a_file_grew_by_since_its_stat(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -45,8 +45,8 @@ _lock = threading.Lock()
 _users = 0
 _parse_users = 0  # jobs whose writer probes the MP4s again (the direct v3 job)
 _table_users = 0  # jobs whose writer reads the tables in this process
-_kept: dict[FileKey, tuple[Any, int, int]] = {}  # MP4 parse, its estimated bytes, its ticket
-_tables: dict[FileKey, tuple[pa.Table, int, int]] = {}
+# (kind, file) -> (what was kept, its estimated bytes, its admission ticket)
+_entries: dict[tuple[str, FileKey], tuple[Any, int, int]] = {}
 _used = dict.fromkeys(BUDGETS, 0)
 _generation = 1  # bumped when everything kept is dropped: a late release is not counted then
 _last = threading.local()  # this thread's last MP4 read: .key, .data
@@ -72,8 +72,7 @@ def keeping(parses: bool = False, tables: bool = True) -> Iterator[None]:
             _parse_users -= int(parses)
             _table_users -= int(tables)
             if _users == 0:
-                _kept.clear()
-                _tables.clear()
+                _entries.clear()
                 _used.update(dict.fromkeys(_used, 0))
                 _generation += 1
 
@@ -100,6 +99,32 @@ def release(kind: str, size: int, ticket: int) -> None:
             _used[kind] -= size
 
 
+def _put(kind: str, key: FileKey, value: Any, size: int) -> None:
+    """Keep ``value`` of ``key`` (replacing an earlier one of the same file) if ``kind`` has room."""
+    if ticket := admit(kind, size):
+        with _lock:
+            old = _entries.pop((kind, key), None)
+            _entries[(kind, key)] = (value, size, ticket)
+        if old is not None:
+            release(kind, old[1], old[2])
+
+
+def _pop(kind: str, key: FileKey) -> Any:
+    """What is kept of ``key`` (None: nothing), out of the keeping and the budget."""
+    with _lock:
+        found = _entries.pop((kind, key), None)
+    if found is None:
+        return None
+    release(kind, found[1], found[2])
+    return found[0]
+
+
+def held(kind: str) -> int:
+    """How many entries of ``kind`` are kept now."""
+    with _lock:
+        return sum(k == kind for k, _ in _entries)
+
+
 # ---- MP4 box parses ---------------------------------------------------------------------------
 def read_done(st: os.stat_result, data: bytes) -> None:
     """``data`` was read whole from the file whose stat before the read was ``st``."""
@@ -121,25 +146,15 @@ def taken(data: bytes) -> tuple[FileKey | None, Any]:
     key = _of(data)
     if key is None:
         return None, None
-    with _lock:
-        found = _kept.pop(key, None)
-    if found is None:
-        return key, None
-    release(PARSE, found[1], found[2])
-    return None, found[0]
+    found = _pop(PARSE, key)
+    return (key, None) if found is None else (None, found)
 
 
 def keep(key: FileKey | None, parsed: Any, frames: int) -> None:
     """Keep ``parsed`` (of ``frames`` samples) for ``key``'s second reader, if there is room."""
     if key is None:
         return
-    size = 512 + 160 * frames  # the sample tables' tuples and ints, roughly
-    with _lock:
-        if key in _kept:
-            return
-    if ticket := admit(PARSE, size):
-        with _lock:
-            _kept[key] = (parsed, size, ticket)
+    _put(PARSE, key, parsed, 512 + 160 * frames)  # the sample tables' tuples and ints, roughly
 
 
 # ---- episode tables ---------------------------------------------------------------------------
@@ -159,28 +174,15 @@ def table_bytes(table: pa.Table) -> int:
 def keep_table(key: FileKey | None, table: pa.Table) -> None:
     if key is None:
         return
-    size = table_bytes(table)
-    if ticket := admit(TABLE, size):
-        with _lock:
-            old = _tables.pop(key, None)
-            _tables[key] = (table, size, ticket)
-        if old is not None:
-            release(TABLE, old[1], old[2])
+    _put(TABLE, key, table, table_bytes(table))
 
 
 def take_table(path: Path) -> pa.Table | None:
     """The table validation kept for the file at ``path`` if it is still the file it read."""
-    if not _tables:
+    if not _used[TABLE]:  # nothing kept: no stat
         return None
     try:
         key = key_of(os.stat(path))
     except OSError:
         return None
-    if key is None:
-        return None
-    with _lock:
-        found = _tables.pop(key, None)
-    if found is None:
-        return None
-    release(TABLE, found[1], found[2])
-    return found[0]
+    return None if key is None else _pop(TABLE, key)
