@@ -32,7 +32,7 @@ setup(
             "upload_node = eva_export.nodes.upload_node:main",
             "console_node = eva_export.nodes.console_node:main",
             "teleop_sim = eva_export.nodes.teleop_sim:main",
-            "eva-export = eva_export.cli:main",
+            "eva-export = eva_export.cli:run",
         ],
     },
 )

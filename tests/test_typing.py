@@ -21,6 +21,7 @@ pytestmark = pytest.mark.timeout(600)
 MODULES = [
     # format registry, job engine, job nodes
     "eva_export.export.runner",
+    "eva_export.formats.common.mp4_write",
     "eva_export.faults",
     "eva_export.export.request",
     "eva_export.formats.common.exporter",

@@ -6,21 +6,30 @@ at exactly i/fps seconds, which is what LeRobot's timestamp lookup expects.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-import av
 import numpy as np
-from av.container import InputContainer, OutputContainer
-from av.video.reformatter import VideoReformatter
-from av.video.stream import VideoStream
 from numpy.typing import NDArray
 
 from ...errors import VideoError
 from . import video_facts
+
+if TYPE_CHECKING:
+    import av
+    from av.container import InputContainer, OutputContainer
+    from av.video.stream import VideoStream
+
+
+def is_ffmpeg_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is PyAV's (never, while nothing has imported PyAV: the plain MP4 shape is
+    read and written without it)."""
+    av_mod = sys.modules.get("av")
+    return av_mod is not None and isinstance(exc, av_mod.FFmpegError)
 
 
 @dataclass(frozen=True)
@@ -37,6 +46,9 @@ class VideoEncoder:
 
     def __init__(self, path: Path, width: int, height: int, fps: int,
                  settings: VideoSettings = VideoSettings()) -> None:
+        import av
+        from av.video.stream import VideoStream
+
         self.path = Path(path)
         self.width, self.height, self.fps = width, height, fps
         self.frames = 0
@@ -59,6 +71,8 @@ class VideoEncoder:
             raise VideoError(f"cannot open video encoder for {self.path}: {exc}") from exc
 
     def add(self, rgb: NDArray[np.uint8]) -> None:
+        import av
+
         if rgb.shape != (self.height, self.width, 3) or rgb.dtype != np.uint8:
             raise VideoError(
                 f"{self.path.name}: frame {self.frames} has shape {rgb.shape} {rgb.dtype}, "
@@ -113,6 +127,8 @@ class RgbConverter:
     (tests/test_hdf5_mcap_written.py)."""
 
     def __init__(self) -> None:
+        from av.video.reformatter import VideoReformatter
+
         self._reformatter = VideoReformatter()
 
     def __call__(self, frame: av.VideoFrame) -> NDArray[np.uint8]:
@@ -122,6 +138,8 @@ class RgbConverter:
 
 def iter_frames(path: Path) -> Iterator[NDArray[np.uint8]]:
     """Decode every frame of the first video stream as an (H, W, 3) uint8 RGB array."""
+    import av
+
     rgb = RgbConverter()
     try:
         with av.open(str(path)) as container:
@@ -191,6 +209,8 @@ def count_frames(path: Path) -> int:
     makes verifying a hard-linked split cheap. A file cut short is refused by its boxes. A file
     source validation already demuxed in this process, unchanged since, is not read again.
     """
+    import av
+
     facts = video_facts.lookup(video_facts.file_key(path))
     if facts is not None:
         return facts.frames
@@ -227,6 +247,8 @@ class VideoProbe:
 
 
 def probe(path: Path) -> VideoProbe:
+    import av
+
     try:
         with av.open(str(path)) as container:
             s = container.streams.video[0]
@@ -263,6 +285,8 @@ class StreamTiming:
 
 
 def stream_timing(path: Path) -> StreamTiming:
+    import av
+
     try:
         with av.open(str(path)) as container:
             return container_timing(container, path)
@@ -273,6 +297,8 @@ def stream_timing(path: Path) -> StreamTiming:
 def container_timing(container: InputContainer, path: Path) -> StreamTiming:
     """``stream_timing`` of a container already open (its packets not demuxed yet); PyAV's own
     errors are not wrapped here."""
+    import av
+
     s = container.streams.video[0]
     tb = Fraction(s.time_base or 1)
     pts: list[int] = []
@@ -334,6 +360,8 @@ def tick_problems(pts: Sequence[int], dts: Sequence[int], tb: Fraction, duration
 def image_row_problem(value: object, shape: tuple[int, ...]) -> str:
     """Why one embedded-image cell (``{"bytes", "path"}`` holding a PNG or JPEG) would not give a
     reader an image of ``shape`` ("" when it would)."""
+    import av
+
     data = value.get("bytes") if isinstance(value, dict) else value
     if not isinstance(data, (bytes, bytearray)) or not data:
         return "holds no image bytes"

@@ -7,7 +7,6 @@ from __future__ import annotations
 from fractions import Fraction
 from pathlib import Path
 
-import av
 import pyarrow.parquet as pq
 
 from ...errors import DatasetError, VideoError
@@ -100,6 +99,8 @@ def _demux_size(e: int, key: str, path: Path, fkey: FileKey | None = None,
 
 def _pyav_size(e: int, key: str, path: Path) -> tuple[int, int, int, StreamTiming | Exception | None]:
     """``_demux_size`` by PyAV's open and demux (any MP4 a box reading does not answer)."""
+    import av
+
     try:
         with av.open(str(path)) as container:
             if not container.streams.video:

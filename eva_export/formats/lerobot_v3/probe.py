@@ -18,21 +18,20 @@ arithmetic cost seconds).
 
 from __future__ import annotations
 
-import functools
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from itertools import islice
 from pathlib import Path
-from typing import NamedTuple
-
-import av
-from av.container import InputContainer
-from av.video.stream import VideoStream
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..common import mp4_index
 from ..common.mp4_sps import avcc_pix_fmt
+
+if TYPE_CHECKING:
+    from av.container import InputContainer
+    from av.video.stream import VideoStream
 
 DELAY_PROBE_PACKETS = 64
 PACKET_BUDGET = 16 * 1024 * 1024  # bytes of packets kept per camera in the window, whatever the episode count
@@ -113,6 +112,8 @@ def open_input(path: Path) -> InputContainer:
     """``av.open`` for reading; a ``.mp4`` is opened with the MP4 demuxer named, which skips
     FFmpeg's format probe (a fifth of opening a small file). A file that is not what its name
     says is opened again with the probe, as before."""
+    import av  # here, not at module import: the plain shape is read and written without PyAV
+
     if path.suffix.lower() == ".mp4":
         try:
             return av.open(str(path), format="mp4")
@@ -132,6 +133,8 @@ def probe(path: Path, fps: int, keep: bool) -> Probe | None:
         known = index_probe(path, fps)
         if known is not None:
             return known
+    import av
+
     try:
         size = path.stat().st_size
         with open_input(path) as src:
@@ -153,10 +156,8 @@ def probe(path: Path, fps: int, keep: bool) -> Probe | None:
     return Probe(params, tb, lead_of(pts, tb, fps), size, None if kept is None else tuple(kept))
 
 
-@functools.cache
-def _h264_name() -> str:
-    """codec_params' name of H.264, as PyAV reports it."""
-    return f"id{av.codec.Codec('h264', 'r').id}:video"
+#: codec_params' name of H.264 (FFmpeg's AV_CODEC_ID_H264, fixed in its ABI; a test compares)
+H264_NAME = "id27:video"
 
 
 def index_probe(path: Path, fps: int) -> Probe | None:
@@ -174,7 +175,7 @@ def index_probe(path: Path, fps: int) -> Probe | None:
     if pix_fmt is None:
         return None
     facts, keys = found.facts, found.keyframes
-    params = CodecParams(_h264_name(), facts.width, facts.height, pix_fmt, found.avcc)
+    params = CodecParams(H264_NAME, facts.width, facts.height, pix_fmt, found.avcc)
     tb = Fraction(1, facts.timescale)
     # no composition offsets in the plain shape: each packet's pts is its dts
     kept = tuple(Pkt(data[at:at + n], t, t, keys is None or i in keys)

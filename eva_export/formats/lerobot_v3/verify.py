@@ -13,7 +13,6 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, cast
 
-import av
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -57,6 +56,8 @@ def read_episodes_meta(root: Path, columns: list[str] | None = None) -> pa.Table
 
 def decode_frame_at(path: Path, frame_number: int, fps: int) -> NDArray[np.uint8]:
     """Decode the frame shown at ``frame_number / fps`` seconds of an MP4 (seek, then decode)."""
+    import av  # only the reading spot checks decode: the rest of verification reads boxes
+
     target = Fraction(frame_number, fps)
     with av.open(str(path)) as c:
         s = c.streams.video[0]

@@ -25,17 +25,18 @@ import logging
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import NamedTuple
-
-import av
-from av.container import OutputContainer
-from av.video.stream import VideoStream
+from typing import TYPE_CHECKING, NamedTuple
 
 from ...errors import ExportError, VideoError
+from ..common.mp4_write import PlainMp4
 from ..common.provenance import RawNames
-from ..common.video import VideoEncoder, VideoSettings, iter_frames
+from ..common.video import VideoEncoder, VideoSettings, is_ffmpeg_error, iter_frames
 from .layout import VIDEO_PATH_V30
-from .probe import CodecParams, Pkt, Probe, codec_params, frame_slots, open_input, packets_of, probe
+from .probe import H264_NAME, CodecParams, Pkt, Probe, codec_params, frame_slots, open_input, packets_of, probe
+
+if TYPE_CHECKING:
+    from av.container import OutputContainer
+    from av.video.stream import VideoStream
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +121,9 @@ class VideoShards:
         # (Probes.next); None: every shard keeps ``delay``
         self.ahead: int | None = None
         self.names = names
-        self.container: OutputContainer | None = None
+        self.container: OutputContainer | None = None  # a shard muxed by PyAV, or
         self.stream: VideoStream | None = None
+        self.plain: PlainMp4 | None = None  # one written by mp4_write (no reordering)
         self.params: CodecParams | None = None
         self.only_reencoded = False
         self.loc = Locator(0, 0)
@@ -142,25 +144,42 @@ class VideoShards:
         path = self.out / VIDEO_PATH_V30.format(video_key=self.key, chunk_index=self.loc.chunk_index,
                                                 file_index=self.loc.file_index)
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.container = av.open(str(path), mode="w", format="mp4", options={"movflags": "faststart"})
         self.files.append(path)
         self.params, self.frames, self.size = params, 0, 0
         if self.ahead is not None:
             self.delay = self.ahead
         self.only_reencoded = False  # set when a re-encoded episode had to open this shard
+        if self.delay == 0 and params.codec == H264_NAME and params.extradata[:1] == b"\x01":
+            # decode order is presentation order: every sample's times are its frame's
+            self.plain = PlainMp4(path, params.extradata, self.width, self.height, self.timescale, self.tick)
+            return
+        import av
+
+        self.container = av.open(str(path), mode="w", format="mp4", options={"movflags": "faststart"})
         with av.open(str(template)) as src:  # once per shard, not per episode
             # opaque=True copies the codec parameters (codec id, extradata, size, pix_fmt) without
             # opening an encoder: building it from the DECODER's name fails for AV1 (libdav1d).
             self.stream = self.container.add_stream_from_template(src.streams.video[0], opaque=True)
         self.stream.time_base = Fraction(1, self.timescale)
 
+    @property
+    def is_open(self) -> bool:
+        return self.container is not None or self.plain is not None
+
     def close(self) -> None:
-        if self.container is not None:
+        if self.is_open:
             try:
-                self.container.close()
-            except av.FFmpegError as exc:
+                if self.plain is not None and self.frames:
+                    self.plain.close()
+                elif self.plain is not None:
+                    self.plain.abort()
+                elif self.container is not None:
+                    self.container.close()
+            except Exception as exc:
+                if not (isinstance(exc, OSError) or is_ffmpeg_error(exc)):
+                    raise
                 raise ExportError(f"{self.key}: cannot finish a video shard ({exc})") from exc
-            self.container = self.stream = None
+            self.container = self.stream = self.plain = None
             if self.frames == 0:  # opened for an episode that went elsewhere: no empty shard
                 self.files.pop().unlink(missing_ok=True)
                 self.numbering.undo()
@@ -173,9 +192,9 @@ class VideoShards:
         if not path.is_file():
             raise ExportError(f"{self._name(episode_index, path)}: the {self.key} video is missing")
         size = probed.size if probed is not None else path.stat().st_size
-        if self.container is not None and self.size + size > self.limit:
+        if self.is_open and self.size + size > self.limit:
             self.close()
-        elif (self.container is not None and self.ahead is not None and probed is not None
+        elif (self.is_open and self.ahead is not None and probed is not None
               and probed.lead_frames * self.tick > self.delay):
             # its decode order needs a clock further ahead than this shard's: a new shard
             log.info("%s %s: starting a new shard (reorder lead %d frames)", self.key,
@@ -192,7 +211,9 @@ class VideoShards:
                 why = self._join(episode_index, path, rows, params, tb, pkts)
             if not why:
                 return Locator(self.loc.chunk_index, self.loc.file_index), self.frames - rows
-        except av.FFmpegError as exc:
+        except Exception as exc:
+            if not is_ffmpeg_error(exc):
+                raise
             raise ExportError(f"{self._name(episode_index, path)}: cannot read the {self.key} video ({exc})") from exc
         log.info("%s %s: re-encoding (%s)", self.key, self._name(episode_index, path), why)
         return self._add_reencoded(episode_index, path, rows)
@@ -204,7 +225,7 @@ class VideoShards:
         if (params.width, params.height) != (self.width, self.height):
             raise ExportError(f"{self._name(episode_index, path)}: {self.key} video is "
                               f"{params.width}x{params.height}, the feature is {self.width}x{self.height}")
-        if self.container is None or (params != self.params and self.only_reencoded):
+        if not self.is_open or (params != self.params and self.only_reencoded):
             # A shard opened for a re-encoded episode does not make the next original
             # one foreign: it starts its own shard rather than being re-encoded too.
             self.close()
@@ -243,6 +264,13 @@ class VideoShards:
 
     def _mux(self, placed: list[Placed]) -> tuple[Locator, int]:
         before = self.frames
+        if self.plain is not None:  # placed with delay 0: decode position k is frame k
+            self.plain.add([p.data for p in placed], [p.keyframe for p in placed])
+            self.size += sum(len(p.data) for p in placed)
+            self.frames += len(placed)
+            return Locator(self.loc.chunk_index, self.loc.file_index), before
+        import av
+
         tb = Fraction(1, self.timescale)
         container, stream = self.container, self.stream
         assert container is not None and stream is not None  # add() opened the shard (narrowing)
@@ -276,6 +304,8 @@ class VideoShards:
             raise ExportError(f"{self._name(episode_index, path)}: {self.key} video decodes to {n} frames, "
                               f"the table has {rows} rows")
         self.reencoded.append(episode_index)
+        import av
+
         try:
             with av.open(str(tmp)) as src:
                 s = src.streams.video[0]
