@@ -35,11 +35,6 @@ import contextlib
 import contextvars
 import logging
 import os
-import pickle
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -47,6 +42,8 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Protocol, cast
 
 from .errors import EvaError, ExportError
+from .pool_meter import SerialMeter
+from .pool_worker import WorkerProc, unpickle_error
 
 log = logging.getLogger(__name__)
 
@@ -152,104 +149,58 @@ class Taker:
         return u
 
 
-class _Worker:
-    def __init__(self, env: dict[str, str]) -> None:
-        parent, child = socket.socketpair()
+class _Round:
+    """One ``LocalPool.run``: units sent to the workers as they have room (``depth`` in flight
+    each), results handed to ``on_done`` in the caller's thread; the first failure stops the
+    sending, the units in flight finish."""
+
+    def __init__(self, todo: Taker, on_done: Done, depth: int) -> None:
+        self.todo, self.on_done, self.depth = todo, on_done, max(1, depth)
+        self.failure: tuple[Unit, BaseException | None, str] | None = None
+
+    def drive(self, procs: list[WorkerProc]) -> None:
+        """Until every unit is done or failed; a worker that died is removed from ``procs``."""
+        while True:
+            self._send(procs)
+            busy = {w.conn: w for w in procs if w.units}
+            if not busy:
+                return
+            for ready in wait(list(busy)):
+                self._take(busy[cast(Connection, ready)], procs)
+
+    def _send(self, procs: list[WorkerProc]) -> None:
+        for w in list(procs):
+            while self.todo and self.failure is None and len(w.units) < self.depth:
+                u = self.todo.pop()
+                try:
+                    w.conn.send((u.fn, u.args))
+                except OSError as exc:
+                    self.failure = (u, None, f"worker process {w.proc.pid} is gone ({exc})")
+                    procs.remove(w)
+                    break
+                w.units.append(u)
+
+    def _take(self, w: WorkerProc, procs: list[WorkerProc]) -> None:
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "eva_export.pool_worker", str(child.fileno()), str(os.getpid())],
-                pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL, close_fds=True)
-        finally:
-            child.close()
-        self.conn = Connection(parent.detach())
-        self.unit: Unit | None = None
-
-    def close(self, timeout: float = 5.0) -> None:
-        self.stop()
-        self.reap(timeout)
-
-    def stop(self) -> None:
-        """Tell the worker to exit (it then tears its interpreter down)."""
-        try:
-            self.conn.send(None)
-        except OSError:
-            pass
-
-    def reap(self, timeout: float = 5.0) -> None:
-        """Wait for the stopped worker to exit (killed after ``timeout``)."""
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.conn.close()
-
-
-def _unpickle_error(blob: bytes) -> BaseException | None:
-    """The worker's exception, if it unpickles here (its traceback text is sent as well)."""
-    try:
-        exc = pickle.loads(blob)
-    except Exception:  # noqa: BLE001  # any unpickling failure: the traceback text still names it
-        return None
-    return exc if isinstance(exc, BaseException) else None
-
-
-# A worker costs ~0.3-1 s of imports on its start and competes with the caller for the
-# cores: units whose projected remaining work is below this run in the caller instead.
-SERIAL_BUDGET_S = 1.0
-# Units that compute compete with the workers' imports for the same cores: a 1000-episode
-# split of short episodes ran 2.6 s in the caller, 6.7 s on two workers.
-SERIAL_BUDGET_CPU_S = 4.0
-_SCHEDSTAT = "/proc/thread-self/schedstat"
-
-
-def run_delay_s() -> float:
-    """Seconds this thread has spent runnable but waiting for a core (Linux schedstat; 0 where
-    the kernel does not say)."""
-    try:
-        with open(_SCHEDSTAT, "rb") as fh:
-            return int(fh.read().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-def serial_budget_s(wall_s: float, cpu_s: float) -> float:
-    """The serial budget for units that ran ``wall_s`` (their waits for a core left out) of
-    which ``cpu_s`` on this thread's CPU."""
-    return SERIAL_BUDGET_CPU_S if wall_s > 0 and cpu_s >= 0.5 * wall_s else SERIAL_BUDGET_S
-
-
-def projected_rest_s(wall_s: float, waited_s: float, done: int, left: int) -> float:
-    """The work left if each unit takes what the done ones took, less their wait for a core: on a
-    machine whose cores are busy a unit's wall time is mostly that wait, which more processes do
-    not shorten (they add their start-up to it); a unit waiting on I/O or sleeping is not
-    waiting for a core, and runs faster in parallel."""
-    return max(0.0, wall_s - waited_s) / max(1, done) * left
-
-
-class SerialMeter:
-    """Auto mode's measure of units run in the caller: after each, whether the rest, projected
-    from the ones done, stays under the serial budget."""
-
-    def __init__(self) -> None:
-        self.done = 0
-        self._mark()
-
-    def _mark(self) -> None:
-        self.t0, self.w0, self.c0 = time.perf_counter(), run_delay_s(), time.thread_time()
-
-    def still_cheap(self, left: int) -> bool:
-        """One more unit done, ``left`` to go: keep running them in the caller?"""
-        self.done += 1
-        wall, waited = time.perf_counter() - self.t0, run_delay_s() - self.w0
-        rest = projected_rest_s(wall, waited, max(1, self.done - 1), left)
-        budget = serial_budget_s(wall - waited, time.thread_time() - self.c0)  # a wait for a core is not I/O
-        if self.done == 1:
-            # The first unit pays the cold start (lazy imports, caches): it only decides when it
-            # is clearly heavy; the units after it are the measure.
-            self._mark()
-            return rest <= 4 * budget
-        return rest <= budget
+            msg = w.recv()
+        except (EOFError, OSError):
+            msg = EOFError
+        if msg is None:
+            return  # its start-up done; the unit runs
+        u = w.units.popleft()
+        if msg is EOFError:
+            code = w.proc.wait()
+            procs.remove(w)
+            if self.failure is None:
+                self.failure = (u, None, f"the worker process {w.proc.pid} died while writing it (exit code {code})")
+        elif msg[0] == "ok":
+            if self.failure is None:
+                self.on_done(u, msg[1])
+            else:  # committed anyway: report it, the rerun will reuse it
+                with contextlib.suppress(Exception):
+                    self.on_done(u, msg[1])
+        elif self.failure is None:
+            self.failure = (u, unpickle_error(msg[1]), str(msg[2]))
 
 
 class LocalPool:
@@ -266,15 +217,34 @@ class LocalPool:
     def __init__(self, workers: int | None = None, *, auto: bool = False) -> None:
         self.workers = max(1, int(workers or default_workers()))
         self.auto = auto
-        self._procs: list[_Worker] = []
+        self._procs: list[WorkerProc] = []
         # PR_SET_PDEATHSIG follows the starting thread: workers start on this one, which lives with the pool
         self._spawner = ThreadPoolExecutor(1, thread_name_prefix="pool-spawner")
         self.serial_units = 0  # units the auto mode ran in the caller (tests, benchmarks)
+        self._handed = False  # units have gone to workers (auto mode's serial start is over)
 
     @property
     def serial_first(self) -> bool:
-        """Auto mode with no worker started yet: units run in the caller while cheap."""
-        return self.auto and not self._procs
+        """Auto mode with no unit handed to a worker yet: units run in the caller while cheap."""
+        return self.auto and not self._handed
+
+    @property
+    def warm(self) -> bool:
+        """Auto mode with a worker started ahead (``warm_up``) and no unit handed to it yet."""
+        return self.serial_first and bool(self._procs)
+
+    def worker_ready(self) -> bool:
+        """Whether a started worker has finished its start-up (never waits)."""
+        try:
+            return any(w.poll_ready() for w in self._procs)
+        except (EOFError, OSError):
+            return False  # a worker that died starting: run() reports it when it is given a unit
+
+    def warm_up(self) -> None:
+        """Auto mode: one worker started now, its imports overlapping the caller's validation,
+        for a job known to be large (it is used once the units go to workers)."""
+        if self.auto and not self._procs:
+            self._start(1)
 
     def _run_serial_while_cheap(self, units: Sequence[Unit], on_done: Done) -> int:
         """Run units in the caller while the projected rest is cheap; returns how many ran."""
@@ -295,63 +265,31 @@ class LocalPool:
         pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
         while len(self._procs) < n:
-            self._procs.append(self._spawner.submit(_Worker, env).result())
+            self._procs.append(self._spawner.submit(WorkerProc, env).result())
 
     def prestart(self, n: int | None = None) -> None:
-        """Start ``n`` workers (default: all) now, before any unit asks for them."""
+        """Start ``n`` workers (default: all) now, before any unit asks for them; the units go
+        to them from now on (no serial start)."""
+        self._handed = True
         self._start(self.workers if n is None else max(1, min(n, self.workers)))
 
-    def run(self, units: Sequence[Unit], on_done: Done) -> None:
+    def run(self, units: Sequence[Unit], on_done: Done, workers: int | None = None, depth: int = 1) -> None:
+        """``Executor.run``; ``workers``: start no more than these (the caller keeps a core busy);
+        ``depth``: units in flight per worker (more than one: the worker is never idle while its
+        next unit is made and sent, for units whose results only travel)."""
         # Units are taken by position as workers free up, never listed: a lazy sequence
         # (export/build.py) makes each one only when it is sent (memory flat).
         start = 0
-        if self.auto and not self._procs:
+        if self.serial_first:
             start = self._run_serial_while_cheap(units, on_done)
             if start >= len(units):
                 return
-        todo = Taker(units, start)
-        self._start(min(self.workers, len(units) - start))
-        idle = [w for w in self._procs]
-        busy: dict[Connection, _Worker] = {}
-        failure: tuple[Unit, BaseException | None, str] | None = None
-        while busy or (todo and failure is None):
-            while idle and todo and failure is None:
-                w = idle.pop()
-                u = todo.pop()
-                w.unit = u
-                try:
-                    w.conn.send((u.fn, u.args))
-                except OSError as exc:
-                    failure = (u, None, f"worker process {w.proc.pid} is gone ({exc})")
-                    self._procs.remove(w)
-                    continue
-                busy[w.conn] = w
-            if not busy:
-                break
-            for ready in wait(list(busy)):
-                w = busy.pop(w_conn := cast(Connection, ready))
-                assert w.unit is not None
-                u, w.unit = w.unit, None
-                try:
-                    msg = w_conn.recv()
-                except (EOFError, OSError):
-                    code = w.proc.wait()
-                    self._procs.remove(w)
-                    if failure is None:
-                        failure = (u, None, f"the worker process {w.proc.pid} died while writing it "
-                                            f"(exit code {code})")
-                    continue
-                idle.append(w)
-                if msg[0] == "ok":
-                    if failure is None:
-                        on_done(u, msg[1])
-                    else:  # committed anyway: report it, the rerun will reuse it
-                        with contextlib.suppress(Exception):
-                            on_done(u, msg[1])
-                elif failure is None:
-                    failure = (u, _unpickle_error(msg[1]), str(msg[2]))
-        if failure is not None:
-            raise_unit_failure(*failure)
+        self._handed = True
+        self._start(min(workers or self.workers, len(units) - start))
+        rnd = _Round(Taker(units, start), on_done, depth)
+        rnd.drive(self._procs)
+        if rnd.failure is not None:
+            raise_unit_failure(*rnd.failure)
 
     def close(self) -> None:
         # every worker told first: their interpreter teardowns (pyarrow, PyAV) overlap

@@ -25,7 +25,7 @@ import pytest
 from dsfactory import Ep, make_dataset, without_keys
 from export_faults import faulty_service
 
-from eva_export import pool
+from eva_export import pool, pool_meter
 from eva_export.config import parse_config
 from eva_export.errors import ConfigError
 from eva_export.export.paths import ExportPaths
@@ -253,7 +253,7 @@ def test_units_that_compute_get_the_larger_serial_budget() -> None:
     """Units busy on the CPU in the caller stay there up to SERIAL_BUDGET_CPU_S of projected
     work (workers would compete for the same cores and pay their imports); units that wait
     (I/O, sleep) keep the small budget, where workers overlap the waits."""
-    assert pool.SERIAL_BUDGET_CPU_S > pool.SERIAL_BUDGET_S
-    assert pool.serial_budget_s(2.0, 1.9) == pool.SERIAL_BUDGET_CPU_S
-    assert pool.serial_budget_s(2.0, 0.1) == pool.SERIAL_BUDGET_S
-    assert pool.serial_budget_s(0.0, 0.0) == pool.SERIAL_BUDGET_S
+    assert pool_meter.SERIAL_BUDGET_CPU_S > pool_meter.SERIAL_BUDGET_S
+    assert pool_meter.serial_budget_s(2.0, 1.9) == pool_meter.SERIAL_BUDGET_CPU_S
+    assert pool_meter.serial_budget_s(2.0, 0.1) == pool_meter.SERIAL_BUDGET_S
+    assert pool_meter.serial_budget_s(0.0, 0.0) == pool_meter.SERIAL_BUDGET_S

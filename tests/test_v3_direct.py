@@ -21,7 +21,7 @@ import pytest
 from dsfactory import Ep, make_dataset, without_keys
 from export_faults import faulty_service
 
-from eva_export import pool
+from eva_export import pool, pool_meter
 from eva_export.config import parse_config
 from eva_export.export.paths import ExportPaths
 from eva_export.formats.common.card import CARD_FILE
@@ -136,7 +136,7 @@ def test_direct_job_on_an_auto_pool_reads_the_same(tmp_path: Path, monkeypatch: 
 
     monkeypatch.setattr(pool, "default_workers", lambda: 2)  # a pool on a one-core machine too
     monkeypatch.setattr(pool.LocalPool, "_start", counted)
-    monkeypatch.setattr(pool.SerialMeter, "still_cheap", lambda self, left: cheap)
+    monkeypatch.setattr(pool_meter.SerialMeter, "still_cheap", lambda self, left: cheap)
     old, _, new, new_job, _ = _both(tmp_path, _eps(14), {"v3_data_file_mb": 0.002, "v3_video_file_mb": 0.002,
                                                          "direct_workers": 0})
     assert sorted(old) == sorted(new)

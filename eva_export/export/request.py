@@ -20,6 +20,7 @@ from .. import confine
 from ..errors import ConfigError
 from ..formats.common.meta import INFO
 from ..formats.registry import FormatSpec
+from ..fsutil import read_json
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,18 @@ class ExportRequest:
     @property
     def fmt(self) -> str:
         return self.spec.name
+
+    def episodes_hint(self) -> int:
+        """The sources' episode counts as their info.json states them (0 for one unreadable or
+        outside its source): a size hint taken before validation, trusted for nothing else."""
+        total = 0
+        for s in self.sources:
+            try:
+                n = read_json(s / INFO).get("total_episodes", 0) if confine.inside(s, s / INFO) else 0
+            except (OSError, ValueError, AttributeError):
+                continue
+            total += n if isinstance(n, int) and 0 < n < 1 << 40 else 0
+        return total
 
     @property
     def named(self) -> bool:

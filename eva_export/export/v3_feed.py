@@ -20,7 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from .. import confine, pool
+from .. import confine, pool, pool_meter
 from ..formats.common.records import DatasetInfo
 from .build import batches
 from .plan_list import PlanList
@@ -29,8 +29,19 @@ from .v3_episodes import episode_rows
 from .v3_records import EpisodeEntry
 
 AHEAD = 256
+#: A direct v3 job of this many episodes or more on an auto pool starts one worker before its
+#: validation: the worker's imports (0.3 s) overlap it, and the episodes are read on that
+#: worker while this thread writes the shards (600 short episodes: 1.0 s of writing alone).
+WARM_EPISODES = 256
 Read = tuple[pa.Table, EpisodeEntry]
 SourceStats = Callable[[PlannedEpisode], dict[str, Any]]
+
+
+def warm(episodes: int) -> None:
+    """One worker started now for a job of ``episodes`` (info.json's count, a hint) if it is large."""
+    ex = pool.active()
+    if isinstance(ex, pool.LocalPool) and episodes >= WARM_EPISODES:
+        ex.warm_up()
 
 
 def rows_batch(batch: list[tuple[PlannedEpisode, dict[str, Any]]], info: DatasetInfo,
@@ -66,6 +77,8 @@ class _Units(Sequence["pool.Unit"]):
         if isinstance(b, slice):
             return [self[i] for i in range(*b.indices(len(self)))]
         f = self.feed
+        if not f.claim(b):  # the writer read it while it waited for an earlier one
+            return pool.Unit(f"batch {b} (read by the writer)", rows_batch, ([], f.info, f.float_keys))
         start, end = self.bounds[b]
         work = [(p, f.source_stats(p)) for p in (f.items[i] for i in range(f.start + start, f.start + end))]
         return pool.Unit("; ".join(unit_name(p) for p, _ in work), rows_batch, (work, f.info, f.float_keys))
@@ -95,22 +108,31 @@ class Feed:
         self._done = self._cancel = False
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
-        self._meter: pool.SerialMeter | None = None  # batches read here, measured
+        self._meter: pool_meter.SerialMeter | None = None  # batches read here, measured
         self._next = 0  # the next batch to read here
+        self._workers: int | None = None  # workers reading (a LocalPool's), None: the executor's
+        self._warm = False
+        self._sent = 0  # batches below this were taken by the pool (it takes them in order)
+        self._stolen: set[int] = set()  # batches the writer read itself, not yet taken by the pool
         if self.executor is not None and start < len(items):
             frames = [items.rows_at(i) for i in range(start, len(items))]
             self.bounds = batches(frames, self.executor.workers)
-            if isinstance(self.executor, pool.LocalPool) and self.executor.serial_first:
-                self._meter = pool.SerialMeter()
-            else:
+            ex = self.executor
+            if isinstance(ex, pool.LocalPool) and ex.serial_first:
+                self._meter = pool_meter.SerialMeter()
+                self._warm = ex.warm  # a worker starting for this job (warm): its reads once it is up
+            else:  # workers started up front, or Ray
                 self._hand_over(0)
 
     def _hand_over(self, first: int) -> None:
         """Batches ``first`` on (at least one) read by the pool, from a thread of their own."""
         self._meter = None
-        assert self.executor is not None
-        if isinstance(self.executor, pool.LocalPool):
-            self.executor.prestart(len(self.bounds) - first)  # the pool's own check would run them here again
+        ex = self.executor
+        assert ex is not None
+        if isinstance(ex, pool.LocalPool):
+            # auto mode: this thread keeps a core busy writing the shards; the rest read
+            self._workers = min(len(self.bounds) - first, max(1, ex.workers - 1) if ex.auto else ex.workers)
+            ex.prestart(self._workers)  # the units go to the workers: no serial start in run()
         self.bounds = self.bounds[first:]
         self._thread = threading.Thread(target=self._produce, name="v3-feed", daemon=True)
         self._thread.start()
@@ -124,9 +146,12 @@ class Feed:
                 self._ready[k] = self._read(k)
             self._next += 1
             left = len(self.bounds) - self._next
-            if left and not self._meter.still_cheap(left):
+            if left and (not self._meter.still_cheap(left) or (self._warm and self._worker_ready())):
                 self._hand_over(self._next)
         return self._ready.pop(i)
+
+    def _worker_ready(self) -> bool:
+        return isinstance(self.executor, pool.LocalPool) and self.executor.worker_ready()
 
     def _read(self, i: int) -> Read:
         p = self.items[i]
@@ -135,7 +160,11 @@ class Feed:
     def _produce(self) -> None:
         assert self.executor is not None
         try:
-            self.executor.run(_Units(self, self.bounds), self._arrived)
+            if isinstance(self.executor, pool.LocalPool):
+                # two batches in flight per worker: it reads the next while this one travels
+                self.executor.run(_Units(self, self.bounds), self._arrived, self._workers, depth=2)
+            else:
+                self.executor.run(_Units(self, self.bounds), self._arrived)
         except BaseException as exc:  # noqa: BLE001 - handed to the writer's thread, raised there
             with self._cond:
                 self._error = exc
@@ -144,10 +173,34 @@ class Feed:
                 self._done = True
                 self._cond.notify_all()
 
+    def claim(self, b: int) -> bool:
+        """The pool takes batch ``b`` (in order): False when the writer has read it already."""
+        with self._cond:
+            self._sent = b + 1
+            if b in self._stolen:
+                self._stolen.discard(b)
+                return False
+            return True
+
+    def _steal(self) -> int | None:
+        """A batch the pool has not taken yet, for the writer to read while it waits (under the
+        lock; None when none is left, or enough is read ahead)."""
+        if len(self._ready) >= AHEAD:
+            return None
+        b = self._sent
+        while b in self._stolen:
+            b += 1
+        if b >= len(self.bounds):
+            return None
+        self._stolen.add(b)
+        return b
+
     def _arrived(self, unit: pool.Unit, reads: list[tuple[bytes, EpisodeEntry]]) -> None:
         with self._cond:
             if self._cancel:
                 raise InterruptedError("the writer stopped")
+            if not reads:
+                return  # a batch the writer read
             base = unit.args[0][0][0].new_index  # the batch's first episode (its position)
             for k, (blob, entry) in enumerate(reads):
                 self._ready[base + k] = (_table(blob), entry)
@@ -161,16 +214,25 @@ class Feed:
             return self._read_here(i)
         if self._thread is None:  # no executor: read here
             return self._read(i)
-        with self._cond:
-            self._want = i
-            self._cond.notify_all()
-            while i not in self._ready:
+        while True:
+            with self._cond:
+                self._want = i
+                self._cond.notify_all()
+                if i in self._ready:
+                    return self._ready.pop(i)
                 if self._error is not None:
                     raise self._error
-                if self._done:
-                    raise RuntimeError(f"episode {i} was never read")  # a bug, not the source's fault
-                self._cond.wait()
-            return self._ready.pop(i)
+                stolen = self._steal()
+                if stolen is None:
+                    if self._done:
+                        raise RuntimeError(f"episode {i} was never read")  # a bug, not the source's fault
+                    self._cond.wait()
+                    continue
+            # waiting for the pool: read a batch it has not taken yet, here (the pool skips it)
+            lo, hi = self.bounds[stolen]
+            reads = {k: self._read(k) for k in range(self.start + lo, self.start + hi)}
+            with self._cond:
+                self._ready.update(reads)
 
     def close(self) -> None:
         """Stop reading ahead (the writer finished or failed) and wait for the pool to return."""
