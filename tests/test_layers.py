@@ -13,7 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "eva_export"
-BASE = {"", "errors", "faults", "jsonbound", "confine", "fsutil", "manifest", "pool", "pool_worker", "jobstore", "jobs"}
+BASE = {"", "errors", "faults", "jsonbound", "confine", "fsutil", "manifest", "pool", "pool_meter", "pool_worker", "jobstore", "jobs"}
 LAYERS = [BASE, {"formats", "sftp_settings"}, {"config"}, {"quality"},
           {"capture", "export"}, {"upload", "console"}, {"cli", "nodes"}]
 

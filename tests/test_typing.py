@@ -157,6 +157,7 @@ MODULES = [
     "eva_export.export.batch",
     "eva_export.pool",
     "eva_export.pool_worker",
+    "eva_export.pool_meter",
     "eva_export.export.publish",
     "eva_export.export.paths",
     "eva_export.export.merge",

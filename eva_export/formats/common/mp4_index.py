@@ -22,6 +22,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
+import numpy as np
+
 from . import reuse
 from .mp4_boxes import Box
 from .mp4_boxes import Unusual as _Unusual
@@ -338,13 +340,13 @@ def _check_samples(data: bytes, stbl: list[Box], sizes: list[int], mdat: Box, na
             for _ in range(spc):
                 if sample >= len(sizes) or pos < mdat[1] or pos + sizes[sample] > mdat[2]:
                     raise _Unusual("sample place")
-                if nals:
-                    _check_nals(data, pos, pos + sizes[sample])
                 spans.append((pos, sizes[sample]))
                 pos += sizes[sample]
                 sample += 1
     if sample != len(sizes):
         raise _Unusual("samples mapped")
+    if nals:
+        _check_sample_nals(data, spans)
     stss = _one(stbl, b"stss", optional=True)
     if stss is None:
         return tuple(spans), None
@@ -353,6 +355,22 @@ def _check_samples(data: bytes, stbl: list[Box], sizes: list[int], mdat: Box, na
     if not keys or keys[0] < 1 or keys[-1] > len(sizes) or any(b <= a for a, b in pairwise(keys)):
         raise _Unusual("stss")
     return tuple(spans), frozenset(k - 1 for k in keys)
+
+
+def _check_sample_nals(data: bytes, spans: list[tuple[int, int]]) -> None:
+    """``_check_nals`` of every sample: those holding one NAL unit (a frame's slice, most of
+    them) in one numpy pass, the others one by one."""
+    pos = np.fromiter((p for p, _ in spans), dtype=np.int64, count=len(spans))
+    size = np.fromiter((n for _, n in spans), dtype=np.int64, count=len(spans))
+    buf = np.frombuffer(data, dtype=np.uint8)
+    at = np.where(size >= 5, pos, 0)  # a shorter sample goes to the loop, which refuses it
+    length = (buf[at].astype(np.int64) << 24) | (buf[at + 1].astype(np.int64) << 16) | \
+        (buf[at + 2].astype(np.int64) << 8) | buf[at + 3]
+    head = buf[at + 4]
+    one = (size >= 5) & (length > 0) & (length + 4 == size) & (head & 0x80 == 0) & \
+        ~np.isin(head & 0x1F, sorted(_FORBIDDEN_NALS))
+    for i in np.flatnonzero(~one).tolist():
+        _check_nals(data, spans[i][0], spans[i][0] + spans[i][1])
 
 
 def _check_nals(data: bytes, pos: int, end: int) -> None:
