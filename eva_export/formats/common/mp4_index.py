@@ -331,20 +331,7 @@ def _check_samples(data: bytes, stbl: list[Box], sizes: list[int], mdat: Box, na
     if not runs or runs[0][0] != 1 or any(b[0] <= a[0] for a, b in pairwise(runs)) \
             or any(spc == 0 or sdi != 1 for _, spc, sdi in runs) or runs[-1][0] > len(chunks):
         raise _Unusual("stsc")
-    sample = 0
-    spans: list[tuple[int, int]] = []
-    for r, (chunk, spc, _sdi) in enumerate(runs):
-        last = runs[r + 1][0] - 1 if r + 1 < len(runs) else len(chunks)
-        for c in range(chunk - 1, last):
-            pos = chunks[c]
-            for _ in range(spc):
-                if sample >= len(sizes) or pos < mdat[1] or pos + sizes[sample] > mdat[2]:
-                    raise _Unusual("sample place")
-                spans.append((pos, sizes[sample]))
-                pos += sizes[sample]
-                sample += 1
-    if sample != len(sizes):
-        raise _Unusual("samples mapped")
+    spans = _sample_spans(chunks, runs, sizes, mdat)
     if nals:
         _check_sample_nals(data, spans)
     stss = _one(stbl, b"stss", optional=True)
@@ -355,6 +342,27 @@ def _check_samples(data: bytes, stbl: list[Box], sizes: list[int], mdat: Box, na
     if not keys or keys[0] < 1 or keys[-1] > len(sizes) or any(b <= a for a, b in pairwise(keys)):
         raise _Unusual("stss")
     return tuple(spans), frozenset(k - 1 for k in keys)
+
+
+def _sample_spans(chunks: list[int], runs: list[tuple[int, int, int]], sizes: list[int], mdat: Box
+                  ) -> list[tuple[int, int]]:
+    """Each sample's (offset, size): the chunks' samples back to back from each chunk's offset,
+    every one inside the mdat payload. The counts are checked before anything is expanded (a
+    table may claim billions of samples), then the offsets computed in one numpy pass."""
+    per_run = [(runs[r + 1][0] if r + 1 < len(runs) else len(chunks) + 1) - first for r, (first, _, _) in enumerate(runs)]
+    if sum(n * spc for n, (_, spc, _) in zip(per_run, runs, strict=True)) != len(sizes):
+        raise _Unusual("samples mapped")
+    if max(chunks) > mdat[2]:  # every chunk holds a sample (stsc: none empty)
+        raise _Unusual("sample place")
+    spc = np.repeat(np.array([r[1] for r in runs], dtype=np.int64), per_run)  # samples of each chunk
+    chunk_of = np.repeat(np.arange(len(chunks)), spc)
+    size = np.array(sizes, dtype=np.int64)
+    before = np.cumsum(size) - size  # bytes of the samples ahead of each one
+    first = np.cumsum(spc) - spc  # each chunk's first sample
+    pos = np.array(chunks, dtype=np.int64)[chunk_of] + before - before[first][chunk_of]
+    if pos.min() < mdat[1] or (pos + size).max() > mdat[2]:
+        raise _Unusual("sample place")
+    return list(zip(pos.tolist(), sizes, strict=True))
 
 
 def _check_sample_nals(data: bytes, spans: list[tuple[int, int]]) -> None:
