@@ -22,6 +22,7 @@ MODULES = [
     # format registry, job engine, job nodes
     "eva_export.export.runner",
     "eva_export.formats.common.mp4_write",
+    "eva_export.formats.common.mp4_samples",
     "eva_export.faults",
     "eva_export.export.request",
     "eva_export.formats.common.exporter",

@@ -22,8 +22,6 @@ from itertools import pairwise
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
-import numpy as np
-
 from . import reuse
 from .mp4_boxes import Box
 from .mp4_boxes import Unusual as _Unusual
@@ -35,11 +33,11 @@ from .mp4_boxes import only as _only
 from .mp4_boxes import table as _table
 from .mp4_boxes import text as _text
 from .mp4_boxes import u32 as _u32
+from .mp4_samples import check_nals, sample_spans
 from .mp4_sps import avcc_size
 
 #: Larger files take PyAV's path (this one reads the whole file into memory).
 MAX_BYTES = 64 << 20
-_FORBIDDEN_NALS = frozenset((7, 8, 13, 15))  # parameter sets: FFmpeg's size would follow them
 TOP_BOXES = frozenset((b"ftyp", b"free", b"mdat", b"moov"))
 _STBL = frozenset((b"stsd", b"stts", b"stss", b"stsc", b"stsz", b"stco", b"co64"))
 
@@ -331,9 +329,9 @@ def _check_samples(data: bytes, stbl: list[Box], sizes: list[int], mdat: Box, na
     if not runs or runs[0][0] != 1 or any(b[0] <= a[0] for a, b in pairwise(runs)) \
             or any(spc == 0 or sdi != 1 for _, spc, sdi in runs) or runs[-1][0] > len(chunks):
         raise _Unusual("stsc")
-    spans = _sample_spans(chunks, runs, sizes, mdat)
+    spans = sample_spans(chunks, runs, sizes, mdat)
     if nals:
-        _check_sample_nals(data, spans)
+        check_nals(data, spans)
     stss = _one(stbl, b"stss", optional=True)
     if stss is None:
         return tuple(spans), None
@@ -342,51 +340,3 @@ def _check_samples(data: bytes, stbl: list[Box], sizes: list[int], mdat: Box, na
     if not keys or keys[0] < 1 or keys[-1] > len(sizes) or any(b <= a for a, b in pairwise(keys)):
         raise _Unusual("stss")
     return tuple(spans), frozenset(k - 1 for k in keys)
-
-
-def _sample_spans(chunks: list[int], runs: list[tuple[int, int, int]], sizes: list[int], mdat: Box
-                  ) -> list[tuple[int, int]]:
-    """Each sample's (offset, size): the chunks' samples back to back from each chunk's offset,
-    every one inside the mdat payload. The counts are checked before anything is expanded (a
-    table may claim billions of samples), then the offsets computed in one numpy pass."""
-    per_run = [(runs[r + 1][0] if r + 1 < len(runs) else len(chunks) + 1) - first for r, (first, _, _) in enumerate(runs)]
-    if sum(n * spc for n, (_, spc, _) in zip(per_run, runs, strict=True)) != len(sizes):
-        raise _Unusual("samples mapped")
-    if max(chunks) > mdat[2]:  # every chunk holds a sample (stsc: none empty)
-        raise _Unusual("sample place")
-    spc = np.repeat(np.array([r[1] for r in runs], dtype=np.int64), per_run)  # samples of each chunk
-    chunk_of = np.repeat(np.arange(len(chunks)), spc)
-    size = np.array(sizes, dtype=np.int64)
-    before = np.cumsum(size) - size  # bytes of the samples ahead of each one
-    first = np.cumsum(spc) - spc  # each chunk's first sample
-    pos = np.array(chunks, dtype=np.int64)[chunk_of] + before - before[first][chunk_of]
-    if pos.min() < mdat[1] or (pos + size).max() > mdat[2]:
-        raise _Unusual("sample place")
-    return list(zip(pos.tolist(), sizes, strict=True))
-
-
-def _check_sample_nals(data: bytes, spans: list[tuple[int, int]]) -> None:
-    """``_check_nals`` of every sample: those holding one NAL unit (a frame's slice, most of
-    them) in one numpy pass, the others one by one."""
-    pos = np.fromiter((p for p, _ in spans), dtype=np.int64, count=len(spans))
-    size = np.fromiter((n for _, n in spans), dtype=np.int64, count=len(spans))
-    buf = np.frombuffer(data, dtype=np.uint8)
-    at = np.where(size >= 5, pos, 0)  # a shorter sample goes to the loop, which refuses it
-    length = (buf[at].astype(np.int64) << 24) | (buf[at + 1].astype(np.int64) << 16) | \
-        (buf[at + 2].astype(np.int64) << 8) | buf[at + 3]
-    head = buf[at + 4]
-    one = (size >= 5) & (length > 0) & (length + 4 == size) & (head & 0x80 == 0) & \
-        ~np.isin(head & 0x1F, sorted(_FORBIDDEN_NALS))
-    for i in np.flatnonzero(~one).tolist():
-        _check_nals(data, spans[i][0], spans[i][0] + spans[i][1])
-
-
-def _check_nals(data: bytes, pos: int, end: int) -> None:
-    while pos < end:
-        if end - pos < 5:
-            raise _Unusual("NAL cut")
-        n = _u32(data, pos)
-        head = data[pos + 4]
-        if n == 0 or pos + 4 + n > end or head & 0x80 or head & 0x1F in _FORBIDDEN_NALS:
-            raise _Unusual("NAL")
-        pos += 4 + n
