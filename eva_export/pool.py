@@ -94,9 +94,10 @@ def active() -> Executor | None:
 
 def reads_here() -> bool:
     """Whether this thread's unit loops may run their units here: serial, or an auto pool (which
-    runs them here while they are cheap), not workers started up front or Ray tasks."""
+    runs them here while they are cheap) with no worker warmed up for them, not workers started
+    up front or Ray tasks."""
     ex = _active.get()
-    return ex is None or ex.workers <= 1 or (isinstance(ex, LocalPool) and ex.auto)
+    return ex is None or ex.workers <= 1 or (isinstance(ex, LocalPool) and ex.auto and not ex.warm)
 
 
 def run_units(units: Sequence[Unit], on_done: Done) -> None:

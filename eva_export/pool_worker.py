@@ -46,7 +46,7 @@ def _die_with_parent(parent_pid: int) -> None:
 READY = "ready"  # the worker's first message: its imports are done
 # numpy and pyarrow, and what the split's units and the direct v3 feed's batches run
 PRELOAD = ("eva_export.export.split", "eva_export.formats.lerobot_v21.subset", "eva_export.formats.common.images",
-           "eva_export.export.v3_feed")
+           "eva_export.export.v3_feed", "eva_export.formats.lerobot_v21.prove_ahead")
 
 
 def worker_main(fd: int, parent_pid: int) -> None:

@@ -36,8 +36,8 @@ class Reads:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.demux = 0
         self.tables = 0
-        monkeypatch.setattr(validate_media, "_demux_size", self._count("demux", validate_media._demux_size))
-        monkeypatch.setattr(validate, "_check_table", self._count("tables", validate._check_table))
+        monkeypatch.setattr(validate_media, "demux_size", self._count("demux", validate_media.demux_size))
+        monkeypatch.setattr(validate, "check_table", self._count("tables", validate.check_table))
 
     def _count(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any, **kw: Any) -> Any:

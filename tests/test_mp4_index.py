@@ -16,7 +16,7 @@ from short_videos import encode_bframes, textured
 from eva_export.errors import DatasetError
 from eva_export.formats.common import mp4_index
 from eva_export.formats.common.video import VideoEncoder, VideoSettings, timing_problems
-from eva_export.formats.lerobot_v21.validate_media import _demux_size, _pyav_size
+from eva_export.formats.lerobot_v21.validate_media import _pyav_size, demux_size
 
 SHAPES = [(64, 48, 4, 30), (64, 48, 30, 30), (50, 30, 7, 15), (320, 240, 3, 30)]
 
@@ -67,7 +67,7 @@ def test_the_writers_files_are_read_from_their_boxes(originals: list[tuple[bytes
         path.write_bytes(data)
         facts = mp4_index.read(path)
         assert facts is not None, i
-        assert verdict(_demux_size, path, fps, n) == verdict(_pyav_size, path, fps, n)
+        assert verdict(demux_size, path, fps, n) == verdict(_pyav_size, path, fps, n)
         w, h, _, _ = SHAPES[i % len(SHAPES)]
         assert (facts.width, facts.height, facts.frames) == (w, h, n)
 
@@ -122,7 +122,7 @@ def test_mutated_files_get_pyavs_verdict_or_go_to_pyav(originals: list[tuple[byt
             if mp4_index.read(path) is None:
                 continue
             answered += 1
-            mine, theirs = verdict(_demux_size, path, fps, n), verdict(_pyav_size, path, fps, n)
+            mine, theirs = verdict(demux_size, path, fps, n), verdict(_pyav_size, path, fps, n)
             if mine != theirs:
                 disagreed += 1
                 bad.append(f"shape {i} mutation {j}: {mine} != {theirs}")

@@ -199,8 +199,8 @@ def test_a_rerun_on_the_facts_index_reads_nothing(source: Path, ahead: None, tmp
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     reads = Reads(monkeypatch)
     tables = []
-    real_check_table = validate._check_table
-    monkeypatch.setattr(validate, "_check_table", lambda *a, **kw: tables.append(a[3]) or real_check_table(*a, **kw))
+    real_check_table = validate.check_table
+    monkeypatch.setattr(validate, "check_table", lambda *a, **kw: tables.append(a[3]) or real_check_table(*a, **kw))
     validated(source, tmp_path / "jobs")
     assert sorted(p for p, _ in reads.mp4s) == sorted(mp4(source, e, c) for e in range(N) for c in (0, 1))
     assert len(tables) == N

@@ -142,13 +142,13 @@ def test_value_checks_cover_tables_the_index_already_knows(source: Path, tmp_pat
 
     assert service(source).run(source, "lerobot_v21").state == "completed"
     read: list[int] = []
-    real = validate._check_table
+    real = validate.check_table
 
     def counting(*args: Any, **kw: Any) -> Any:
         read.append(1)
         return real(*args, **kw)
 
-    monkeypatch.setattr(validate, "_check_table", counting)
+    monkeypatch.setattr(validate, "check_table", counting)
     sub = ExportPaths.of(source, "lerobot_v21").accepted
     age(sub)
     episodes = len(list((sub / "data").rglob("*.parquet")))

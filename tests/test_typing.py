@@ -23,6 +23,7 @@ MODULES = [
     "eva_export.export.runner",
     "eva_export.formats.common.mp4_write",
     "eva_export.formats.common.mp4_samples",
+    "eva_export.formats.lerobot_v21.prove_ahead",
     "eva_export.faults",
     "eva_export.export.request",
     "eva_export.formats.common.exporter",

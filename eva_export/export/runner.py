@@ -198,12 +198,12 @@ class ExportService:
         try:
             # the writers take validation's reads of the first episodes (tables, statistics rows;
             # the direct v3 writer's probes each small camera MP4's parse) instead of reading again
-            with (self._unit_pool(), video_facts.use_index(index), confine.checked_dirs(),
-                  reuse.keeping(parses=request.spec.name == "lerobot_v3", tables=pool.reads_here())):
+            with self._unit_pool(), video_facts.use_index(index), confine.checked_dirs():
                 if request.spec.name == "lerobot_v3":
                     from .v3_feed import warm
                     warm(request.episodes_hint())  # a worker's imports overlap the validation
-                return self._export_job(job_id, request)
+                with reuse.keeping(parses=request.spec.name == "lerobot_v3", tables=pool.reads_here()):
+                    return self._export_job(job_id, request)
         finally:
             index.close()
 

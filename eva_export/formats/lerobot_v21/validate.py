@@ -43,6 +43,7 @@ from ..common.table import parquet_file
 from ..common.facts_index import FileKey
 from ..common.sidecar import SIDECAR
 from ..common.source import SourceCheck
+from .prove_ahead import ProveAhead
 from .read_ahead import EpisodeFiles, ReadAhead, episode_paths, regular
 from .validate_media import check_images, check_video
 from .validate_tables import TableFacts, known_table, remember_table, table_key, table_kind
@@ -131,8 +132,10 @@ def _check_episodes(check: SourceCheck, kind: str, camera_stats_computed: bool, 
     assert isinstance(episodes, EpisodeList)
     stats = meta.episodes_stats
     before: int | None = None  # the bytes of the episode checked last
-    with ReadAhead(meta, kind) as ahead:  # the next episodes' files read while one is checked
+    # the next episodes' files read while one is checked; the last ones proven by a warm worker
+    with ReadAhead(meta, kind) as ahead, ProveAhead(meta, kind if keep else "", check_table) as proofs:
         for n, row in enumerate(meta.episodes):  # episode_index == n: checked above
+            proofs.apply(n)
             files = ahead.take(n, before)
             # the stats row's checks from the digest read_meta took as it parsed the row; without
             # one, the row parsed once here for both checks (it was three parses a check)
@@ -296,7 +299,7 @@ def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: di
         nrows, columns, tasks, schema = known.rows, known.columns, known.tasks, None
     else:
         ahead = seen.read() if seen is not None else None
-        nrows, columns, tasks, schema = _check_table(root, meta, row, data, videos, task_text, task_ids, offset,
+        nrows, columns, tasks, schema = check_table(root, meta, row, data, videos, task_text, task_ids, offset,
                                                      tap, ahead.data if ahead is not None else None,
                                                      reuse.wants_table(data_st) if keep else None)
     _check_stats_present(root, meta, ep, columns, camera_stats_computed, ep_stats, digest)
@@ -305,7 +308,7 @@ def _check_episode(root: Path, meta: DatasetMeta, row: EpisodeRow, task_text: di
                          columns=columns, bytes=size, schema=schema), known, tkey
 
 
-def _check_table(root: Path, meta: DatasetMeta, row: EpisodeRow, data: Path, videos: dict[str, Path],
+def check_table(root: Path, meta: DatasetMeta, row: EpisodeRow, data: Path, videos: dict[str, Path],
                  task_text: dict[int, str], task_ids: dict[str, int], offset: int, tap: TableTap | None = None,
                  whole: bytes | None = None, keep: FileKey | None = None) -> tuple[int, list[str], list[int], pa.Schema]:
     """The episode's Parquet footer and small columns read and checked against the row

@@ -47,7 +47,7 @@ def check_video(meta: DatasetMeta, e: int, rows: int, data_path: Path, key: str,
         width, height, frames = facts.width, facts.height, facts.frames
     else:
         facts = None
-        width, height, frames, timing = _demux_size(e, key, path, fkey, seen)
+        width, height, frames, timing = demux_size(e, key, path, fkey, seen)
     if frames != rows:
         raise DatasetError(f"episode {e}: {path} ({key}) has {frames} frames but {data_path} has "
                            f"{rows} rows")
@@ -70,7 +70,7 @@ def check_video(meta: DatasetMeta, e: int, rows: int, data_path: Path, key: str,
                            f"(frame i at i / {meta.info.fps} s from 0): {'; '.join(facts.timing)}")
 
 
-def _demux_size(e: int, key: str, path: Path, fkey: FileKey | None = None,
+def demux_size(e: int, key: str, path: Path, fkey: FileKey | None = None,
                 seen: Planned[video_facts.VideoFacts] | None = None
                 ) -> tuple[int, int, int, StreamTiming | Exception | None]:
     """(width, height, frames, timing) of the file's first video stream; DatasetError naming it
@@ -98,7 +98,7 @@ def _demux_size(e: int, key: str, path: Path, fkey: FileKey | None = None,
 
 
 def _pyav_size(e: int, key: str, path: Path) -> tuple[int, int, int, StreamTiming | Exception | None]:
-    """``_demux_size`` by PyAV's open and demux (any MP4 a box reading does not answer)."""
+    """``demux_size`` by PyAV's open and demux (any MP4 a box reading does not answer)."""
     import av
 
     try:

@@ -58,7 +58,7 @@ def table_kind(raw_info: dict[str, object], meta: DatasetMeta, camera_stats_comp
     return f"v21-table:{h.hexdigest()[:32]}"
 
 
-def _kind(base: str, row: EpisodeRow, offset: int) -> str:
+def context_kind(base: str, row: EpisodeRow, offset: int) -> str:
     tasks = hashlib.sha256(json.dumps(list(row.tasks)).encode()).hexdigest()[:16]
     return f"{base}:{row.episode_index}:{row.length}:{offset}:{tasks}"
 
@@ -75,7 +75,7 @@ def known_table(key: FileKey | None, row: EpisodeRow, offset: int, kind: str,
     info.json require (a payload claiming another length or lacking a column is not used)."""
     if key is None:
         return None
-    payload = video_facts.index_get(key, _kind(kind, row, offset))
+    payload = video_facts.index_get(key, context_kind(kind, row, offset))
     facts = TableFacts.from_payload(payload) if payload is not None else None
     if facts is None or facts.rows != row.length:
         return None
@@ -87,5 +87,5 @@ def known_table(key: FileKey | None, row: EpisodeRow, offset: int, kind: str,
 
 def remember_table(key: FileKey | None, ep: SourceEpisode, offset: int, kind: str) -> None:
     if key is not None:
-        video_facts.index_put(key, _kind(kind, ep.row, offset), TableFacts(ep.rows, ep.columns, ep.task_indices)
+        video_facts.index_put(key, context_kind(kind, ep.row, offset), TableFacts(ep.rows, ep.columns, ep.task_indices)
                               .to_payload())
