@@ -175,9 +175,11 @@ class _Round:
                 u = self.todo.pop()
                 try:
                     w.conn.send((u.fn, u.args))
-                except OSError as exc:
-                    self.failure = (u, None, f"worker process {w.proc.pid} is gone ({exc})")
+                except OSError as exc:  # it died: the unit it was running is the one to name
                     procs.remove(w)
+                    why = f"died while writing it (exit code {w.proc.wait()})" if w.units else f"is gone ({exc})"
+                    self.failure = self.failure or (w.units[0] if w.units else u, None,
+                                                    f"the worker process {w.proc.pid} {why}")
                     break
                 w.units.append(u)
 
