@@ -35,6 +35,7 @@ import contextlib
 import contextvars
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -108,6 +109,37 @@ def run_units(units: Sequence[Unit], on_done: Done) -> None:
             on_done(u, u.fn(*u.args))  # serial: exceptions propagate unchanged, as before
         return
     ex.run(units, on_done)
+
+
+class Aside:
+    """One unit running on a pool worker, from a thread of its own; ``result`` waits for it."""
+
+    def __init__(self, ex: LocalPool, unit: Unit) -> None:
+        self._out: list[Any] = []
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(ex, unit), name="pool-aside", daemon=True)
+        self._thread.start()
+
+    def _run(self, ex: LocalPool, unit: Unit) -> None:
+        try:
+            ex.run([unit], lambda _u, r: self._out.append(r), workers=1)
+        except BaseException as exc:  # noqa: BLE001 - raised by result(), in the caller's thread
+            self._error = exc
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None or not self._out:
+            raise self._error or UnitError("the unit returned nothing")
+        return self._out[0]
+
+
+def beside(unit: Unit) -> Aside | None:
+    """``unit`` started on a worker of the active pool that is up and whose units no longer run
+    in the caller, beside what the caller does next; None (run it yourself) otherwise."""
+    ex = _active.get()
+    if isinstance(ex, LocalPool) and not ex.serial_first and ex.worker_ready():
+        return Aside(ex, unit)
+    return None
 
 
 def default_workers() -> int:

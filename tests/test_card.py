@@ -14,8 +14,9 @@ from eva_export.config import parse_config
 from eva_export.errors import ExportError
 from eva_export.export.paths import ExportPaths
 from eva_export.export.records import ACCEPTED, REJECTED, QualitySplit
-from eva_export.export.runner import ExportService, verify_staged
+from eva_export.export.runner import ExportService
 from eva_export.export.split import classify
+from eva_export.export.verify_pair import verify_staged
 from eva_export.formats.common.card import CARD_FILE, DECISIONS_KEY, Decision, decision
 from eva_export.formats.common.records import EpisodeRow
 from eva_export.formats.registry import get_exporter

@@ -29,7 +29,8 @@ from eva_export import pool, pool_meter
 from eva_export.config import parse_config
 from eva_export.errors import ConfigError
 from eva_export.export.paths import ExportPaths
-from eva_export.export.runner import ExportService, verify_staged
+from eva_export.export.runner import ExportService
+from eva_export.export.verify_pair import verify_staged
 from eva_export.formats.common.card import CARD_FILE
 from eva_export.formats.registry import get_exporter
 from eva_export.jobs import COMPLETED, FAILED

@@ -24,6 +24,7 @@ MODULES = [
     "eva_export.formats.common.mp4_write",
     "eva_export.formats.common.mp4_samples",
     "eva_export.formats.lerobot_v21.prove_ahead",
+    "eva_export.export.verify_pair",
     "eva_export.faults",
     "eva_export.export.request",
     "eva_export.formats.common.exporter",

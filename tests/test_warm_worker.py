@@ -21,9 +21,12 @@ from test_export_pool import _content
 
 from eva_export import pool
 from eva_export.config import parse_config
+from eva_export.errors import ExportError
 from eva_export.export import v3_feed
 from eva_export.export.paths import ExportPaths
+from eva_export.export.verify_pair import verify_staged
 from eva_export.formats.lerobot_v21 import prove_ahead
+from eva_export.formats.registry import get_exporter
 from eva_export.jobs import COMPLETED, FAILED
 
 pytestmark = pytest.mark.timeout(600)
@@ -155,3 +158,36 @@ def test_a_file_changed_after_its_proof_is_checked_again(tmp_path: Path, monkeyp
     job = export(raw, workers=0)
     assert changed.is_set()  # the worker's proof of the old file had arrived
     assert job.state == FAILED and f"episode {EPISODES - 1}" in str(job.error) and str(last) in str(job.error)
+
+
+def test_the_rejected_subset_is_verified_on_the_worker_with_the_same_findings(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    asides: list[object] = []
+    real_beside = pool.beside
+
+    def counting(unit: pool.Unit) -> pool.Aside | None:
+        got = real_beside(unit)
+        asides.append(got)
+        return got
+
+    monkeypatch.setattr(pool, "beside", counting)
+    raw = dataset(tmp_path)
+    assert export(raw, workers=0).state == COMPLETED
+    assert [a is not None for a in asides] == [True]  # the warm worker verified the rejected subset
+    pair = ExportPaths.of(raw, "lerobot_v3").pair_dir
+    info = pair / "rejected" / "meta" / "info.json"
+    info.write_text(info.read_text().replace('"fps": 30', '"fps": 29'))
+    exporter = get_exporter("lerobot_v3")
+    messages = []
+    for workers in (1, 2):  # here alone, then with the rejected subset on a worker that is up
+        with pool.LocalPool(workers) as p, pool.using(p):
+            if workers > 1:
+                p.prestart(1)
+                deadline = time.monotonic() + 120
+                while not p.worker_ready() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            with pytest.raises(ExportError) as err:
+                verify_staged("lerobot_v3", pair, exporter)
+            messages.append(str(err.value))
+    assert [a is not None for a in asides] == [True, False, True]
+    assert messages[0] == messages[1] and "rejected:" in messages[0]

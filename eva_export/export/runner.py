@@ -51,6 +51,7 @@ from .records import ACCEPTED, REJECTED
 from .request import ExportRequest
 from .split import NativeSplit, SubsetResult, prepare_staging
 from .units import PlannedEpisode, native_dir
+from .verify_pair import verify_staged
 
 log = logging.getLogger(__name__)
 
@@ -375,22 +376,6 @@ def _move_back(staging: Path) -> None:
 
 def tree_bytes(root: Path) -> int:
     return tree_size(root)[1]
-
-
-def verify_staged(fmt: str, pair: Path, verifier: Exporter) -> None:
-    """Run the format's verifier (``eva-export verify``) on both staged subsets; raise on findings.
-
-    The exporter that wrote the pair verifies it (it knows its layout; tests inject one). Cheap
-    by design: totals against the files, frame counts from the container index or by demuxing
-    (no full decode), and one sample read per subset.
-    """
-    findings = []
-    for name in SUBSETS:
-        report = verifier.verify(pair / name)
-        findings += [f"{name}: {e}" for e in report.errors]
-    if findings:
-        shown = "; ".join(findings[:8]) + (f"; ... ({len(findings) - 8} more)" if len(findings) > 8 else "")
-        raise ExportError(f"the staged {fmt} export failed verification, nothing was published: {shown}")
 
 
 __all__ = ["ExportService", "load_exporter", "ACCEPTED", "REJECTED"]
