@@ -129,3 +129,24 @@ def test_offsets_past_4_gib_use_co64(episodes: list[Path], tmp_path: Path) -> No
 def test_h264_is_named_as_pyav_names_it(episodes: list[Path]) -> None:
     with av.open(str(episodes[0])) as c:
         assert codec_params(c.streams.video[0]).codec == H264_NAME
+
+
+def test_offsets_that_cross_4_gib_behind_the_boxes_use_co64(episodes: list[Path], tmp_path: Path) -> None:
+    """A last chunk just under 4 GiB into the payload lands past it once the boxes are ahead of
+    it: the offsets go 64-bit, and every one still points at its chunk behind the header."""
+    s = mp4_index.samples(episodes[0].read_bytes())
+    assert s is not None
+    for last in (0xFFFFFFFF - 200, 1000):
+        w = PlainMp4(tmp_path / "x.mp4", s.avcc, 64, 48, TIMESCALE, TIMESCALE // FPS)
+        w.add([b"ab"], [True])
+        w.chunks.append((last, 1))  # a chunk that far into the payload (its bytes not written)
+        w.sizes.append(3)
+        w._at = last + 3
+        head = w.header()
+        w.abort()
+        kind = b"co64" if last > 1 << 31 else b"stco"
+        at = head.index(kind)
+        count, = struct.unpack_from(">I", head, at + 8)
+        offsets = struct.unpack_from(f">{count}{'Q' if kind == b'co64' else 'I'}", head, at + 12)
+        assert offsets == (len(head), len(head) + last)
+        assert (b"co64" in head) == (kind == b"co64")

@@ -61,7 +61,10 @@ class PlainMp4:
         self.keys.extend(base + i + 1 for i, k in enumerate(keyframes) if k)
         self.chunks.append((self._at, len(samples)))
         data = b"".join(samples)
-        self._fh.write(data)
+        try:
+            self._fh.write(data)
+        except OSError as exc:  # a full disk among them: the message names the file
+            raise OSError(exc.errno, exc.strerror or str(exc), str(self.payload)) from exc
         self._at += len(data)
 
     @property
@@ -70,23 +73,38 @@ class PlainMp4:
 
     def close(self) -> None:
         """Write the boxes, then the payload behind them; the payload file is removed."""
-        self._fh.close()
-        moov = self._moov(0)
-        wide = self._at + 8 > 0xFFFFFFFF
-        head = box(b"ftyp", _FTYP)
-        mdat_head = struct.pack(">I4sQ", 1, b"mdat", self._at + 16) if wide else struct.pack(">I4s", self._at + 8, b"mdat")
-        start = len(head) + len(moov) + len(mdat_head)
-        moov = self._moov(start)  # offsets known now; its size does not depend on them
-        with open(self.path, "wb") as out, open(self.payload, "rb") as src:
-            out.write(head + moov + mdat_head)
-            _copy(src, out, self._at)
+        try:
+            self._fh.close()
+            with open(self.path, "wb") as out, open(self.payload, "rb") as src:
+                out.write(self.header())
+                _copy(src, out, self._at)
+        except OSError as exc:  # a full disk among them: the message names the file
+            raise OSError(exc.errno, exc.strerror or str(exc), str(self.path)) from exc
         self.payload.unlink()
+
+    def header(self) -> bytes:
+        """ftyp, moov and the mdat box's header: what goes ahead of the payload. The chunk
+        offsets depend on the moov's size, and its size on whether they need 64 bits (co64):
+        32-bit offsets first, 64-bit ones when the last chunk lands past 4 GiB behind them."""
+        head = box(b"ftyp", _FTYP)
+        wide_mdat = self._at + 8 > 0xFFFFFFFF
+        mdat_head = (struct.pack(">I4sQ", 1, b"mdat", self._at + 16) if wide_mdat
+                     else struct.pack(">I4s", self._at + 8, b"mdat"))
+        last = self.chunks[-1][0] if self.chunks else 0
+        wide = False
+        start = len(head) + len(self._moov(0, wide)) + len(mdat_head)
+        if start + last > 0xFFFFFFFF:
+            wide = True
+            start = len(head) + len(self._moov(0, wide)) + len(mdat_head)
+        return head + self._moov(start, wide) + mdat_head
 
     def abort(self) -> None:
         self._fh.close()
         self.payload.unlink(missing_ok=True)
 
-    def _moov(self, start: int) -> bytes:
+    def _moov(self, start: int, wide: bool | None = None) -> bytes:
+        """The moov box, chunks at ``start`` + their payload offset (``wide``: co64; None: as
+        the offsets need)."""
         total = len(self.sizes) * self.tick
         movie = -(-total * MOVIE_SCALE // self.timescale)  # rounded up, as FFmpeg: never short of the frames
         v = 1 if max(total, movie) > 0xFFFFFFFF else 0
@@ -101,11 +119,11 @@ class PlainMp4:
         mdhd = full_box(b"mdhd", v, 0, struct.pack(">QQIQ" if v else ">IIII", 0, 0, self.timescale, total),
                         struct.pack(">HH", 0x55C4, 0))  # language "und"
         hdlr = full_box(b"hdlr", 0, 0, bytes(4), b"vide", bytes(12), _HANDLER)
-        minf = box(b"minf", full_box(b"vmhd", 0, 1, bytes(8)), box(b"dinf", _DINF), self._stbl(start))
+        minf = box(b"minf", full_box(b"vmhd", 0, 1, bytes(8)), box(b"dinf", _DINF), self._stbl(start, wide))
         trak = box(b"trak", tkhd, box(b"edts", elst), box(b"mdia", mdhd, hdlr, minf))
         return box(b"moov", mvhd, trak)
 
-    def _stbl(self, start: int) -> bytes:
+    def _stbl(self, start: int, wide: bool | None) -> bytes:
         avc1 = box(b"avc1", bytes(6), struct.pack(">H", 1), bytes(16),
                    struct.pack(">HHIIIH", self.width, self.height, 0x480000, 0x480000, 0, 1), bytes(32),
                    struct.pack(">Hh", 0x18, -1), box(b"avcC", self.avcc))
@@ -118,7 +136,8 @@ class PlainMp4:
         stsc = full_box(b"stsc", 0, 0, struct.pack(">I", len(runs)), *(struct.pack(">III", c, n, 1) for c, n in runs))
         stsz = full_box(b"stsz", 0, 0, struct.pack(f">II{len(self.sizes)}I", 0, len(self.sizes), *self.sizes))
         offsets = [start + at for at, _ in self.chunks]
-        wide = bool(offsets) and offsets[-1] > 0xFFFFFFFF
+        if wide is None:
+            wide = bool(offsets) and offsets[-1] > 0xFFFFFFFF
         co = full_box(b"co64" if wide else b"stco", 0, 0,
                       struct.pack(f">I{len(offsets)}{'Q' if wide else 'I'}", len(offsets), *offsets))
         parts = [stsd, stts]
