@@ -35,7 +35,7 @@ from ..common.meta import DatasetMeta
 from ..common.records import DatasetInfo, EpisodeRow, TaskRow
 from ..common.video import stream_timing, timing_problems
 from .read_ahead import episode_paths
-from .validate_media import check_images, demux_size
+from .validate_media import check_images, demux_parse
 from .validate_tables import TableFacts, context_kind, table_key
 
 BATCH = 16  # episodes a unit proves (the validating thread waits for at most two when it ends)
@@ -99,7 +99,7 @@ def _video_proof(meta: DatasetMeta, it: ProofItem, key: str, path: Path) -> list
     if fkey is None:
         return []
     try:
-        width, height, frames, timing = demux_size(it.row.episode_index, key, path, fkey)
+        (width, height, frames, timing), found = demux_parse(it.row.episode_index, key, path, fkey)
         if isinstance(timing, Exception) or frames != it.row.length:
             return []
         timing = stream_timing(path) if timing is None else timing
@@ -107,9 +107,8 @@ def _video_proof(meta: DatasetMeta, it: ProofItem, key: str, path: Path) -> list
     except Exception:  # noqa: BLE001 - any fault: no proof, the validating thread finds it itself
         return []
     facts = video_facts.VideoFacts(width, height, frames, meta.info.fps, problems)
-    data = mp4_index.file_bytes(path) if fkey[2] <= reuse.MAX_FILE else None
-    parse = mp4_index.samples(data) if data is not None and video_facts.file_key(path) == fkey else None
-    return [Proof(fkey, video_facts.KIND, facts.to_payload(), parse)]
+    # the parse of the bytes just read, for the v3 writer's probe of a small file (reuse.py)
+    return [Proof(fkey, video_facts.KIND, facts.to_payload(), found if fkey[2] <= reuse.MAX_FILE else None)]
 
 
 class _Units(Sequence["pool.Unit"]):

@@ -71,11 +71,18 @@ def check_video(meta: DatasetMeta, e: int, rows: int, data_path: Path, key: str,
 
 
 def demux_size(e: int, key: str, path: Path, fkey: FileKey | None = None,
-                seen: Planned[video_facts.VideoFacts] | None = None
-                ) -> tuple[int, int, int, StreamTiming | Exception | None]:
+               seen: Planned[video_facts.VideoFacts] | None = None
+               ) -> tuple[int, int, int, StreamTiming | Exception | None]:
     """(width, height, frames, timing) of the file's first video stream; DatasetError naming it
     if unreadable. When the frames come from the index (no packet demuxed yet) the packet timing
     is read in the same open: its failure is returned, for check_video to raise in its turn."""
+    return demux_parse(e, key, path, fkey, seen)[0]
+
+
+def demux_parse(e: int, key: str, path: Path, fkey: FileKey | None = None,
+                seen: Planned[video_facts.VideoFacts] | None = None
+                ) -> tuple[tuple[int, int, int, StreamTiming | Exception | None], mp4_index.Mp4Samples | None]:
+    """``demux_size``, and the box parse it was read from (None: PyAV's path)."""
     # a small file read once for both the box tiling and the index (two opens an MP4 were
     # a tenth of a short episode's validation)
     ahead = seen.read() if seen is not None else None  # read ahead: whole, at the size looked up
@@ -88,13 +95,14 @@ def demux_size(e: int, key: str, path: Path, fkey: FileKey | None = None,
         video_facts.digest_known(fkey, ahead.sha256)
     elif data is not None:  # its digest too, for a job that links the file (fkey: before the read)
         video_facts.digest_read(fkey, data)
-    plain = mp4_index.parse(data) if data is not None else None  # None: over mp4_index's bound
-    if plain is not None:  # the writer's plain shape, read from its boxes: no PyAV open
+    found = mp4_index.samples(data) if data is not None else None  # None: over mp4_index's bound
+    if found is not None:  # the writer's plain shape, read from its boxes: no PyAV open
         # integer ticks as the demux gives them; no composition offsets: pts == dts. The stated
         # duration is not read: check_video does not check it
+        plain = found.facts
         timing = StreamTiming(plain.dts, plain.dts, Fraction(1, plain.timescale), None)
-        return plain.width, plain.height, plain.frames, timing
-    return _pyav_size(e, key, path)
+        return (plain.width, plain.height, plain.frames, timing), found
+    return _pyav_size(e, key, path), None
 
 
 def _pyav_size(e: int, key: str, path: Path) -> tuple[int, int, int, StreamTiming | Exception | None]:
