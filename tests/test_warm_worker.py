@@ -191,3 +191,15 @@ def test_the_rejected_subset_is_verified_on_the_worker_with_the_same_findings(tm
             messages.append(str(err.value))
     assert [a is not None for a in asides] == [True, False, True]
     assert messages[0] == messages[1] and "rejected:" in messages[0]
+
+    class Local(type(exporter)):  # type: ignore[misc]  # a class of a function's: it does not pickle
+        pass
+
+    with pool.LocalPool(2) as p, pool.using(p):
+        p.prestart(1)
+        deadline = time.monotonic() + 120
+        while not p.worker_ready() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(ExportError) as err:
+            verify_staged("lerobot_v3", pair, Local())
+    assert asides[-1] is not None and str(err.value) == messages[0]  # sent, refused on its way, verified here
