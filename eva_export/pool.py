@@ -111,6 +111,27 @@ def run_units(units: Sequence[Unit], on_done: Done) -> None:
     ex.run(units, on_done)
 
 
+class LazyUnits(Sequence[Unit]):
+    """Units made one at a time, by position, when a pool takes them (``unit``), never listed up
+    front: what a unit carries (a batch's parsed statistics, its paths) exists only while it is
+    in flight, whatever the episode count."""
+
+    def unit(self, k: int) -> Unit:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, slice):
+            return [self.unit(i) for i in range(*k.indices(len(self)))]
+        return self.unit(k)
+
+    def __iter__(self) -> Iterator[Unit]:
+        for k in range(len(self)):
+            yield self.unit(k)
+
+
 class Aside:
     """One unit running on a pool worker, from a thread of its own; ``result`` waits for it."""
 

@@ -4,10 +4,10 @@ the active eva_export.pool executor (split.py plans, assembles and runs the spli
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from .. import confine, pool
 from ..errors import ExportError
@@ -75,7 +75,7 @@ def split_batch(staging: Path, batch: list[UnitWork], info: DatasetInfo) -> int:
         return split_units(staging, batch, info)
 
 
-class _Units(Sequence["pool.Unit"]):
+class _Units(pool.LazyUnits):
     """The pool tasks of the units to build, each made when the pool takes it: a UnitWork
     carries the episode's parsed source statistics (about 30 KB for two cameras), so making
     every task up front held them all at once."""
@@ -96,16 +96,10 @@ class _Units(Sequence["pool.Unit"]):
         src_stats = ep_stats[p.source.index].stats if p.source.index in ep_stats else {}
         return UnitWork(p, src_stats, self.faults.fail_at == f"unit:{p.source.index}")
 
-    def __getitem__(self, b: Any) -> Any:
-        if isinstance(b, slice):
-            return [self[i] for i in range(*b.indices(len(self)))]
+    def unit(self, b: int) -> pool.Unit:
         start, end = self.bounds[b]
         work = [self._work(k) for k in range(start, end)]
         return pool.Unit("; ".join(unit_name(w.planned) for w in work), split_batch, (self.staging, work, self.info))
-
-    def __iter__(self) -> Iterator[pool.Unit]:
-        for b in range(len(self)):
-            yield self[b]
 
 
 def build_units(plan: SplitPlan, staging: Path, progress: SplitProgress, faults: Faults) -> tuple[int, int]:

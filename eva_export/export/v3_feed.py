@@ -15,7 +15,7 @@ batch is raised in the writer's thread when it asks for an episode of that batch
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -64,7 +64,7 @@ def _table(blob: bytes) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(blob)).read_all()
 
 
-class _Units(Sequence["pool.Unit"]):
+class _Units(pool.LazyUnits):
     """Each batch's pool task, made when the pool takes it (its source statistics read then)."""
 
     def __init__(self, feed: Feed, bounds: list[tuple[int, int]]) -> None:
@@ -73,19 +73,13 @@ class _Units(Sequence["pool.Unit"]):
     def __len__(self) -> int:
         return len(self.bounds)
 
-    def __getitem__(self, b: Any) -> Any:
-        if isinstance(b, slice):
-            return [self[i] for i in range(*b.indices(len(self)))]
+    def unit(self, b: int) -> pool.Unit:
         f = self.feed
         if not f.claim(b):  # the writer read it while it waited for an earlier one
             return pool.Unit(f"batch {b} (read by the writer)", rows_batch, ([], f.info, f.float_keys))
         start, end = self.bounds[b]
         work = [(p, f.source_stats(p)) for p in (f.items[i] for i in range(f.start + start, f.start + end))]
         return pool.Unit("; ".join(unit_name(p) for p, _ in work), rows_batch, (work, f.info, f.float_keys))
-
-    def __iter__(self) -> Iterator[pool.Unit]:
-        for b in range(len(self)):
-            yield self[b]
 
 
 class Feed:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from array import array
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +104,7 @@ def episode_file_unit(src: Path, path: Path, episode_index: int, first_index: in
     return WrittenFile(path.stat().st_size, digest)
 
 
-class _EpisodeUnits(Sequence["pool.Unit"]):
+class _EpisodeUnits(pool.LazyUnits):
     """The episode units still to write, each made when the pool takes it: a Unit with its
     Path, name and arguments per episode was held for the whole export."""
 
@@ -120,9 +120,7 @@ class _EpisodeUnits(Sequence["pool.Unit"]):
     def __len__(self) -> int:
         return len(self.todo) // 2
 
-    def __getitem__(self, k: Any) -> Any:
-        if isinstance(k, slice):
-            return [self[i] for i in range(*k.indices(len(self)))]
+    def unit(self, k: int) -> pool.Unit:
         if k < 0:
             k += len(self)
         if not 0 <= k < len(self):
@@ -130,10 +128,6 @@ class _EpisodeUnits(Sequence["pool.Unit"]):
         ep, first = self.todo[2 * k], self.todo[2 * k + 1]
         path = self.out / episode_file(self.info, ep)
         return pool.Unit(f"episode {ep}", episode_file_unit, (self.src, path, ep, first, self.write_episode, self.meta))
-
-    def __iter__(self) -> Iterator[pool.Unit]:
-        for k in range(len(self)):
-            yield self[k]
 
 
 def _done(progress: Progress, path: Path, episode_index: int, written: WrittenFile) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -111,7 +111,7 @@ def _video_proof(meta: DatasetMeta, it: ProofItem, key: str, path: Path) -> list
     return [Proof(fkey, video_facts.KIND, facts.to_payload(), found if fkey[2] <= reuse.MAX_FILE else None)]
 
 
-class _Units(Sequence["pool.Unit"]):
+class _Units(pool.LazyUnits):
     """The batches from the last one back; a batch the validating thread reached is empty."""
 
     def __init__(self, prover: ProveAhead) -> None:
@@ -120,14 +120,8 @@ class _Units(Sequence["pool.Unit"]):
     def __len__(self) -> int:  # none left once validation ended: the pool sends no more
         return 0 if self.prover.stopped else (len(self.prover.offsets) + BATCH - 1) // BATCH
 
-    def __getitem__(self, b: Any) -> Any:
-        if isinstance(b, slice):
-            return [self[i] for i in range(*b.indices(len(self)))]
+    def unit(self, b: int) -> pool.Unit:
         return pool.Unit(f"proofs ahead, batch {b}", prove_batch, (self.prover.ctx, self.prover.items(b)))
-
-    def __iter__(self) -> Iterator[pool.Unit]:
-        for b in range(len(self)):
-            yield self[b]
 
 
 class ProveAhead:
