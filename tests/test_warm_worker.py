@@ -1,7 +1,7 @@
-"""A large direct v3 job's warm worker (export/v3_feed.warm): it says READY once started, takes
-two units in flight in order, proves the source's last episodes while the first ones are
-validated (formats/lerobot_v21/prove_ahead.py), then reads episodes for the writer. The
-published pair is byte for byte the serial job's; a fault is reported as validation reports it;
+"""A large job's warm worker (pool.warm_for): it says READY once started, takes two units in
+flight in order, proves the source's last episodes while the first ones are validated
+(formats/lerobot_v21/prove_ahead.py), then reads episodes for the direct v3 writer or builds
+the native split's units. The published pair is byte for byte the serial job's; a fault is reported as validation reports it;
 a file changed after the worker proved it is checked again, not trusted."""
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from test_export_pool import _content
 from eva_export import pool
 from eva_export.config import parse_config
 from eva_export.errors import ExportError
-from eva_export.export import v3_feed
 from eva_export.export.paths import ExportPaths
 from eva_export.export.verify_pair import verify_staged
 from eva_export.formats.lerobot_v21 import prove_ahead
@@ -36,7 +35,7 @@ EPISODES = 14
 @pytest.fixture(autouse=True)
 def _small_thresholds(monkeypatch: pytest.MonkeyPatch) -> None:
     """The thresholds of a large job, scaled to a test's dataset (the worker reads none of them)."""
-    monkeypatch.setattr(v3_feed, "WARM_EPISODES", 8)
+    monkeypatch.setattr(pool, "WARM_EPISODES", 8)
     monkeypatch.setattr(prove_ahead, "BATCH", 3)
     monkeypatch.setattr(prove_ahead, "MIN_EPISODES", 6)
 
@@ -53,10 +52,10 @@ def dataset(root: Path) -> Path:
     return raw
 
 
-def export(raw: Path, workers: int) -> Any:
+def export(raw: Path, workers: int, fmt: str = "lerobot_v3") -> Any:
     """The job on ``raw`` (its data root: the dataset's parent, ds/)."""
     cfg = parse_config({"collection": {"log_dir": str(raw.parent)}, "export": {"workers": workers}})
-    return faulty_service(cfg, background=False, recover=False).run(raw, "lerobot_v3")
+    return faulty_service(cfg, background=False, recover=False).run(raw, fmt)
 
 
 def wait_for_proofs(prover: prove_ahead.ProveAhead) -> None:
@@ -97,7 +96,9 @@ def test_a_worker_dying_with_two_units_in_flight_names_the_first() -> None:
     assert done == [0]
 
 
-def test_the_warm_job_publishes_the_serial_jobs_pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("fmt", ["lerobot_v3", "lerobot_v21"])
+def test_the_warm_job_publishes_the_serial_jobs_pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     fmt: str) -> None:
     applied: list[int] = []
     real_apply = prove_ahead.ProveAhead.apply
 
@@ -111,13 +112,13 @@ def test_the_warm_job_publishes_the_serial_jobs_pair(tmp_path: Path, monkeypatch
     serial_raw = dataset(tmp_path / "a")
     warm_raw = tmp_path / "b" / "ds" / "raw"
     shutil.copytree(serial_raw, warm_raw)
-    assert export(serial_raw, workers=1).state == COMPLETED
+    assert export(serial_raw, workers=1, fmt=fmt).state == COMPLETED
     assert sum(applied) == 0  # serial: no worker, nothing proven ahead
-    job = export(warm_raw, workers=0)
+    job = export(warm_raw, workers=0, fmt=fmt)
     assert job.state == COMPLETED, job.error
     assert sum(applied) > 0  # the warm worker proved files the validating thread then found
-    a = _content(ExportPaths.of(serial_raw, "lerobot_v3").pair_dir)
-    b = _content(ExportPaths.of(warm_raw, "lerobot_v3").pair_dir)
+    a = _content(ExportPaths.of(serial_raw, fmt).pair_dir)
+    b = _content(ExportPaths.of(warm_raw, fmt).pair_dir)
     assert sorted(a) == sorted(b) and [k for k in a if a[k] != b[k]] == []
 
 

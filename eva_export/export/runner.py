@@ -200,9 +200,7 @@ class ExportService:
             # the writers take validation's reads of the first episodes (tables, statistics rows;
             # the direct v3 writer's probes each small camera MP4's parse) instead of reading again
             with self._unit_pool(), video_facts.use_index(index), confine.checked_dirs():
-                if request.spec.name == "lerobot_v3":
-                    from .v3_feed import warm
-                    warm(request.episodes_hint())  # a worker's imports overlap the validation
+                pool.warm_for(request.episodes_hint())  # a worker's imports overlap the validation
                 with reuse.keeping(parses=request.spec.name == "lerobot_v3", tables=pool.reads_here()):
                     return self._export_job(job_id, request)
         finally:

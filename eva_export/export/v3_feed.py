@@ -29,19 +29,8 @@ from .v3_episodes import episode_rows
 from .v3_records import EpisodeEntry
 
 AHEAD = 256
-#: A direct v3 job of this many episodes or more on an auto pool starts one worker before its
-#: validation: the worker's imports (0.3 s) overlap it, and the episodes are read on that
-#: worker while this thread writes the shards (600 short episodes: 1.0 s of writing alone).
-WARM_EPISODES = 256
 Read = tuple[pa.Table, EpisodeEntry]
 SourceStats = Callable[[PlannedEpisode], dict[str, Any]]
-
-
-def warm(episodes: int) -> None:
-    """One worker started now for a job of ``episodes`` (info.json's count, a hint) if it is large."""
-    ex = pool.active()
-    if isinstance(ex, pool.LocalPool) and episodes >= WARM_EPISODES:
-        ex.warm_up()
 
 
 def rows_batch(batch: list[tuple[PlannedEpisode, dict[str, Any]]], info: DatasetInfo,

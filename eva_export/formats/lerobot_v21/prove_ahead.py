@@ -2,7 +2,7 @@
 
 Validation checks every episode in order on one thread; a rerun on an unchanged source skips
 the reads its facts index proves (validate_tables, video_facts). A first export has no such
-facts, and a large direct v3 job has a worker process warmed up for it (export/v3_feed.warm)
+facts, and a large export job has a worker process warmed up for it (pool.warm_for)
 that is idle while the source is validated. ``ProveAhead`` gives that worker the episodes from
 the back, batch by batch: it runs the same table and camera checks on its own reads and returns
 what they proved, as the facts index stores it (file identity taken before the read, context
