@@ -22,6 +22,7 @@ MODULES = [
     # format registry, job engine, job nodes
     "eva_export.export.runner",
     "eva_export.formats.common.mp4_write",
+    "eva_export.formats.common.plain_decode",
     "eva_export.formats.common.mp4_samples",
     "eva_export.formats.lerobot_v21.prove_ahead",
     "eva_export.export.verify_pair",

@@ -137,11 +137,18 @@ class RgbConverter:
 
 
 def iter_frames(path: Path) -> Iterator[NDArray[np.uint8]]:
-    """Decode every frame of the first video stream as an (H, W, 3) uint8 RGB array."""
+    """Decode every frame of the first video stream as an (H, W, 3) uint8 RGB array (a small
+    plain-shape file straight from its samples: plain_decode.py)."""
     import av
+
+    from .plain_decode import frames, read_small
 
     rgb = RgbConverter()
     try:
+        if (small := read_small(path)) is not None:
+            for frame in frames(*small):
+                yield rgb(frame)
+            return
         with av.open(str(path)) as container:
             stream = container.streams.video[0]
             stream.thread_type = "AUTO"
