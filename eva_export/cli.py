@@ -326,6 +326,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 
+def _end_threads() -> None:
+    """What the interpreter's exit does for threads, in its order: the threading exit hooks
+    first (a ThreadPoolExecutor's tell its idle workers to end: a pool kept for the process,
+    as the mcap writer's compression pool is, never ends otherwise), then every non-daemon
+    thread joined."""
+    shutdown = getattr(threading, "_shutdown", None)  # CPython's own step of the exit
+    if callable(shutdown):
+        shutdown()
+        return
+    for t in threading.enumerate():
+        if t is not threading.main_thread() and not t.daemon:
+            t.join()
+
+
 def run() -> NoReturn:
     """The ``eva-export`` command: ``main``, then the interpreter's own exit minus its teardown.
 
@@ -343,9 +357,7 @@ def run() -> NoReturn:
     except KeyboardInterrupt:
         code = 130
     finally:
-        for t in threading.enumerate():
-            if t is not threading.main_thread() and not t.daemon:
-                t.join()
+        _end_threads()
         atexit._run_exitfuncs()
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):

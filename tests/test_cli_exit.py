@@ -68,3 +68,32 @@ def test_threads_are_joined_and_atexit_handlers_run(tmp_path: Path) -> None:
     lines = out.stdout.splitlines()
     assert "thread finished" in lines and "atexit ran" in lines
     assert lines.index("thread finished") < lines.index("atexit ran")  # the interpreter's own order
+
+
+KEPT_POOL = """
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from eva_export import cli
+
+pool = ThreadPoolExecutor(2, thread_name_prefix="kept")  # a pool kept for the process, never shut down
+print(pool.submit(sum, [1, 2]).result(), flush=True)
+sys.argv = ["eva-export", *sys.argv[1:]]
+cli.run()
+"""
+
+
+def test_a_thread_pool_kept_for_the_process_does_not_hold_the_exit(tmp_path: Path) -> None:
+    # its idle workers end only when the interpreter's exit hooks tell them to: joined before
+    # those hooks ran, the process waited for them forever
+    out = subprocess.run([sys.executable, "-c", KEPT_POOL, "clean", str(tmp_path), "--older-than", "0"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == "3"
+
+
+def test_an_mcap_export_of_episodes_over_a_chunk_exits(tmp_path: Path) -> None:
+    # episodes larger than one MCAP chunk are compressed on the writer's kept thread pool
+    raw = make_dataset(tmp_path / "ds" / "raw", [Ep(frames=30), Ep(frames=30)], width=320, height=240)
+    out = command("export", str(raw), "--format", "mcap")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["state"] == "completed"
