@@ -86,9 +86,10 @@ def file_bytes(path: Path) -> bytes | None:
 
 def whole_file(path: Path, bound: int) -> bytes | None:
     """Every byte of a regular file of at most ``bound`` bytes, else None (also when unreadable):
-    validation's read-ahead of a small table. Opened without blocking and checked regular by
-    its descriptor (a FIFO swapped in for the file cannot hang a reading thread); read into a
-    bytes object of the file's own size."""
+    validation's read-ahead of a small table, a small camera file decoded from its samples
+    (plain_decode). Opened without blocking and checked regular by its descriptor (a FIFO
+    swapped in for the file cannot hang a reading thread); read into a bytes object of the
+    file's own size."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError:

@@ -12,7 +12,6 @@ larger than ``SMALL_FILE`` (whose frame threads pay off), is left to ``av.open``
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,20 +29,11 @@ SMALL_FILE = 1 << 20
 def read_small(path: Path) -> tuple[bytes, mp4_index.Mp4Samples] | None:
     """The bytes and sample table of a small plain-shape MP4 at ``path``; None otherwise.
 
-    Read here, not through ``mp4_index.file_bytes``: a box parse a job keeps for its v3 probe
-    (reuse.py) stays kept for it."""
-    try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size > SMALL_FILE:
-                return None
-            data = fh.read(size + 1)
-    except OSError:
-        return None  # av.open reports it, naming the file
-    if len(data) != size:
-        return None  # changed while read: av.open reads it again
-    found = mp4_index.samples(data)
-    return None if found is None else (data, found)
+    Read by ``mp4_index.whole_file``, not ``mp4_index.file_bytes``: a box parse a job keeps for
+    its v3 probe (reuse.py) stays kept for it."""
+    data = mp4_index.whole_file(path, SMALL_FILE)  # None: larger, unreadable or not a regular file
+    found = mp4_index.samples(data) if data is not None else None
+    return None if data is None or found is None else (data, found)
 
 
 def frames(data: bytes, found: mp4_index.Mp4Samples) -> Iterator[av.VideoFrame]:
